@@ -1,0 +1,204 @@
+"""Baseline-vs-speculative runner, shared by the CLI, the compare view and benchmarks.
+
+For each prompt it runs baseline (k = 0) and speculative decoding one after the other on
+the same engine, alternating, so both see the same machine state. Timing covers decoding
+only: from the start of the first verification pass to the end of the last, so prompt
+processing (which prefix caching makes cheaper for whichever runs second) is excluded.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterable, Optional
+
+from specdesk.engines.spec.stats import StatsAccumulator
+from specdesk.engines.types import GenerationRequest, RunStats, SamplingParams, SpecConfig, SpecDeskError, StepEvent
+
+EventCallback = Callable[[str, int, StepEvent], None]  # (run label, prompt index, event)
+
+
+@dataclass(frozen=True)
+class RunResult:
+    tokens: tuple[int, ...]
+    text: str
+    stats: RunStats
+    finish_reason: Optional[str]
+
+
+@dataclass(frozen=True)
+class PromptResult:
+    prompt: str
+    baseline: RunResult
+    speculative: RunResult
+
+    @property
+    def identical(self) -> bool:
+        return self.baseline.tokens == self.speculative.tokens
+
+    def first_divergence(self) -> Optional[int]:
+        for i, (a, b) in enumerate(zip(self.baseline.tokens, self.speculative.tokens)):
+            if a != b:
+                return i
+        if len(self.baseline.tokens) != len(self.speculative.tokens):
+            return min(len(self.baseline.tokens), len(self.speculative.tokens))
+        return None
+
+
+def run_once(engine, request: GenerationRequest, cancel: Optional[threading.Event] = None,
+             on_event: Optional[Callable[[StepEvent], None]] = None) -> RunResult:
+    """Consume one generation; stats time the decode from its first pass to its last."""
+    cancel = cancel or threading.Event()
+    accumulator = StatsAccumulator(request.spec.draft_tokens)
+    tokens: list[int] = []
+    text: list[str] = []
+    finish_reason = None
+    first = True
+    for event in engine.generate(request, cancel):
+        if first:
+            # The generator processed the prompt before this first pass: start the
+            # clock at the beginning of the pass itself.
+            accumulator.start(at=time.perf_counter() - event.draft_s - event.verify_s)
+            first = False
+        accumulator.add(event)
+        tokens.extend(event.tokens)
+        text.append(event.text)
+        finish_reason = event.finish_reason or finish_reason
+        if on_event is not None:
+            on_event(event)
+    if first:
+        accumulator.start()
+        finish_reason = "cancelled"
+    elif cancel.is_set() and finish_reason is None:
+        finish_reason = "cancelled"
+    return RunResult(tuple(tokens), "".join(text), accumulator.finish(), finish_reason)
+
+
+def merge_stats(stats: Iterable[RunStats]) -> RunStats:
+    items = list(stats)
+    width = max((len(s.per_position_drafted) for s in items), default=0)
+    hist_width = max((len(s.accepted_length_histogram) for s in items), default=0)
+
+    def column_sum(vectors, n):
+        return tuple(sum(v[i] for v in vectors if i < len(v)) for i in range(n))
+
+    return RunStats(
+        tokens=sum(s.tokens for s in items),
+        seconds=sum(s.seconds for s in items),
+        passes=sum(s.passes for s in items),
+        drafted=sum(s.drafted for s in items),
+        accepted=sum(s.accepted for s in items),
+        draft_s=sum(s.draft_s for s in items),
+        verify_s=sum(s.verify_s for s in items),
+        per_position_drafted=column_sum([s.per_position_drafted for s in items], width),
+        per_position_accepted=column_sum([s.per_position_accepted for s in items], width),
+        accepted_length_histogram=column_sum([s.accepted_length_histogram for s in items], hist_width),
+    )
+
+
+@dataclass(frozen=True)
+class CompareReport:
+    engine: str
+    target: str
+    draft: Optional[str]
+    method: str
+    k: int
+    temperature: float
+    results: tuple[PromptResult, ...]
+
+    @property
+    def baseline(self) -> RunStats:
+        return merge_stats(r.baseline.stats for r in self.results)
+
+    @property
+    def speculative(self) -> RunStats:
+        return merge_stats(r.speculative.stats for r in self.results)
+
+    @property
+    def speedup(self) -> float:
+        base = self.baseline.tok_per_s
+        return self.speculative.tok_per_s / base if base > 0 else 0.0
+
+    @property
+    def identical_outputs(self) -> Optional[bool]:
+        if self.temperature > 0:
+            return None
+        return all(r.identical for r in self.results)
+
+    def to_json(self) -> dict:
+        base, spec = self.baseline, self.speculative
+        return {
+            "engine": self.engine,
+            "target": self.target,
+            "draft": self.draft,
+            "method": self.method,
+            "k": self.k,
+            "temperature": self.temperature,
+            "prompts": len(self.results),
+            "baseline": {"tokens": base.tokens, "seconds": round(base.seconds, 4),
+                         "tok_per_s": round(base.tok_per_s, 3)},
+            "speculative": {
+                "tokens": spec.tokens, "seconds": round(spec.seconds, 4), "tok_per_s": round(spec.tok_per_s, 3),
+                "drafted": spec.drafted, "accepted": spec.accepted,
+                "acceptance_rate": round(spec.acceptance_rate, 4),
+                "mean_accepted_length": round(spec.mean_accepted_length, 4),
+                "per_position_acceptance": [round(a, 4) for a in spec.per_position_acceptance],
+            },
+            "speedup": round(self.speedup, 4),
+            "identical_outputs": self.identical_outputs,
+        }
+
+
+def warm_up(engine, prompt_tokens: list[int], spec: SpecConfig, sampling: SamplingParams) -> None:
+    """One short run of each kind, so first-call allocations are not timed."""
+    for config in (SpecConfig(), spec):
+        run_once(engine, GenerationRequest(tuple(prompt_tokens), max_tokens=4, sampling=sampling, spec=config))
+
+
+def compare(engine, prompts: list[str], spec: SpecConfig, sampling: SamplingParams, max_tokens: int,
+            tokenize: Callable[[str], list[int]], on_event: Optional[EventCallback] = None,
+            cancel: Optional[threading.Event] = None, warm: bool = True) -> CompareReport:
+    if not prompts:
+        raise SpecDeskError("no prompts to compare")
+    cancel = cancel or threading.Event()
+    encoded = [tokenize(p) for p in prompts]
+    if warm:
+        warm_up(engine, encoded[0], spec, sampling)
+    baseline_spec = dataclasses.replace(spec, method="none")
+    results = []
+    for index, (prompt, tokens) in enumerate(zip(prompts, encoded)):
+        runs = {}
+        for label, config in (("baseline", baseline_spec), ("speculative", spec)):
+            request = GenerationRequest(tuple(tokens), max_tokens=max_tokens, sampling=sampling, spec=config)
+            callback = None if on_event is None else (lambda e, label=label: on_event(label, index, e))
+            runs[label] = run_once(engine, request, cancel, callback)
+        results.append(PromptResult(prompt, runs["baseline"], runs["speculative"]))
+        if cancel.is_set():
+            break
+    return CompareReport(engine.name, str(engine.target.path), spec.draft_path, spec.method,
+                         spec.k, sampling.temperature, tuple(results))
+
+
+def load_prompts(path: str | Path) -> list[str]:
+    """A JSONL file with one {"prompt": "..."} per line; a broken line is named."""
+    p = Path(path)
+    if not p.exists():
+        raise SpecDeskError(f"{p}: no such prompts file")
+    prompts = []
+    for number, line in enumerate(p.read_text(encoding="utf-8").splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            item = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise SpecDeskError(f"{p}, line {number}: not valid JSON ({e.msg})") from e
+        if not isinstance(item, dict) or not isinstance(item.get("prompt"), str):
+            raise SpecDeskError(f'{p}, line {number}: expected an object like {{"prompt": "..."}}')
+        prompts.append(item["prompt"])
+    if not prompts:
+        raise SpecDeskError(f"{p}: no prompts in the file")
+    return prompts

@@ -1,0 +1,184 @@
+"""The demo family recipe: corpus -> tokenizer -> core target -> distilled draft.
+
+Everything is seeded, so a rerun on the same Python standard library reproduces the
+same weights. `train_family` writes what cannot be derived (tokenizer and trained
+weights, in fp16) plus a card; `install.py` derives the shipped formats from that.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+
+from .corpus import iter_corpus, split_corpus
+from .model import ModelConfig
+from .tokenizer import CHAT_TEMPLATE, special_ids, train_tokenizer
+from .train import TrainConfig, log
+
+RECIPE_VERSION = 1
+
+
+@dataclass(frozen=True)
+class FamilySpec:
+    name: str
+    vocab_size: int
+    core: ModelConfig
+    core_training: TrainConfig
+    draft: ModelConfig
+    draft_training: TrainConfig
+    wide_hidden_size: int
+    wide_heads: int
+    wide_intermediate_size: int
+    corpus_bytes: int | None = None  # None: the whole filtered standard library
+
+    def key(self) -> str:
+        """Identifies the recipe: a cached build is reused only under the same key."""
+        blob = json.dumps({"version": RECIPE_VERSION, "spec": asdict(self),
+                           "python": sys.version_info[:2]}, sort_keys=True, default=str)
+        return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+FULL = FamilySpec(
+    name="full",
+    vocab_size=4096,
+    core=ModelConfig(vocab_size=4096, hidden_size=256, num_hidden_layers=8, num_attention_heads=4,
+                     intermediate_size=688, head_dim=64, max_position_embeddings=512),
+    core_training=TrainConfig(steps=3000, batch_size=8, seq_len=512, peak_lr=2e-3, warmup_steps=100,
+                              eval_every=250, seed=1234),
+    draft=ModelConfig(vocab_size=4096, hidden_size=256, num_hidden_layers=3, num_attention_heads=4,
+                      intermediate_size=688, head_dim=64, max_position_embeddings=512),
+    draft_training=TrainConfig(steps=1000, batch_size=8, seq_len=512, peak_lr=2e-3, warmup_steps=50,
+                               eval_every=250, seed=4321),
+    wide_hidden_size=768,
+    wide_heads=12,
+    wide_intermediate_size=2064,
+)
+
+SMALL = FamilySpec(
+    name="small",
+    vocab_size=1024,
+    core=ModelConfig(vocab_size=1024, hidden_size=64, num_hidden_layers=2, num_attention_heads=2,
+                     intermediate_size=176, head_dim=32, max_position_embeddings=256),
+    core_training=TrainConfig(steps=150, batch_size=8, seq_len=128, peak_lr=3e-3, warmup_steps=15,
+                              eval_every=150, seed=1234),
+    draft=ModelConfig(vocab_size=1024, hidden_size=32, num_hidden_layers=1, num_attention_heads=1,
+                      intermediate_size=96, head_dim=32, max_position_embeddings=256),
+    draft_training=TrainConfig(steps=100, batch_size=8, seq_len=128, peak_lr=3e-3, warmup_steps=10,
+                               eval_every=100, seed=4321),
+    wide_hidden_size=192,
+    wide_heads=6,
+    wide_intermediate_size=528,
+    corpus_bytes=1_500_000,
+)
+
+FAMILIES = {"full": FULL, "small": SMALL}
+
+
+def sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _encode(tokenizer, texts: list[str], bos: int, eos: int) -> np.ndarray:
+    ids: list[int] = []
+    for encoding in tokenizer.encode_batch(texts):
+        ids.append(bos)
+        ids.extend(encoding.ids)
+        ids.append(eos)
+    return np.asarray(ids, dtype=np.uint16)
+
+
+def prepare_data(spec: FamilySpec, workdir: Path):
+    """Corpus and tokenizer; cached in workdir so a resumed run skips them."""
+    from tokenizers import Tokenizer
+
+    files = iter_corpus()
+    train_files, held_out_files = split_corpus(files)
+    if spec.corpus_bytes is not None:
+        kept, total = [], 0
+        for f in train_files:  # sorted by path: the same subset every time
+            if total >= spec.corpus_bytes:
+                break
+            kept.append(f)
+            total += len(f.text)
+        train_files = kept
+    tokenizer_path = workdir / "tokenizer.json"
+    if tokenizer_path.exists():
+        tokenizer = Tokenizer.from_file(str(tokenizer_path))
+    else:
+        tokenizer = train_tokenizer([f.text for f in train_files], spec.vocab_size)
+        tokenizer.save(str(tokenizer_path))
+    bos, eos = special_ids(tokenizer)
+    train_tokens = _encode(tokenizer, [f.text for f in train_files], bos, eos)
+    held_out_tokens = _encode(tokenizer, [f.text for f in held_out_files], bos, eos)
+    stats = {"train_files": len(train_files), "held_out_files": len(held_out_files),
+             "train_tokens": int(len(train_tokens)), "held_out_tokens": int(len(held_out_tokens)),
+             "train_bytes": sum(len(f.text.encode()) for f in train_files)}
+    return tokenizer, train_tokens, held_out_tokens, stats
+
+
+def train_family(spec: FamilySpec, workdir: Path, progress=None) -> dict:
+    """Run the whole recipe into workdir; returns the card (also written as card.json)."""
+    import torch
+    from safetensors.torch import save_file
+
+    from .train import train
+
+    torch.set_num_threads(max(1, torch.get_num_threads()))
+    workdir.mkdir(parents=True, exist_ok=True)
+    started = time.time()
+    log({"event": "stage", "stage": "corpus and tokenizer", "family": spec.name})
+    tokenizer, train_tokens, held_out_tokens, data_stats = prepare_data(spec, workdir)
+    log({"event": "data", **data_stats})
+
+    def stage_progress(stage):
+        return None if progress is None else (lambda done, total, loss: progress(stage, done, total, loss))
+
+    log({"event": "stage", "stage": "core", "family": spec.name})
+    core, core_info = train(spec.core, spec.core_training, train_tokens, held_out_tokens,
+                            workdir / "core.ckpt", progress=stage_progress("core"), label="core")
+    save_file({k: v.half().contiguous() for k, v in core.state_dict().items() if "rope" not in k},
+              str(workdir / "core.safetensors"))
+    log({"event": "stage", "stage": "draft", "family": spec.name})
+    draft, draft_info = train(spec.draft, spec.draft_training, train_tokens, held_out_tokens,
+                              workdir / "draft.ckpt", teacher=core, progress=stage_progress("draft"), label="draft")
+    save_file({k: v.half().contiguous() for k, v in draft.state_dict().items() if "rope" not in k},
+              str(workdir / "draft.safetensors"))
+    from .train import validation_loss
+    with torch.no_grad():
+        draft_info["held_out_loss"] = round(validation_loss(draft, held_out_tokens, spec.draft_training.seq_len), 4)
+
+    card = {
+        "family": spec.name,
+        "recipe_key": spec.key(),
+        "python": ".".join(map(str, sys.version_info[:3])),
+        "chat_template": CHAT_TEMPLATE,
+        "data": data_stats,
+        "core": {"config": spec.core.to_dict(), "parameters": spec.core.parameter_count(),
+                 "non_embedding_parameters": spec.core.parameter_count(with_embeddings=False), **core_info},
+        "draft": {"config": spec.draft.to_dict(), "parameters": spec.draft.parameter_count(),
+                  "distilled_from": "core", **draft_info},
+        "wide": {"hidden_size": spec.wide_hidden_size, "num_attention_heads": spec.wide_heads,
+                 "intermediate_size": spec.wide_intermediate_size},
+        "train_seconds": round(time.time() - started, 1),
+        "files": {name: sha256_file(workdir / name)
+                  for name in ("tokenizer.json", "core.safetensors", "draft.safetensors")},
+    }
+    (workdir / "card.json").write_text(json.dumps(card, indent=2))
+    log({"event": "done", "family": spec.name, "seconds": card["train_seconds"]})
+    return card
+
+
+if __name__ == "__main__":
+    family = FAMILIES[sys.argv[1]]
+    out = Path(sys.argv[2])
+    print(json.dumps(train_family(family, out), indent=2))

@@ -1,0 +1,259 @@
+"""The `specdesk` command: the desktop app by default; compare, chat and demo subcommands."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Optional
+
+from specdesk.engines.types import MAX_DRAFT_TOKENS, METHODS, SamplingParams, SpecConfig, SpecDeskError
+
+
+def _progress(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def demo_paths(small: bool = False) -> dict[str, str]:
+    from specdesk.app.demo.install import build_family
+
+    return build_family(small=small, progress=_progress)
+
+
+def add_model_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--target", help="target model: a GGUF file (default: the demo target)")
+    parser.add_argument("--draft", help="draft model for --method draft (default with the demo target: the demo draft)")
+    parser.add_argument("--method", choices=[m for m in METHODS], default="draft",
+                        help="speculation method (default: draft)")
+    parser.add_argument("--k", type=int, default=4, help=f"draft tokens per step, 1..{MAX_DRAFT_TOKENS} (default 4)")
+    parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    parser.add_argument("--top-p", type=float, default=1.0)
+    parser.add_argument("--top-k", type=int, default=0)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--max-tokens", type=int, default=128)
+    parser.add_argument("--threads", type=int, default=None, help="CPU threads (default: all cores, at most 8)")
+    parser.add_argument("--ctx", type=int, default=0, help="context size in tokens (default: the model's, at most 4096)")
+    parser.add_argument("--draft-p-min", type=float, default=0.0,
+                        help="stop drafting when the draft's top probability falls below this (default 0: off)")
+    parser.add_argument("--small-demo", action="store_true", help="use the small (test) demo family")
+
+
+def resolve_models(args) -> tuple[str, Optional[str]]:
+    target, draft = args.target, args.draft
+    if target is None:
+        paths = demo_paths(small=args.small_demo)
+        target = paths["target_gguf"]
+        if draft is None and args.method == "draft":
+            draft = paths["draft_gguf"]
+    if args.method == "draft" and draft is None:
+        raise SpecDeskError("method 'draft' needs a draft model: pass --draft PATH")
+    return target, draft
+
+
+def build_configs(args, draft: Optional[str]) -> tuple[SpecConfig, SamplingParams]:
+    if args.max_tokens < 1:
+        raise SpecDeskError(f"--max-tokens {args.max_tokens} is out of range: use at least 1")
+    if args.threads is not None and args.threads < 1:
+        raise SpecDeskError(f"--threads {args.threads} is out of range: use 1 or more")
+    spec = SpecConfig(method=args.method, k=args.k, draft_path=draft if args.method == "draft" else None,
+                      draft_p_min=args.draft_p_min)
+    sampling = SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, seed=args.seed)
+    return spec, sampling
+
+
+def open_engine(target: str, args):
+    from specdesk.engines.llama.engine import LlamaEngine
+
+    return LlamaEngine(target, n_ctx=args.ctx, n_threads=args.threads)
+
+
+def chat_prompt(engine, messages: list[dict]) -> list[int]:
+    from specdesk.app.templates import render_chat
+
+    model = engine.target
+    text = render_chat(model.chat_template(), messages, bos_token=model.token_text(model.vocab.bos),
+                       eos_token=model.token_text(model.vocab.eos), source=str(model.path))
+    return model.tokenize(text, add_bos=False, parse_special=True)
+
+
+# --- compare ---------------------------------------------------------------
+def format_table(report) -> str:
+    base, spec = report.baseline, report.speculative
+    identical = {True: "yes", False: "NO", None: "n/a (sampling)"}[report.identical_outputs]
+    rows = [
+        f"engine {report.engine} · target {Path(report.target).name}"
+        + (f" · draft {Path(report.draft).name}" if report.draft else "")
+        + f" · method {report.method} · k {report.k} · T {report.temperature} · {len(report.results)} prompt(s)",
+        "",
+        f"{'':14}{'tokens':>8}{'seconds':>10}{'tok/s':>10}{'accept':>9}{'tok/pass':>10}",
+        f"{'baseline':14}{base.tokens:>8}{base.seconds:>10.2f}{base.tok_per_s:>10.1f}{'':>9}{base.mean_accepted_length:>10.2f}",
+        f"{'speculative':14}{spec.tokens:>8}{spec.seconds:>10.2f}{spec.tok_per_s:>10.1f}"
+        f"{spec.acceptance_rate:>9.2f}{spec.mean_accepted_length:>10.2f}",
+        "",
+        f"speedup {report.speedup:.2f}x · identical outputs: {identical}",
+    ]
+    if spec.per_position_drafted:
+        rows.append("acceptance per draft position: "
+                    + " ".join(f"{a:.2f}" for a in spec.per_position_acceptance))
+    if spec.passes:
+        share = spec.draft_s / max(1e-9, spec.draft_s + spec.verify_s)
+        rows.append(f"time drafting {share:.0%} · verifying {1 - share:.0%}")
+    for i, r in enumerate(report.results):
+        at = r.first_divergence()
+        if report.temperature == 0 and at is not None:
+            rows.append(f"prompt {i + 1}: outputs differ from token {at}")
+    return "\n".join(rows)
+
+
+def cmd_compare(args) -> int:
+    from specdesk.app.compare import compare, load_prompts
+
+    if args.prompt is not None and args.prompts is not None:
+        raise SpecDeskError("give either --prompt or --prompts, not both")
+    if args.prompts is not None:
+        prompts = load_prompts(args.prompts)
+    elif args.prompt is not None:
+        prompts = [args.prompt]
+    else:
+        from specdesk.app.paths import assets_dir
+
+        prompts = load_prompts(assets_dir() / "prompts" / "code.jsonl")[:4]
+    target, draft = resolve_models(args)
+    spec, sampling = build_configs(args, draft)
+    if spec.method == "none":
+        raise SpecDeskError("compare needs a speculation method: --method ngram, ngram-pool or draft")
+    engine = open_engine(target, args)
+    try:
+        if spec.method == "draft":
+            engine.load_draft(spec.draft_path)
+        if args.chat:
+            tokenize = lambda text: chat_prompt(engine, [{"role": "user", "content": text}])
+        else:
+            tokenize = engine.tokenize
+        live = sys.stderr.isatty() and args.json != "-"
+        on_event = None
+        if live:
+            def on_event(label, index, event):
+                print(f"\r{label:12} prompt {index + 1}/{len(prompts)}", end="", file=sys.stderr, flush=True)
+        report = compare(engine, prompts, spec, sampling, args.max_tokens, tokenize, on_event=on_event)
+        if live:
+            print("\r" + " " * 40 + "\r", end="", file=sys.stderr)
+    finally:
+        engine.close()
+    payload = report.to_json()
+    if args.json == "-":
+        print(json.dumps(payload))
+    else:
+        print(format_table(report))
+        if args.json:
+            Path(args.json).write_text(json.dumps(payload) + "\n")
+    return 0
+
+
+# --- chat --------------------------------------------------------------------
+def cmd_chat(args) -> int:
+    from specdesk.app.compare import run_once
+    from specdesk.engines.types import GenerationRequest
+
+    target, draft = resolve_models(args)
+    spec, sampling = build_configs(args, draft)
+    engine = open_engine(target, args)
+    messages: list[dict] = []
+    print(f"SpecDesk chat · {Path(target).name} · method {spec.method}"
+          + (f" (k={spec.k})" if spec.method != "none" else "")
+          + " · empty line or Ctrl-D to quit, /new for a new chat", file=sys.stderr)
+    try:
+        while True:
+            try:
+                line = input("you> ")
+            except EOFError:
+                break
+            if not line.strip():
+                break
+            if line.strip() == "/new":
+                messages.clear()
+                engine.reset_chat()
+                continue
+            messages.append({"role": "user", "content": line})
+            tokens = chat_prompt(engine, messages)
+            while len(tokens) + args.max_tokens > engine.n_ctx and len(messages) > 1:
+                messages.pop(0)  # oldest turns go first when the conversation outgrows the context
+                tokens = chat_prompt(engine, messages)
+            request = GenerationRequest(tuple(tokens), max_tokens=args.max_tokens, sampling=sampling, spec=spec)
+            cancel = threading.Event()
+            print("model> ", end="", flush=True)
+            try:
+                result = run_once(engine, request, cancel, on_event=lambda e: print(e.text, end="", flush=True))
+            except KeyboardInterrupt:
+                cancel.set()
+                print("\n[stopped]")
+                continue
+            messages.append({"role": "assistant", "content": result.text})
+            s = result.stats
+            print(f"\n[{s.tokens} tokens · {s.tok_per_s:.1f} tok/s"
+                  + (f" · acceptance {s.acceptance_rate:.2f} · {s.mean_accepted_length:.2f} tok/pass"
+                     if spec.method != "none" else "") + "]", file=sys.stderr)
+    finally:
+        engine.close()
+    return 0
+
+
+# --- demo ----------------------------------------------------------------------
+def cmd_demo(args) -> int:
+    from specdesk.app.demo.install import build_family
+
+    if args.action != "build":
+        raise SpecDeskError(f"unknown demo action {args.action!r}")
+    paths = build_family(small=args.small, retrain=args.retrain, out=Path(args.out) if args.out else None,
+                         progress=_progress)
+    print(json.dumps(paths))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="specdesk", description=__doc__)
+    sub = parser.add_subparsers(dest="command")
+
+    p = sub.add_parser("compare", help="run baseline and speculative decoding on the same prompts")
+    add_model_options(p)
+    p.add_argument("--prompt", help="one prompt (raw completion text)")
+    p.add_argument("--prompts", help='a JSONL file, one {"prompt": "..."} per line')
+    p.add_argument("--chat", action="store_true", help="wrap prompts in the model's chat template")
+    p.add_argument("--json", help="write the JSON report to this path, or - for stdout only")
+    p.set_defaults(func=cmd_compare)
+
+    p = sub.add_parser("chat", help="chat in the terminal")
+    add_model_options(p)
+    p.set_defaults(func=cmd_chat)
+
+    p = sub.add_parser("demo", help="the embedded demo model family")
+    p.add_argument("action", choices=["build"])
+    p.add_argument("--small", action="store_true", help="train the tiny test family (about a minute)")
+    p.add_argument("--retrain", action="store_true", help="rerun the full training recipe (hours on a CPU)")
+    p.add_argument("--out", help="folder for the built family (default: the user cache)")
+    p.set_defaults(func=cmd_demo)
+    return parser
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help()
+        return 0
+    try:
+        return args.func(args)
+    except SpecDeskError as e:
+        print(f"specdesk: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("specdesk: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,33 @@
+"""Where SpecDesk keeps things: shipped assets beside the code, user data per platformdirs."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import platformdirs
+
+APP_NAME = "specdesk"
+
+
+def assets_dir() -> Path:
+    """The repository's (or the frozen bundle's) assets/ folder."""
+    if getattr(sys, "frozen", False):
+        return Path(getattr(sys, "_MEIPASS", Path(sys.executable).parent)) / "assets"
+    return Path(__file__).resolve().parent.parent / "assets"
+
+
+def cache_dir() -> Path:
+    override = os.environ.get("SPECDESK_CACHE_DIR")
+    return Path(override) if override else Path(platformdirs.user_cache_dir(APP_NAME))
+
+
+def config_dir() -> Path:
+    override = os.environ.get("SPECDESK_CONFIG_DIR")
+    return Path(override) if override else Path(platformdirs.user_config_dir(APP_NAME))
+
+
+def data_dir() -> Path:
+    override = os.environ.get("SPECDESK_DATA_DIR")
+    return Path(override) if override else Path(platformdirs.user_data_dir(APP_NAME))

@@ -1,0 +1,273 @@
+"""Thin, typed wrappers over llama-cpp-python's low-level C API (pinned to 0.3.36).
+
+llama_cpp is imported lazily so that importing the engines package costs nothing and a
+missing install becomes a clear message, not an ImportError deep in a worker thread.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import threading
+from collections import deque
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+from ..types import SpecDeskError
+
+_init_lock = threading.Lock()
+_initialised = False
+_log_callback = None  # kept alive for as long as llama.cpp may call it
+_recent_errors: deque[str] = deque(maxlen=8)
+
+GGUF_MAGIC = b"GGUF"
+VOCAB_TYPE_NAMES = {0: "none", 1: "spm", 2: "bpe", 3: "wpm", 4: "ugm", 5: "rwkv", 6: "plamo2", 7: "test"}
+
+
+def llama_lib():
+    """The llama_cpp module, with the backend initialised once and its log captured."""
+    global _initialised, _log_callback
+    try:
+        import llama_cpp
+    except ImportError as e:  # pragma: no cover - depends on the install
+        raise SpecDeskError("llama-cpp-python is not installed: run the README's set-up command") from e
+    with _init_lock:
+        if not _initialised:
+            @llama_cpp.llama_log_callback
+            def on_log(level, text, user_data):
+                # Errors are kept to explain a failed load; everything else is dropped so
+                # llama.cpp's chatter never interleaves with our output.
+                if level == 4 and text:  # GGML_LOG_LEVEL_ERROR
+                    _recent_errors.append(text.decode("utf-8", "replace").strip())
+            _log_callback = on_log
+            if not os.environ.get("SPECDESK_LLAMA_LOG"):
+                llama_cpp.llama_log_set(_log_callback, ctypes.c_void_p(0))
+            llama_cpp.llama_backend_init()
+            _initialised = True
+    return llama_cpp
+
+
+def check_gguf_file(path: str | os.PathLike) -> Path:
+    """Reject a missing, empty or non-GGUF file before llama.cpp sees it."""
+    p = Path(path)
+    if not p.exists():
+        raise SpecDeskError(f"{p}: no such file")
+    if p.is_dir():
+        raise SpecDeskError(f"{p}: is a folder, not a GGUF file")
+    with open(p, "rb") as f:
+        magic = f.read(4)
+    if magic != GGUF_MAGIC:
+        raise SpecDeskError(f"{p}: not a GGUF file (it starts with {magic!r}, a GGUF file starts with b'GGUF')")
+    return p
+
+
+def _check_gguf_complete(p: Path) -> None:
+    """A truncated GGUF parses its header fine; its tensors then run past the end."""
+    try:
+        from gguf import GGUFReader
+
+        reader = GGUFReader(str(p))
+    except (ValueError, IndexError, OSError, KeyError) as e:
+        raise SpecDeskError(f"{p}: corrupt or truncated GGUF file ({e})") from e
+    size = p.stat().st_size
+    for tensor in reader.tensors:
+        end = tensor.data_offset + tensor.n_bytes
+        if end > size:
+            raise SpecDeskError(
+                f"{p}: truncated GGUF file: tensor {tensor.name} ends at byte {end} but the file has {size} bytes"
+            )
+
+
+@dataclass(frozen=True)
+class VocabInfo:
+    vocab_type: str
+    n_tokens: int
+    bos: int
+    eos: int
+    add_bos: bool
+
+
+class GgufModel:
+    """A loaded GGUF model: weights, vocabulary, tokenizer."""
+
+    def __init__(self, path: str | os.PathLike, n_gpu_layers: int = 0):
+        self.path = check_gguf_file(path)
+        _check_gguf_complete(self.path)
+        lib = llama_lib()
+        self._lib = lib
+        params = lib.llama_model_default_params()
+        params.n_gpu_layers = n_gpu_layers
+        _recent_errors.clear()
+        self._model = lib.llama_model_load_from_file(str(self.path).encode(), params)
+        if not self._model:
+            detail = "; ".join(_recent_errors) or "llama.cpp could not load it"
+            raise SpecDeskError(f"{self.path}: cannot load this GGUF file ({detail})")
+        self._vocab = lib.llama_model_get_vocab(self._model)
+        self.n_vocab = lib.llama_vocab_n_tokens(self._vocab)
+        self.n_ctx_train = lib.llama_model_n_ctx_train(self._model)
+        self.n_embd = lib.llama_model_n_embd(self._model)
+        self.size_bytes = lib.llama_model_size(self._model)
+        self.n_params = lib.llama_model_n_params(self._model)
+        self.vocab = VocabInfo(
+            vocab_type=VOCAB_TYPE_NAMES.get(lib.llama_vocab_type(self._vocab), "unknown"),
+            n_tokens=self.n_vocab,
+            bos=lib.llama_vocab_bos(self._vocab),
+            eos=lib.llama_vocab_eos(self._vocab),
+            add_bos=bool(lib.llama_vocab_get_add_bos(self._vocab)),
+        )
+        self._piece_cache: dict[int, bytes] = {}
+
+    def close(self) -> None:
+        if getattr(self, "_model", None):
+            self._lib.llama_model_free(self._model)
+            self._model = None
+
+    def __del__(self):  # pragma: no cover - finaliser
+        try:
+            self.close()
+        except Exception:
+            pass
+
+    # --- vocabulary -------------------------------------------------------
+    def tokenize(self, text: str, add_bos: bool | None = None, parse_special: bool = False) -> list[int]:
+        data = text.encode("utf-8")
+        add = self.vocab.add_bos if add_bos is None else add_bos
+        capacity = len(data) + 8
+        buf = (self._lib.llama_token * capacity)()
+        n = self._lib.llama_tokenize(self._vocab, data, len(data), buf, capacity, add, parse_special)
+        if n < 0:
+            capacity = -n
+            buf = (self._lib.llama_token * capacity)()
+            n = self._lib.llama_tokenize(self._vocab, data, len(data), buf, capacity, add, parse_special)
+        return list(buf[:n])
+
+    def token_bytes(self, token: int) -> bytes:
+        """The bytes a token stands for; control tokens render as nothing."""
+        piece = self._piece_cache.get(token)
+        if piece is None:
+            buf = ctypes.create_string_buffer(64)
+            n = self._lib.llama_token_to_piece(self._vocab, token, buf, 64, 0, False)
+            if n < 0:
+                buf = ctypes.create_string_buffer(-n)
+                n = self._lib.llama_token_to_piece(self._vocab, token, buf, -n, 0, False)
+            piece = buf.raw[:n]
+            self._piece_cache[token] = piece
+        return piece
+
+    def token_text(self, token: int) -> str:
+        """The vocabulary entry as stored (used to compare vocabularies)."""
+        raw = self._lib.llama_vocab_get_text(self._vocab, token)
+        return raw.decode("utf-8", "replace") if raw else ""
+
+    def is_eog(self, token: int) -> bool:
+        return bool(self._lib.llama_vocab_is_eog(self._vocab, token))
+
+    def detokenize(self, tokens: Sequence[int]) -> str:
+        return b"".join(self.token_bytes(t) for t in tokens).decode("utf-8", "replace")
+
+    def chat_template(self) -> str | None:
+        raw = self._lib.llama_model_chat_template(self._model, None)
+        return raw.decode("utf-8") if raw else None
+
+    def meta(self, key: str) -> str | None:
+        buf = ctypes.create_string_buffer(4096)
+        n = self._lib.llama_model_meta_val_str(self._model, key.encode(), buf, 4096)
+        return buf.value.decode("utf-8", "replace") if n >= 0 else None
+
+
+class GgufContext:
+    """One inference context (its own KV cache) over a GgufModel, for sequence 0.
+
+    The KV cache is sized once (n_ctx); rolling back a rejected draft removes positions
+    from the cache with llama_memory_seq_rm, it never reallocates.
+    """
+
+    def __init__(self, model: GgufModel, n_ctx: int, n_threads: int, n_batch: int = 512):
+        lib = model._lib
+        self._lib, self.model = lib, model
+        params = lib.llama_context_default_params()
+        params.n_ctx = n_ctx
+        params.n_batch = n_batch
+        params.n_ubatch = n_batch
+        params.n_seq_max = 1
+        params.n_threads = n_threads
+        params.n_threads_batch = n_threads
+        params.no_perf = True
+        self._ctx = lib.llama_init_from_model(model._model, params)
+        if not self._ctx:
+            raise SpecDeskError(f"{model.path}: could not create a context of {n_ctx} tokens (out of memory?)")
+        self.n_ctx = lib.llama_n_ctx(self._ctx)
+        self.n_batch = n_batch
+        self._memory = lib.llama_get_memory(self._ctx)
+        self._batch = lib.llama_batch_init(n_batch, 0, 1)
+        self.n_past = 0  # tokens whose keys and values are in the cache
+        self.cached: list[int] = []  # those tokens, for prefix reuse
+
+    def close(self) -> None:
+        if getattr(self, "_ctx", None):
+            self._lib.llama_batch_free(self._batch)
+            self._lib.llama_free(self._ctx)
+            self._ctx = None
+
+    def __del__(self):  # pragma: no cover - finaliser
+        try:
+            self.close()
+        except Exception:
+            pass
+
+    def set_threads(self, n_threads: int) -> None:
+        self._lib.llama_set_n_threads(self._ctx, n_threads, n_threads)
+
+    def rollback(self, n_keep: int) -> None:
+        """Forget every position from n_keep on."""
+        if n_keep < self.n_past:
+            self._lib.llama_memory_seq_rm(self._memory, 0, n_keep, -1)
+            self.n_past = n_keep
+            del self.cached[n_keep:]
+
+    def decode(self, tokens: Sequence[int], all_logits: bool = True) -> np.ndarray:
+        """Append tokens at n_past; returns logits (len(tokens), V), or (1, V) for the last
+        token only when all_logits is False. Long inputs go in n_batch chunks."""
+        if self.n_past + len(tokens) > self.n_ctx:
+            raise SpecDeskError(
+                f"context overflow: {self.n_past + len(tokens)} tokens do not fit in the context of {self.n_ctx}"
+            )
+        rows: list[np.ndarray] = []
+        for start in range(0, len(tokens), self.n_batch):
+            chunk = tokens[start:start + self.n_batch]
+            last_chunk = start + self.n_batch >= len(tokens)
+            want = [all_logits or (last_chunk and i == len(chunk) - 1) for i in range(len(chunk))]
+            rows.append(self._decode_chunk(chunk, want))
+        return np.concatenate([r for r in rows if len(r)], axis=0) if rows else np.zeros((0, self.model.n_vocab))
+
+    def _decode_chunk(self, tokens: Sequence[int], want_logits: list[bool]) -> np.ndarray:
+        batch, n = self._batch, len(tokens)
+        batch.n_tokens = n
+        for i, token in enumerate(tokens):
+            batch.token[i] = token
+            batch.pos[i] = self.n_past + i
+            batch.n_seq_id[i] = 1
+            batch.seq_id[i][0] = 0
+            batch.logits[i] = want_logits[i]
+        status = self._lib.llama_decode(self._ctx, batch)
+        if status != 0:
+            raise SpecDeskError(f"{self.model.path}: llama_decode failed with status {status}")
+        self.n_past += n
+        self.cached.extend(tokens)
+        n_out = sum(want_logits)
+        if n_out == 0:
+            return np.zeros((0, self.model.n_vocab), dtype=np.float32)
+        pointer = self._lib.llama_get_logits(self._ctx)
+        return np.ctypeslib.as_array(pointer, shape=(n_out, self.model.n_vocab)).copy()  # (n_out, V)
+
+    def sync_prefix(self, tokens: Sequence[int]) -> int:
+        """Keep the longest cached prefix of `tokens` and drop the rest; returns its length."""
+        common = 0
+        limit = min(len(self.cached), len(tokens))
+        while common < limit and self.cached[common] == tokens[common]:
+            common += 1
+        self.rollback(common)
+        return common

@@ -1,0 +1,167 @@
+"""GGUF targets on llama.cpp: the generation loop of DESIGN.md.
+
+One step: propose up to k tokens -> one target pass over [last, d1..dk] with logits for
+every row -> accept a prefix (engines/spec/verify.py) -> commit accepted + one target
+token -> roll the KV cache back past the rejected tail. Baseline is the same loop with
+k = 0, so baseline and speculative numbers come from the same code.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from typing import Iterator, Optional
+
+import numpy as np
+
+from ..spec.ngram import NgramPoolProposer, PromptLookupProposer
+from ..spec.verify import verify
+from ..text import IncrementalDetokenizer
+from ..types import Draft, GenerationRequest, SpecConfig, SpecDeskError, StepEvent
+from .binding import GgufContext, GgufModel
+from .compat import describe, incompatibilities
+from .draft import DraftModelProposer
+
+SUPPORTED_METHODS = ("none", "ngram", "ngram-pool", "draft")
+
+
+def default_threads() -> int:
+    return max(1, min(os.cpu_count() or 1, 8))
+
+
+class LlamaEngine:
+    name = "llama.cpp"
+
+    def __init__(self, target_path: str | os.PathLike, n_ctx: int = 0, n_threads: Optional[int] = None,
+                 n_batch: int = 512):
+        self.n_threads = n_threads or default_threads()
+        if self.n_threads < 1:
+            raise SpecDeskError(f"threads = {self.n_threads} is out of range: use 1 or more")
+        self.target = GgufModel(target_path)
+        self.n_ctx = n_ctx or min(self.target.n_ctx_train or 4096, 4096)
+        self.context = GgufContext(self.target, self.n_ctx, self.n_threads, n_batch)
+        self._drafts: dict[str, GgufContext] = {}
+        self.pool = NgramPoolProposer()  # learns across the turns of a chat
+        self.last_proposer = None
+
+    # --- models -----------------------------------------------------------
+    def load_draft(self, path: str | os.PathLike) -> GgufContext:
+        """Load (once) and check a draft model; refusals say which property differed."""
+        key = os.path.abspath(path)
+        if key not in self._drafts:
+            draft = GgufModel(path)
+            reasons = incompatibilities(self.target, draft)
+            if reasons:
+                draft.close()
+                raise SpecDeskError(describe(self.target, draft, reasons))
+            self._drafts[key] = GgufContext(draft, self.n_ctx, self.n_threads, self.context.n_batch)
+        return self._drafts[key]
+
+    def set_threads(self, n_threads: int) -> None:
+        self.n_threads = n_threads
+        self.context.set_threads(n_threads)
+        for ctx in self._drafts.values():
+            ctx.set_threads(n_threads)
+
+    def tokenize(self, text: str, add_bos: bool = True) -> list[int]:
+        return self.target.tokenize(text, add_bos=add_bos and self.target.vocab.add_bos)
+
+    def detokenize(self, tokens) -> str:
+        return self.target.detokenize(tokens)
+
+    def close(self) -> None:
+        for ctx in self._drafts.values():
+            ctx.close()
+            ctx.model.close()
+        self._drafts.clear()
+        self.context.close()
+        self.target.close()
+
+    def reset_chat(self) -> None:
+        """A new conversation: the n-gram pool forgets what it learned."""
+        self.pool.reset()
+
+    def _proposer(self, spec: SpecConfig, request: GenerationRequest, rng: np.random.Generator):
+        if spec.method == "none":
+            return None
+        if spec.method == "ngram":
+            return PromptLookupProposer(spec.ngram_min, spec.ngram_max)
+        if spec.method == "ngram-pool":
+            return self.pool
+        if spec.method == "draft":
+            return DraftModelProposer(self.load_draft(spec.draft_path), request.sampling, rng, spec.draft_p_min)
+        raise SpecDeskError(
+            f"method {spec.method!r} is not available for GGUF targets yet: use one of {', '.join(SUPPORTED_METHODS)}"
+        )
+
+    # --- generation -------------------------------------------------------
+    def generate(self, request: GenerationRequest, cancel: threading.Event) -> Iterator[StepEvent]:
+        prompt = list(request.prompt_tokens)
+        if len(prompt) >= self.n_ctx:
+            raise SpecDeskError(
+                f"the prompt is {len(prompt)} tokens but the context holds {self.n_ctx}: shorten it or raise the context size"
+            )
+        for token in prompt:
+            if not (0 <= token < self.target.n_vocab):
+                raise SpecDeskError(f"prompt token id {token} is outside the vocabulary of {self.target.n_vocab}")
+        rng = np.random.default_rng(request.sampling.seed)
+        proposer = self._proposer(request.spec, request, rng)
+        self.last_proposer = proposer
+        ctx = self.context
+        kept = ctx.sync_prefix(prompt[:-1])
+        ctx.decode(prompt[kept:-1], all_logits=False)
+        if proposer is not None:
+            proposer.begin(prompt)
+        detok = IncrementalDetokenizer(self.target.token_bytes)
+        context = list(prompt)
+        generated = 0
+        max_k = request.spec.draft_tokens
+        while not cancel.is_set():
+            remaining = request.max_tokens - generated
+            room = self.n_ctx - len(context)  # positions left after `last`
+            if room < 0:
+                return
+            k = max(0, min(max_k, remaining - 1, room))
+            started = time.perf_counter()
+            draft = proposer.propose(context, k) if (proposer is not None and k > 0) else Draft(())
+            drafted = time.perf_counter()
+            n_past = ctx.n_past
+            logits = ctx.decode([context[-1], *draft.tokens])  # (1 + len(draft), V)
+            result = verify(draft.tokens, draft.probs, logits, request.sampling, rng)
+            accepted = result.accepted
+            ctx.rollback(n_past + 1 + accepted)
+            verified = time.perf_counter()
+            committed = [*draft.tokens[:accepted], result.next_token]
+            from_draft = [True] * accepted + [False]
+            finish_reason = None
+            for i, token in enumerate(committed):
+                if self.target.is_eog(token) and request.stop_at_eos:
+                    committed, from_draft, finish_reason = committed[:i + 1], from_draft[:i + 1], "eos"
+                    break
+            if len(committed) >= remaining:
+                committed, from_draft = committed[:remaining], from_draft[:remaining]
+                finish_reason = finish_reason or "length"
+            if finish_reason is None and len(context) + len(committed) >= self.n_ctx:
+                finish_reason = "context"
+            if proposer is not None:
+                proposer.accept(accepted, committed)
+            context.extend(committed)
+            generated += len(committed)
+            text = detok.push(committed)
+            if finish_reason is not None:
+                text += detok.flush()
+            yield StepEvent(
+                tokens=tuple(committed),
+                text=text,
+                drafted=len(draft.tokens),
+                accepted=accepted,
+                position_accepted=tuple(i < accepted for i in range(len(draft.tokens))),
+                from_draft=tuple(from_draft),
+                draft_s=drafted - started,
+                verify_s=verified - drafted,
+                finished=finish_reason is not None,
+                finish_reason=finish_reason,
+            )
+            if finish_reason is not None:
+                return
