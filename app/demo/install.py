@@ -1,0 +1,237 @@
+"""Build the demo family's usable files: a widened target and the draft, as GGUF and HF.
+
+Trained weights come from assets/demo/ (shipped), or from running the recipe here (small
+for tests, or full with retrain). Everything else is derived in seconds and cached under
+cache_dir()/demo/<recipe key>/, with a manifest of sha256 and size per file: a reused file
+is checked first, and anything missing, truncated or corrupt is rebuilt, never loaded.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Callable
+
+from specdesk.engines.types import SpecDeskError
+
+from ..paths import assets_dir, cache_dir
+from .export_hf import write_json_atomic, write_text_atomic
+
+EXPORT_VERSION = 1  # bump when derived files change for the same trained weights
+TRAINED_FILES = ("tokenizer.json", "core.safetensors", "draft.safetensors")
+WIDEN_SEED = 0
+MANIFEST = "manifest.json"
+
+# Derived units, in build order; a unit is rebuilt when one of its files is bad or a unit it
+# is derived from was rebuilt.
+UNITS: dict[str, tuple[str, ...]] = {
+    "card": (),
+    "core_hf": (),
+    "target_hf": (),
+    "draft_hf": (),
+    "target_gguf": ("target_hf",),
+    "draft_gguf": ("draft_hf",),
+}
+UNIT_PATHS = {
+    "card": "card.json",
+    "core_hf": "core-hf",
+    "target_hf": "target-hf",
+    "draft_hf": "draft-hf",
+    "target_gguf": "specdesk-demo-target-F16.gguf",
+    "draft_gguf": "specdesk-demo-draft-F16.gguf",
+}
+
+Progress = Callable[[str], None]
+
+
+def _quiet(message: str) -> None:
+    pass
+
+
+def verify_trained(folder: Path, shipped: bool = False) -> dict:
+    """Check a trained family folder against its card.json; returns the card."""
+    from .recipe import sha256_file
+
+    if shipped:
+        remedy = ("reinstall SpecDesk, or train the family here with `specdesk demo build --retrain` "
+                  "(`--small` for a quick, weaker one)")
+    else:
+        remedy = f"delete {folder} and build again"
+    card_path = folder / "card.json"
+    if not card_path.is_file():
+        raise SpecDeskError(f"no trained demo family in {folder} (card.json is missing): {remedy}")
+    try:
+        card = json.loads(card_path.read_text(encoding="utf-8"))
+        expected_hashes = card["files"]
+        if not isinstance(expected_hashes, dict):
+            raise TypeError("'files' is not a mapping")
+    except (json.JSONDecodeError, KeyError, TypeError) as e:
+        raise SpecDeskError(f"{card_path} is not a valid demo family card ({e}): {remedy}") from e
+    for name in TRAINED_FILES:
+        path = folder / name
+        if not path.is_file():
+            raise SpecDeskError(f"{path} is missing: {remedy}")
+        actual = sha256_file(path)
+        if actual != expected_hashes.get(name):
+            raise SpecDeskError(f"{path} is damaged: its sha256 is {actual[:16]}…, card.json says "
+                                f"{str(expected_hashes.get(name))[:16]}…; {remedy}")
+    return card
+
+
+def _train(small: bool, retrain: bool, progress: Progress) -> tuple[Path, dict]:
+    from .recipe import FULL, SMALL, train_family
+
+    spec = SMALL if small else FULL
+    workdir = cache_dir() / "demo-train" / spec.key()
+    if (workdir / "card.json").exists():
+        if not retrain:
+            try:
+                card = verify_trained(workdir)
+                progress(f"reusing the {spec.name} family trained in {workdir}")
+                return workdir, card
+            except SpecDeskError as e:
+                progress(f"training again: {e}")
+        # A finished (or damaged) run starts over; an unfinished one has no card.json yet and
+        # resumes from its checkpoints.
+        for name in (*TRAINED_FILES, "card.json", "core.ckpt", "draft.ckpt"):
+            (workdir / name).unlink(missing_ok=True)
+
+    def report(stage: str, done: int, total: int, loss: float) -> None:
+        if done == total or done % max(1, total // 10) == 0:
+            progress(f"training {spec.name} {stage}: step {done}/{total}, loss {loss:.3f}")
+
+    progress(f"training the {spec.name} demo family into {workdir}")
+    train_family(spec, workdir, progress=report)
+    return workdir, verify_trained(workdir)
+
+
+def _file_ok(path: Path, record: dict) -> bool:
+    from .recipe import sha256_file
+
+    return path.is_file() and path.stat().st_size == record.get("size") and sha256_file(path) == record.get("sha256")
+
+
+def _records(out: Path, unit_path: Path) -> dict[str, dict]:
+    from .recipe import sha256_file
+
+    files = sorted(p for p in unit_path.iterdir() if p.is_file()) if unit_path.is_dir() else [unit_path]
+    return {p.relative_to(out).as_posix(): {"sha256": sha256_file(p), "size": p.stat().st_size} for p in files}
+
+
+def _verified_units(out: Path, manifest: dict, progress: Progress) -> set[str]:
+    good = set()
+    for unit, files in manifest.get("units", {}).items():
+        bad = [rel for rel, record in files.items() if not _file_ok(out / rel, record)]
+        if bad or not files:
+            progress(f"rebuilding {unit}: {', '.join(bad) or 'no files'} missing, truncated or corrupt")
+        else:
+            good.add(unit)
+    return good
+
+
+def _derive(trained: Path, card: dict, out: Path, progress: Progress) -> None:
+    manifest_path = out / MANIFEST
+    identity = {"export_version": EXPORT_VERSION, "recipe_key": card["recipe_key"], "sources": card["files"]}
+    try:
+        manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError):
+        manifest = {}
+    if not isinstance(manifest, dict):
+        manifest = {}
+    if manifest and all(manifest.get(k) == v for k, v in identity.items()):
+        good = _verified_units(out, manifest, progress)
+    else:
+        if manifest:
+            progress("the trained family or exporter changed: rebuilding all derived files")
+        good = set()
+    todo = [u for u in UNITS if u not in good]
+    for unit in UNITS:  # UNITS is in build order, so dependencies are decided first
+        if unit not in todo and any(dep in todo for dep in UNITS[unit]):
+            todo.append(unit)
+    if not todo:
+        progress(f"demo family ready in {out} (verified)")
+        return
+
+    # The manifest goes first: a crash mid-build must not leave one vouching for old files.
+    manifest_path.unlink(missing_ok=True)
+    for stale in out.rglob("*.tmp-*"):  # left by a killed build
+        stale.unlink(missing_ok=True)
+    units = {u: files for u, files in manifest.get("units", {}).items() if u in good}
+    for unit in UNITS:
+        if unit in todo:
+            progress(f"building {UNIT_PATHS[unit]}")
+            _build_unit(unit, trained, card, out)
+            units[unit] = _records(out, out / UNIT_PATHS[unit])
+    write_json_atomic(manifest_path, {**identity, "units": units})
+    progress(f"demo family ready in {out}")
+
+
+def _build_unit(unit: str, trained: Path, card: dict, out: Path) -> None:
+    from safetensors.torch import load_file
+
+    from .export_gguf import export_gguf
+    from .export_hf import export_hf
+    from .model import ModelConfig
+    from .widen import widen
+
+    target = out / UNIT_PATHS[unit]
+    if unit == "card":
+        write_text_atomic(target, json.dumps(card, indent=2) + "\n")
+    elif unit.endswith("_gguf"):
+        role = unit.removesuffix("_gguf")
+        export_gguf(out / UNIT_PATHS[f"{role}_hf"], target, f"SpecDesk demo {role} ({card['family']})")
+    else:
+        role = "draft" if unit == "draft_hf" else "core"
+        config = ModelConfig(**card[role]["config"])
+        state = {name: t.float() for name, t in load_file(str(trained / f"{role}.safetensors")).items()}
+        if unit == "target_hf":
+            wide = card["wide"]
+            config, state = widen(config, state, wide["hidden_size"], wide["num_attention_heads"],
+                                  wide["intermediate_size"], seed=WIDEN_SEED)
+        if target.is_dir():
+            shutil.rmtree(target)
+        export_hf(config, state, trained / "tokenizer.json", card["chat_template"], target)
+
+
+def build_family(
+    small: bool = False,
+    retrain: bool = False,
+    out: Path | None = None,
+    progress: Progress | None = None,
+) -> dict[str, str]:
+    """Make the demo family usable; returns role -> absolute path.
+
+    Roles: target_gguf, draft_gguf, target_hf, draft_hf, core_hf (HF folders),
+    tokenizer (tokenizer.json), card (card.json).
+    Trained weights come from a small training run here (`small`), a full one (`retrain`),
+    or assets/demo/ (the default, which takes seconds).
+    """
+    progress = progress or _quiet
+    if small or retrain:
+        trained, card = _train(small, retrain, progress)
+    else:
+        trained = assets_dir() / "demo"
+        progress(f"verifying the shipped demo family in {trained}")
+        card = verify_trained(trained, shipped=True)
+    out = Path(out) if out is not None else cache_dir() / "demo" / card["recipe_key"]
+    _derive(trained, card, out, progress)
+    roles = {unit: out / path for unit, path in UNIT_PATHS.items()}
+    roles["tokenizer"] = roles["target_hf"] / "tokenizer.json"
+    return {role: str(path.resolve()) for role, path in roles.items()}
+
+
+if __name__ == "__main__":
+    import argparse
+    import sys
+
+    parser = argparse.ArgumentParser(description="Build the SpecDesk demo model family")
+    parser.add_argument("--small", action="store_true", help="train the small test recipe here (~30 s)")
+    parser.add_argument("--retrain", action="store_true", help="train the full recipe here instead of using assets/")
+    parser.add_argument("--out", type=Path, help="output folder (default: the cache)")
+    args = parser.parse_args()
+    try:
+        paths = build_family(args.small, args.retrain, args.out, progress=lambda m: print(m, file=sys.stderr))
+    except SpecDeskError as e:
+        sys.exit(f"error: {e}")
+    print(json.dumps(paths, indent=2))

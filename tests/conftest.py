@@ -1,0 +1,36 @@
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
+
+
+@pytest.fixture(scope="session")
+def demo_cache_dir(request: pytest.FixtureRequest) -> Path:
+    """A SPECDESK_CACHE_DIR kept across pytest runs, so the ~30 s small training runs once.
+
+    Reuse is safe: builds are keyed by the recipe and verified by hash before use.
+    """
+    override = os.environ.get("SPECDESK_TEST_CACHE")
+    root = Path(override) if override else request.config.rootpath / ".pytest_cache" / "specdesk-demo"
+    root.mkdir(parents=True, exist_ok=True)
+    return root
+
+
+@pytest.fixture(scope="session")
+def demo_family(demo_cache_dir: Path) -> dict[str, str]:
+    """The small demo family (roles -> paths: target_gguf, draft_gguf, target_hf, draft_hf, ...)."""
+    from specdesk.app.demo.install import build_family
+
+    previous = os.environ.get("SPECDESK_CACHE_DIR")
+    os.environ["SPECDESK_CACHE_DIR"] = str(demo_cache_dir)
+    try:
+        return build_family(small=True)
+    finally:
+        if previous is None:
+            del os.environ["SPECDESK_CACHE_DIR"]
+        else:
+            os.environ["SPECDESK_CACHE_DIR"] = previous
