@@ -12,7 +12,9 @@ APP_NAME = "specdesk"
 
 
 def assets_dir() -> Path:
-    """The repository's (or the frozen bundle's) assets/ folder."""
+    """The repository's (or the frozen bundle's) assets/ folder; SPECDESK_ASSETS_DIR overrides it."""
+    if os.environ.get("SPECDESK_ASSETS_DIR"):
+        return Path(os.environ["SPECDESK_ASSETS_DIR"])
     if getattr(sys, "frozen", False):
         return Path(getattr(sys, "_MEIPASS", Path(sys.executable).parent)) / "assets"
     return Path(__file__).resolve().parent.parent / "assets"

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import gguf
@@ -12,7 +15,9 @@ import numpy as np
 import pytest
 import tokenizers
 import torch
+from safetensors.numpy import load_file
 
+from specdesk.app.demo.config import ModelConfig, tensor_shapes
 from specdesk.app.demo.export_gguf import permute_rope_rows
 from specdesk.app.demo.export_hf import load_hf
 from specdesk.app.demo.model import LlamaLM
@@ -74,28 +79,38 @@ def test_permute_pairs_rotate_half_rows_as_llama_cpp_expects() -> None:
     assert permute_rope_rows(two_heads, 2).ravel().tolist() == [0, 2, 1, 3, 4, 6, 5, 7]
 
 
+def test_tensor_shapes_are_llama_lm_state_dict_shapes() -> None:
+    config = ModelConfig(vocab_size=48, hidden_size=16, num_hidden_layers=2, num_attention_heads=3,
+                         intermediate_size=40, head_dim=8)
+    with torch.device("meta"):
+        state = LlamaLM(config).state_dict()
+    assert tensor_shapes(config) == {name: tuple(tensor.shape) for name, tensor in state.items()}
+
+
 def test_widened_core_computes_what_the_core_computes(demo_family: dict[str, str]) -> None:
     wide_shape = _card(demo_family)["wide"]
     core_config, core = load_hf(Path(demo_family["core_hf"]))
-    wide_config, wide_state = widen(core_config, core.state_dict(), wide_shape["hidden_size"],
+    core_state = {name: t.astype(np.float32)
+                  for name, t in load_file(str(Path(demo_family["core_hf"]) / "model.safetensors")).items()}
+    wide_config, wide_state = widen(core_config, core_state, wide_shape["hidden_size"],
                                     wide_shape["num_attention_heads"], wide_shape["intermediate_size"])
     wide = LlamaLM(wide_config)
-    wide.load_state_dict(wide_state)
+    wide.load_state_dict({name: torch.from_numpy(array) for name, array in wide_state.items()})
     wide.eval()
     assert load_hf(Path(demo_family["target_hf"]))[0] == wide_config
 
     tokens = _tokenizer(demo_family).encode("".join(SAMPLES)).ids[:96]
     with torch.no_grad():
         difference = (core(torch.tensor([tokens])) - wide(torch.tensor([tokens]))).abs().max().item()
-    assert difference < 1e-4
+    assert difference < 1e-5
     assert _torch_greedy(wide, tokens[:12], NEW_TOKENS) == _torch_greedy(core, tokens[:12], NEW_TOKENS)
 
     # New heads and units are real (they read the stream) but silent (they write nothing).
     inner = core_config.num_attention_heads * core_config.head_dim
     layer = "model.layers.0."
-    assert wide_state[layer + "self_attn.q_proj.weight"][inner:].abs().sum() > 0
-    assert wide_state[layer + "self_attn.o_proj.weight"][:, inner:].abs().sum() == 0
-    assert wide_state[layer + "mlp.down_proj.weight"][:, core_config.intermediate_size:].abs().sum() == 0
+    assert np.abs(wide_state[layer + "self_attn.q_proj.weight"][inner:]).sum() > 0
+    assert np.abs(wide_state[layer + "self_attn.o_proj.weight"][:, inner:]).sum() == 0
+    assert np.abs(wide_state[layer + "mlp.down_proj.weight"][:, core_config.intermediate_size:]).sum() == 0
 
 
 def test_hf_exports_load_with_their_metadata(demo_family: dict[str, str]) -> None:
@@ -190,16 +205,24 @@ def test_damaged_derived_files_are_rebuilt(demo_family: dict[str, str], demo_cac
     llama_cpp.Llama(model_path=str(truncated), vocab_only=True, verbose=False)
 
 
+def _ship_small_family(demo_cache_dir: Path, assets: Path) -> Path:
+    """An assets/ folder holding the session's small family as if it were the shipped one."""
+    from specdesk.app.demo.install import TRAINED_FILES
+    from specdesk.app.demo.recipe import SMALL
+
+    shipped = assets / "demo"
+    shipped.mkdir(parents=True)
+    for name in ("card.json", *TRAINED_FILES):
+        shutil.copy(demo_cache_dir / "demo-train" / SMALL.key() / name, shipped / name)
+    return shipped
+
+
 def test_shipped_family_is_verified_before_use(demo_family: dict[str, str], demo_cache_dir: Path, tmp_path: Path,
                                                monkeypatch: pytest.MonkeyPatch) -> None:
     from specdesk.app.demo import install
-    from specdesk.app.demo.recipe import SMALL
 
-    shipped = tmp_path / "assets" / "demo"
-    shipped.mkdir(parents=True)
-    for name in ("card.json", *install.TRAINED_FILES):
-        shutil.copy(demo_cache_dir / "demo-train" / SMALL.key() / name, shipped / name)
-    monkeypatch.setattr(install, "assets_dir", lambda: tmp_path / "assets")
+    shipped = _ship_small_family(demo_cache_dir, tmp_path / "assets")
+    monkeypatch.setenv("SPECDESK_ASSETS_DIR", str(tmp_path / "assets"))
     monkeypatch.setenv("SPECDESK_CACHE_DIR", str(tmp_path / "cache"))
     roles = install.build_family()
     assert Path(roles["target_gguf"]).is_relative_to(tmp_path / "cache" / "demo")
@@ -209,3 +232,42 @@ def test_shipped_family_is_verified_before_use(demo_family: dict[str, str], demo
     (shipped / "core.safetensors").write_bytes(bytes(damaged))
     with pytest.raises(SpecDeskError, match=r"core\.safetensors is damaged"):
         install.build_family()
+
+
+NO_TORCH_INSTALL = """
+import json, sys
+sys.modules["torch"] = None  # every `import torch` below raises ImportError, as if it were not installed
+from specdesk.app.demo.export_hf import load_hf
+from specdesk.app.demo.install import build_family
+from specdesk.engines.types import SpecDeskError
+
+roles = build_family(out=sys.argv[1])
+errors = []
+for needs_torch in (lambda: build_family(small=True, out=sys.argv[1] + "-small"), lambda: load_hf(roles["core_hf"])):
+    try:
+        needs_torch()
+    except SpecDeskError as e:
+        errors.append(str(e))
+print(json.dumps({"roles": roles, "errors": errors}))
+"""
+
+
+def test_shipped_family_installs_without_torch(demo_family: dict[str, str], demo_cache_dir: Path,
+                                               tmp_path: Path) -> None:
+    _ship_small_family(demo_cache_dir, tmp_path / "assets")
+    env = {**os.environ, "SPECDESK_ASSETS_DIR": str(tmp_path / "assets"),
+           "SPECDESK_CACHE_DIR": str(tmp_path / "cache"), "OMP_NUM_THREADS": "1"}
+    out = tmp_path / "family"
+    done = subprocess.run([sys.executable, "-c", NO_TORCH_INSTALL, str(out)], env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout)
+    assert result["errors"] == [
+        "training the demo family needs PyTorch: pip install 'specdesk[torch]'",
+        "loading an exported demo model into torch needs PyTorch: pip install 'specdesk[torch]'",
+    ]
+    # Without torch the install writes the very files the session's build (with torch) wrote.
+    manifest = json.loads((out / "manifest.json").read_text())
+    with_torch = json.loads((Path(demo_family["card"]).parent / "manifest.json").read_text())
+    assert manifest["units"] == with_torch["units"]
+    assert Path(result["roles"]["target_gguf"]) == (out / "specdesk-demo-target-F16.gguf").resolve()

@@ -2,6 +2,7 @@
 
 The folder is what `LlamaForCausalLM.from_pretrained` and `AutoTokenizer` load, and what
 llama.cpp's convert_hf_to_gguf.py converts; export_gguf.py reads it back the same way.
+Exporting needs numpy only; torch is imported by `load_hf` alone, when it is called.
 """
 
 from __future__ import annotations
@@ -10,16 +11,27 @@ import json
 import os
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
+from typing import TYPE_CHECKING, Iterator, Mapping
 
-import torch
-from safetensors.torch import load_file, save_file
+import numpy as np
+from safetensors.numpy import save_file
 from tokenizers import Tokenizer, processors
 
 from specdesk.engines.types import SpecDeskError
 
-from .model import LlamaLM, ModelConfig
+from .config import ModelConfig, tensor_shapes
 from .tokenizer import BOS_TOKEN, EOS_TOKEN
+
+if TYPE_CHECKING:
+    from .model import LlamaLM
+
+
+def require_torch(purpose: str) -> None:
+    """Raise a SpecDeskError saying how to install torch (the optional `torch` extra) if it is missing."""
+    try:
+        import torch  # noqa: F401
+    except ImportError as e:
+        raise SpecDeskError(f"{purpose} needs PyTorch: pip install 'specdesk[torch]'") from e
 
 
 @contextmanager
@@ -102,21 +114,21 @@ def hf_config(config: ModelConfig, bos: int, eos: int) -> dict:
 
 def export_hf(
     config: ModelConfig,
-    state: dict[str, torch.Tensor],
+    state: Mapping[str, np.ndarray],
     tokenizer_path: Path,
     chat_template: str,
     out_dir: Path,
 ) -> list[Path]:
     """Write an fp16 LlamaForCausalLM folder into out_dir; returns the files written."""
     tokenizer_text, bos, eos = hf_tokenizer_json(tokenizer_path)
-    with torch.device("meta"):  # shapes only: skips initialising weights that are about to be replaced
-        expected = LlamaLM(config).state_dict()
+    expected = tensor_shapes(config)
     if state.keys() != expected.keys():
         raise ValueError(f"export_hf: tensor names differ from LlamaLM's: {sorted(state.keys() ^ expected.keys())[:4]}")
-    for name, tensor in expected.items():
-        if state[name].shape != tensor.shape:
-            raise ValueError(f"export_hf: {name} has shape {tuple(state[name].shape)}, config wants {tuple(tensor.shape)}")
-    weights = {name: tensor.to(torch.float16).contiguous() for name, tensor in state.items()}
+    for name, shape in expected.items():
+        if tuple(state[name].shape) != shape:
+            raise ValueError(f"export_hf: {name} has shape {tuple(state[name].shape)}, config wants {shape}")
+    weights = {name: np.ascontiguousarray(np.asarray(tensor, dtype=np.float32).astype(np.float16))
+               for name, tensor in state.items()}
 
     files = {
         "config.json": hf_config(config, bos, eos),
@@ -172,7 +184,12 @@ def read_hf_config(folder: Path) -> ModelConfig:
 
 
 def load_hf(folder: Path) -> tuple[ModelConfig, LlamaLM]:
-    """Load an exported folder back as a float32 LlamaLM (eval mode)."""
+    """Load an exported folder back as a float32 LlamaLM (eval mode); needs torch."""
+    require_torch("loading an exported demo model into torch")
+    from safetensors.torch import load_file
+
+    from .model import LlamaLM
+
     folder = Path(folder)
     config = read_hf_config(folder)
     model = LlamaLM(config)

@@ -4,10 +4,14 @@ Trained weights come from assets/demo/ (shipped), or from running the recipe her
 for tests, or full with retrain). Everything else is derived in seconds and cached under
 cache_dir()/demo/<recipe key>/, with a manifest of sha256 and size per file: a reused file
 is checked first, and anything missing, truncated or corrupt is rebuilt, never loaded.
+
+Deriving needs numpy only, so the shipped family installs without torch; training (small
+or retrain) needs the optional `torch` extra.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import shutil
 from pathlib import Path
@@ -16,9 +20,9 @@ from typing import Callable
 from specdesk.engines.types import SpecDeskError
 
 from ..paths import assets_dir, cache_dir
-from .export_hf import write_json_atomic, write_text_atomic
+from .export_hf import require_torch, write_json_atomic, write_text_atomic
 
-EXPORT_VERSION = 1  # bump when derived files change for the same trained weights
+EXPORT_VERSION = 2  # bump when derived files change for the same trained weights (2: numpy widening)
 TRAINED_FILES = ("tokenizer.json", "core.safetensors", "draft.safetensors")
 WIDEN_SEED = 0
 MANIFEST = "manifest.json"
@@ -49,10 +53,16 @@ def _quiet(message: str) -> None:
     pass
 
 
+def sha256_file(path: Path) -> str:  # not recipe's: importing recipe imports torch
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
 def verify_trained(folder: Path, shipped: bool = False) -> dict:
     """Check a trained family folder against its card.json; returns the card."""
-    from .recipe import sha256_file
-
     if shipped:
         remedy = ("reinstall SpecDesk, or train the family here with `specdesk demo build --retrain` "
                   "(`--small` for a quick, weaker one)")
@@ -80,6 +90,7 @@ def verify_trained(folder: Path, shipped: bool = False) -> dict:
 
 
 def _train(small: bool, retrain: bool, progress: Progress) -> tuple[Path, dict]:
+    require_torch("training the demo family")
     from .recipe import FULL, SMALL, train_family
 
     spec = SMALL if small else FULL
@@ -107,14 +118,10 @@ def _train(small: bool, retrain: bool, progress: Progress) -> tuple[Path, dict]:
 
 
 def _file_ok(path: Path, record: dict) -> bool:
-    from .recipe import sha256_file
-
     return path.is_file() and path.stat().st_size == record.get("size") and sha256_file(path) == record.get("sha256")
 
 
 def _records(out: Path, unit_path: Path) -> dict[str, dict]:
-    from .recipe import sha256_file
-
     files = sorted(p for p in unit_path.iterdir() if p.is_file()) if unit_path.is_dir() else [unit_path]
     return {p.relative_to(out).as_posix(): {"sha256": sha256_file(p), "size": p.stat().st_size} for p in files}
 
@@ -168,11 +175,12 @@ def _derive(trained: Path, card: dict, out: Path, progress: Progress) -> None:
 
 
 def _build_unit(unit: str, trained: Path, card: dict, out: Path) -> None:
-    from safetensors.torch import load_file
+    import numpy as np
+    from safetensors.numpy import load_file
 
+    from .config import ModelConfig
     from .export_gguf import export_gguf
     from .export_hf import export_hf
-    from .model import ModelConfig
     from .widen import widen
 
     target = out / UNIT_PATHS[unit]
@@ -184,7 +192,7 @@ def _build_unit(unit: str, trained: Path, card: dict, out: Path) -> None:
     else:
         role = "draft" if unit == "draft_hf" else "core"
         config = ModelConfig(**card[role]["config"])
-        state = {name: t.float() for name, t in load_file(str(trained / f"{role}.safetensors")).items()}
+        state = {name: t.astype(np.float32) for name, t in load_file(str(trained / f"{role}.safetensors")).items()}
         if unit == "target_hf":
             wide = card["wide"]
             config, state = widen(config, state, wide["hidden_size"], wide["num_attention_heads"],

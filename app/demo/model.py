@@ -8,35 +8,11 @@ Hugging Face half-rotation layout; the GGUF exporter permutes q/k as llama.cpp e
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
-
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-
-@dataclass(frozen=True)
-class ModelConfig:
-    vocab_size: int
-    hidden_size: int
-    num_hidden_layers: int
-    num_attention_heads: int
-    intermediate_size: int
-    head_dim: int = 64
-    max_position_embeddings: int = 512
-    rms_norm_eps: float = 1e-5
-    rope_theta: float = 10000.0
-
-    def to_dict(self) -> dict:
-        return asdict(self)
-
-    def parameter_count(self, with_embeddings: bool = True) -> int:
-        d, h = self.hidden_size, self.num_attention_heads * self.head_dim
-        per_layer = 4 * d * h + 3 * d * self.intermediate_size + 2 * d
-        total = self.num_hidden_layers * per_layer + d
-        if with_embeddings:
-            total += 2 * self.vocab_size * d
-        return total
+from .config import ModelConfig
 
 
 class RMSNorm(nn.Module):

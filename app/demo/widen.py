@@ -18,23 +18,24 @@ from __future__ import annotations
 
 import math
 from dataclasses import replace
+from typing import Mapping
 
-import torch
+import numpy as np
 
-from .model import ModelConfig
+from .config import ModelConfig
 
 NEW_WEIGHT_STD = 0.02
 
 
 def widen(
     core: ModelConfig,
-    state: dict[str, torch.Tensor],
+    state: Mapping[str, np.ndarray],
     hidden_size: int,
     num_attention_heads: int,
     intermediate_size: int,
     seed: int = 0,
-) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
-    """Return (wide_config, wide_state_dict), float32, computing the same function as `core`."""
+) -> tuple[ModelConfig, dict[str, np.ndarray]]:
+    """Return (wide_config, wide_state_dict), float32 numpy, computing the same function as `core`."""
     if hidden_size < core.hidden_size or num_attention_heads < core.num_attention_heads \
             or intermediate_size < core.intermediate_size:
         raise ValueError(f"widening must not shrink: core {core}, wide ({hidden_size}, "
@@ -42,24 +43,25 @@ def widen(
     wide = replace(core, hidden_size=hidden_size, num_attention_heads=num_attention_heads,
                    intermediate_size=intermediate_size,
                    rms_norm_eps=core.rms_norm_eps * core.hidden_size / hidden_size)
-    generator = torch.Generator().manual_seed(seed)
-    norm_scale = math.sqrt(core.hidden_size / hidden_size)
+    rng = np.random.default_rng(seed)
+    norm_scale = np.float32(math.sqrt(core.hidden_size / hidden_size))
     inner_wide = num_attention_heads * core.head_dim
 
-    def grown(old: torch.Tensor, shape: tuple[int, ...], fill_new: str) -> torch.Tensor:
+    def grown(old: np.ndarray, shape: tuple[int, ...], fill_new: str) -> np.ndarray:
         """`old` in the leading corner; the rest random ("random") or zero ("zero")."""
         if fill_new == "random":
-            out = torch.randn(shape, generator=generator) * NEW_WEIGHT_STD
+            out = rng.standard_normal(shape, dtype=np.float32) * np.float32(NEW_WEIGHT_STD)
         else:
-            out = torch.zeros(shape)
-        out[tuple(slice(0, n) for n in old.shape)] = old.float()
+            out = np.zeros(shape, dtype=np.float32)
+        out[tuple(slice(0, n) for n in old.shape)] = old
         return out
 
-    out: dict[str, torch.Tensor] = {}
-    for name, tensor in state.items():
+    out: dict[str, np.ndarray] = {}
+    for name, value in state.items():
+        tensor = np.asarray(value, dtype=np.float32)
         if name.endswith("norm.weight"):  # every RMSNorm: input/post_attention layernorms and model.norm
-            out[name] = torch.full((hidden_size,), norm_scale)
-            out[name][:core.hidden_size] = tensor.float() * norm_scale
+            out[name] = np.full((hidden_size,), norm_scale, dtype=np.float32)
+            out[name][:core.hidden_size] = tensor * norm_scale
         elif name == "model.embed_tokens.weight":
             out[name] = grown(tensor, (core.vocab_size, hidden_size), "zero")
         elif name == "lm_head.weight":  # new columns read zeros

@@ -119,10 +119,10 @@ class LlamaEngine:
         max_k = request.spec.draft_tokens
         while not cancel.is_set():
             remaining = request.max_tokens - generated
-            room = self.n_ctx - len(context)  # positions left after `last`
-            if room < 0:
+            room = self.n_ctx - len(context)  # tokens the sequence may still grow by
+            if room <= 0:
                 return
-            k = max(0, min(max_k, remaining - 1, room))
+            k = max(0, min(max_k, remaining - 1, room - 1))
             started = time.perf_counter()
             draft = proposer.propose(context, k) if (proposer is not None and k > 0) else Draft(())
             drafted = time.perf_counter()
@@ -142,8 +142,9 @@ class LlamaEngine:
             if len(committed) >= remaining:
                 committed, from_draft = committed[:remaining], from_draft[:remaining]
                 finish_reason = finish_reason or "length"
-            if finish_reason is None and len(context) + len(committed) >= self.n_ctx:
-                finish_reason = "context"
+            if len(committed) >= room:
+                committed, from_draft = committed[:room], from_draft[:room]
+                finish_reason = finish_reason or "context"
             if proposer is not None:
                 proposer.accept(accepted, committed)
             context.extend(committed)

@@ -1,0 +1,201 @@
+"""The llama.cpp engine on the small demo family: losslessness, rollback, compatibility."""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections import Counter
+
+import numpy as np
+import pytest
+from scipy import stats as scipy_stats
+
+from specdesk.app.compare import load_prompts
+from specdesk.app.paths import assets_dir
+from specdesk.engines.llama.binding import GgufContext, GgufModel
+from specdesk.engines.llama.compat import incompatibilities
+from specdesk.engines.llama.engine import LlamaEngine
+from specdesk.engines.types import GenerationRequest, SamplingParams, SpecConfig, SpecDeskError
+
+from llama_helpers import generate_tokens, rewrite_gguf
+
+PROMPTS = load_prompts(assets_dir() / "prompts" / "code.jsonl")
+
+
+@pytest.fixture(scope="module")
+def engine(demo_family):
+    engine = LlamaEngine(demo_family["target_gguf"], n_ctx=256, n_threads=2)
+    engine.load_draft(demo_family["draft_gguf"])
+    yield engine
+    engine.close()
+
+
+def test_prompt_set_is_large_enough():
+    assert len(PROMPTS) >= 20
+
+
+@pytest.mark.parametrize("method", ["ngram", "ngram-pool", "draft"])
+@pytest.mark.parametrize("k", [1, 4, 8])
+def test_greedy_speculative_equals_baseline(engine, demo_family, method, k):
+    spec = SpecConfig(method=method, k=k, draft_path=demo_family["draft_gguf"] if method == "draft" else None)
+    drafted = 0
+    for prompt in PROMPTS:
+        tokens = engine.tokenize(prompt)
+        baseline = generate_tokens(engine, tokens, SpecConfig(), max_tokens=40)
+        speculative = generate_tokens(engine, tokens, spec, max_tokens=40)
+        assert speculative == baseline, f"{method} k={k} diverged on prompt {prompt[:40]!r}"
+        drafted += engine.last_proposer.stats()["drafted"] if hasattr(engine.last_proposer, "stats") else 0
+    assert drafted > 0, "the method never drafted, so the test proved nothing"
+
+
+def test_events_follow_the_contract(engine, demo_family):
+    spec = SpecConfig(method="draft", k=4, draft_path=demo_family["draft_gguf"])
+    request = GenerationRequest(tuple(engine.tokenize(PROMPTS[0])), max_tokens=30, spec=spec)
+    events = list(engine.generate(request, threading.Event()))
+    assert sum(len(e.tokens) for e in events) == 30
+    for event in events:
+        assert len(event.tokens) >= 1
+        assert len(event.from_draft) == len(event.tokens)
+        assert len(event.position_accepted) == event.drafted
+        assert sum(event.position_accepted) == event.accepted
+        assert sum(event.from_draft) == min(event.accepted, len(event.tokens))
+        assert event.draft_s >= 0 and event.verify_s > 0
+    assert events[-1].finished and events[-1].finish_reason == "length"
+    text = "".join(e.text for e in events)
+    assert text == engine.detokenize([t for e in events for t in e.tokens])
+
+
+def test_cancel_stops_between_steps(engine):
+    cancel = threading.Event()
+    request = GenerationRequest(tuple(engine.tokenize(PROMPTS[1])), max_tokens=100)
+    seen = 0
+    for _ in engine.generate(request, cancel):
+        seen += 1
+        cancel.set()
+    assert seen == 1
+
+
+def test_logits_after_rejected_draft_equal_fresh_evaluation(demo_family):
+    """Equal within float noise: llama.cpp keeps keys and values in f16 and sums in an
+    order that depends on the batch shape, so logits move by ~1e-3 between batchings."""
+    model = GgufModel(demo_family["target_gguf"])
+    tokens = model.tokenize(PROMPTS[4])
+    rolled = GgufContext(model, 256, 2)
+    rolled.decode(tokens[:-1], all_logits=False)
+    n_past = rolled.n_past
+    # A draft of four tokens the target would not produce, then all of it rejected.
+    rolled.decode([tokens[-1], 5, 6, 7, 8])
+    rolled.rollback(n_past + 1)
+    next_token = 42
+    after_rollback = rolled.decode([next_token])[-1]
+
+    fresh = GgufContext(model, 256, 2)
+    fresh_logits = fresh.decode(tokens + [next_token])[-1]
+    np.testing.assert_allclose(after_rollback, fresh_logits, rtol=0, atol=2e-3)
+    # Partially accepted: keep two draft tokens, reject the rest.
+    rolled.rollback(n_past)
+    rolled.decode([tokens[-1], 11, 12, 13, 14])
+    rolled.rollback(n_past + 3)
+    partial = rolled.decode([next_token])[-1]
+    fresh.rollback(0)
+    np.testing.assert_allclose(partial, fresh.decode(tokens + [11, 12, next_token])[-1], rtol=0, atol=2e-3)
+    rolled.close(), fresh.close(), model.close()
+
+
+def _token_counts(engine, prompt_tokens, spec, sampling, runs, positions):
+    """Counts of the generated token at each position over `runs` seeds, and the number
+    of draft tokens accepted along the way."""
+    counts = {p: Counter() for p in positions}
+    accepted = 0
+    for seed in range(runs):
+        seeded = SamplingParams(sampling.temperature, sampling.top_p, sampling.top_k, seed)
+        request = GenerationRequest(tuple(prompt_tokens), max_tokens=max(positions) + 1, sampling=seeded,
+                                    spec=spec, stop_at_eos=False)
+        out = []
+        for event in engine.generate(request, threading.Event()):
+            out.extend(event.tokens)
+            accepted += event.accepted
+        for p in positions:
+            counts[p][out[p]] += 1
+    return counts, accepted
+
+
+def _chi_square_same(a: Counter, b: Counter, min_expected: float = 5.0) -> float:
+    """Two-sample chi-square p-value; categories too rare for the test pooled into one bin."""
+    n_a, n_b = sum(a.values()), sum(b.values())
+    categories = sorted(set(a) | set(b), key=lambda t: -(a[t] + b[t]))
+    common = [t for t in categories if (a[t] + b[t]) * min(n_a, n_b) / (n_a + n_b) >= min_expected]
+    rare = [t for t in categories if t not in common]
+    table = np.array([[a[t] for t in common] + [sum(a[t] for t in rare)],
+                      [b[t] for t in common] + [sum(b[t] for t in rare)]])
+    table = table[:, table.sum(axis=0) > 0]
+    return scipy_stats.chi2_contingency(table)[1]
+
+
+@pytest.mark.parametrize("method", ["draft", "ngram"])
+def test_sampling_distribution_matches_plain_sampling(engine, demo_family, method):
+    """At T=0.8, top-p 0.95 the tokens at positions 0 and 2 follow plain sampling.
+
+    4000 runs per arm. The power check requires the same test to reject a copy of the
+    plain sample with 5% of its mass moved onto one of its rarer tokens.
+    """
+    sampling = SamplingParams(temperature=0.8, top_p=0.95)
+    # A repetitive prompt, so n-gram lookup drafts on most steps and drafts get accepted.
+    prompt = engine.tokenize("    def get_x(self):\n        return self.x\n\n    def get_y(self):\n"
+                             "        return self.y\n\n" * 3 + "    def get_z(self):\n")
+    spec = SpecConfig(method=method, k=4, draft_path=demo_family["draft_gguf"] if method == "draft" else None)
+    runs, positions = 4000, (0, 2)
+    plain, _ = _token_counts(engine, prompt, SpecConfig(), sampling, runs, positions)
+    speculative, accepted = _token_counts(engine, prompt, spec, sampling, runs, positions)
+    assert accepted > runs // 4, f"only {accepted} draft tokens accepted: the test would not exercise acceptance"
+    for position in positions:
+        p_value = _chi_square_same(plain[position], speculative[position])
+        assert p_value > 0.01, (f"{method} position {position}: p = {p_value:.4g}\n"
+                                f"{plain[position].most_common(8)}\n{speculative[position].most_common(8)}")
+        # 95% of the plain distribution plus 5% on one of its rarer tokens: ~5% total variation.
+        shifted = Counter({t: round(0.95 * c) for t, c in plain[position].items()})
+        shifted[plain[position].most_common(5)[-1][0]] += round(0.05 * runs)
+        assert _chi_square_same(plain[position], shifted) < 0.01, "the sample is too small to detect a 5% shift"
+
+
+def test_draft_compatibility_reports_what_differs(demo_family, tmp_path):
+    target = GgufModel(demo_family["target_gguf"])
+    draft = GgufModel(demo_family["draft_gguf"])
+    assert incompatibilities(target, draft) == []
+
+    def rename(tokens):
+        tokens[100] = tokens[100] + "X"
+        return tokens
+
+    renamed = GgufModel(rewrite_gguf(demo_family["draft_gguf"], tmp_path / "renamed.gguf", edit_tokens=rename))
+    reasons = incompatibilities(target, renamed)
+    assert len(reasons) == 1 and reasons[0].startswith("token 100: ")
+    other_eos = GgufModel(rewrite_gguf(demo_family["draft_gguf"], tmp_path / "eos.gguf", eos_id=7))
+    assert any(r.startswith("EOS id 1 vs 7") for r in incompatibilities(target, other_eos))
+    larger = GgufModel(rewrite_gguf(demo_family["draft_gguf"], tmp_path / "large.gguf", extra_tokens=200))
+    assert incompatibilities(target, larger) == [f"vocab size {target.n_vocab} vs {target.n_vocab + 200}"]
+
+
+def test_engine_refuses_incompatible_draft(engine, demo_family, tmp_path):
+    bad = rewrite_gguf(demo_family["draft_gguf"], tmp_path / "eos.gguf", eos_id=7)
+    with pytest.raises(SpecDeskError, match="not compatible.*EOS id"):
+        engine.load_draft(bad)
+
+
+def test_prompt_longer_than_context_is_refused(demo_family):
+    engine = LlamaEngine(demo_family["target_gguf"], n_ctx=32, n_threads=1)
+    request = GenerationRequest(tuple(engine.tokenize(PROMPTS[4] * 4)), max_tokens=8)
+    with pytest.raises(SpecDeskError, match="context holds 32"):
+        list(engine.generate(request, threading.Event()))
+    engine.close()
+
+
+def test_generation_stops_at_context_end(demo_family):
+    engine = LlamaEngine(demo_family["target_gguf"], n_ctx=64, n_threads=1)
+    prompt = engine.tokenize(PROMPTS[0])
+    spec = SpecConfig(method="ngram", k=8)
+    request = GenerationRequest(tuple(prompt), max_tokens=500, spec=spec, stop_at_eos=False)
+    events = list(engine.generate(request, threading.Event()))
+    assert len(prompt) + sum(len(e.tokens) for e in events) == 64
+    assert events[-1].finish_reason == "context"
+    engine.close()
