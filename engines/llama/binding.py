@@ -172,6 +172,15 @@ class GgufModel:
         raw = self._lib.llama_model_chat_template(self._model, None)
         return raw.decode("utf-8") if raw else None
 
+    def kv_cache_bytes(self, n_ctx: int, bytes_per_value: int = 2) -> int:
+        """Keys and values of n_ctx positions in llama.cpp's default f16 cache."""
+        arch = self.meta("general.architecture") or "llama"
+        n_layer = int(self.meta(f"{arch}.block_count") or 0)
+        n_head = int(self.meta(f"{arch}.attention.head_count") or 1)
+        n_head_kv = int(self.meta(f"{arch}.attention.head_count_kv") or n_head)
+        head_dim = int(self.meta(f"{arch}.attention.key_length") or self.n_embd // n_head)
+        return 2 * n_layer * n_ctx * n_head_kv * head_dim * bytes_per_value
+
     def meta(self, key: str) -> str | None:
         buf = ctypes.create_string_buffer(4096)
         n = self._lib.llama_model_meta_val_str(self._model, key.encode(), buf, 4096)
