@@ -214,6 +214,33 @@ def cmd_demo(args) -> int:
     return 0
 
 
+# --- desktop app -----------------------------------------------------------------
+def cmd_gui(args) -> int:
+    """The main window; with no display, say so and compare the demo pair in the terminal."""
+    from specdesk.ui.app import display_available
+
+    if not display_available():
+        print("specdesk: no display available (DISPLAY / WAYLAND_DISPLAY unset): "
+              "running `specdesk compare` on the demo pair instead", file=sys.stderr)
+        return main(["compare"])
+    from specdesk.ui.app import run_gui
+
+    return run_gui(dark=getattr(args, "dark", None))
+
+
+def cmd_screenshot(args) -> int:
+    from specdesk.ui.screenshot import take_screenshots
+
+    try:
+        width, height = (int(v) for v in args.size.lower().split("x"))
+    except ValueError:
+        raise SpecDeskError(f"--size {args.size!r} is not WIDTHxHEIGHT (for example 1280x800)") from None
+    for path in take_screenshots(Path(args.out), (width, height), dark=args.dark, threads=args.threads or 0,
+                                 suffix=args.suffix, progress=_progress):
+        print(path)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="specdesk", description=__doc__)
     sub = parser.add_subparsers(dest="command")
@@ -236,6 +263,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--retrain", action="store_true", help="rerun the full training recipe (hours on a CPU)")
     p.add_argument("--out", help="folder for the built family (default: the user cache)")
     p.set_defaults(func=cmd_demo)
+
+    p = sub.add_parser("gui", help="open the desktop app (the default with no subcommand)")
+    p.add_argument("--dark", action="store_true", default=None, help="use a dark palette")
+    p.set_defaults(func=cmd_gui)
+
+    p = sub.add_parser("screenshot", help="save PNGs of the main window and the compare view (offscreen)")
+    p.add_argument("--out", required=True, help="folder for main-window.png and compare.png")
+    p.add_argument("--size", default="1280x800", help="window size, WIDTHxHEIGHT (default 1280x800)")
+    p.add_argument("--dark", action="store_true", help="use a dark palette")
+    p.add_argument("--suffix", default="", help="added to the file names, e.g. -dark")
+    p.add_argument("--threads", type=int, default=None, help="CPU threads (default: automatic)")
+    p.set_defaults(func=cmd_screenshot)
     return parser
 
 
@@ -243,8 +282,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command is None:
-        parser.print_help()
-        return 0
+        args.func = cmd_gui
     try:
         return args.func(args)
     except SpecDeskError as e:

@@ -1,0 +1,499 @@
+"""The desktop app, driven with pytest-qt on the small demo family (real llama.cpp, real Qt offscreen)."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+import pytest
+
+pytest.importorskip("PySide6")
+pytest.importorskip("pyqtgraph")
+pytest.importorskip("pytestqt")
+
+from PySide6.QtCore import QTimer  # noqa: E402
+from PySide6.QtWidgets import QApplication, QMessageBox  # noqa: E402
+
+from specdesk.app.history import History  # noqa: E402
+from specdesk.app.settings import Settings, load_settings  # noqa: E402
+from specdesk.ui import theme  # noqa: E402
+from specdesk.ui.main_window import MainWindow  # noqa: E402
+from specdesk.ui.worker import running_threads  # noqa: E402
+
+LOAD_TIMEOUT_MS = 30_000
+RUN_TIMEOUT_MS = 30_000
+
+
+@pytest.fixture(autouse=True)
+def no_threads_or_timers_left(qapp):
+    """Fail a test that leaves a worker QThread or one of our repaint timers running."""
+    yield
+    threads = running_threads()
+    timers = [timer for widget in QApplication.topLevelWidgets() if isinstance(widget, MainWindow)
+              for timer in widget.findChildren(QTimer) if timer.isActive()]
+    for thread in threads:  # do not let one failure cascade into the next tests
+        thread.quit()
+        thread.wait(5000)
+    for timer in timers:
+        timer.stop()
+    assert not threads, f"{len(threads)} worker thread(s) still running after the test"
+    assert not timers, f"{len(timers)} QTimer(s) still active after the test"
+
+
+@pytest.fixture
+def user_dirs(tmp_path, monkeypatch):
+    """Settings and history in a temporary folder, never the real user's."""
+    monkeypatch.setenv("SPECDESK_CONFIG_DIR", str(tmp_path / "config"))
+    monkeypatch.setenv("SPECDESK_DATA_DIR", str(tmp_path / "data"))
+    return tmp_path
+
+
+@pytest.fixture
+def dialogs(monkeypatch):
+    """Record message boxes instead of blocking on them; questions are answered No."""
+    shown = []
+
+    def critical(parent, title, text, *args, **kwargs):
+        shown.append(("critical", text))
+        return QMessageBox.Ok
+
+    def question(parent, title, text, *args, **kwargs):
+        shown.append(("question", text))
+        return QMessageBox.No
+
+    monkeypatch.setattr(QMessageBox, "critical", critical)
+    monkeypatch.setattr(QMessageBox, "question", question)
+    return shown
+
+
+@pytest.fixture
+def open_window(qtbot, demo_family, user_dirs, dialogs):
+    """Opens a MainWindow on the small demo pair (one thread) and waits until it is loaded."""
+    windows = []
+
+    def make(settings: Settings | None = None, **overrides) -> MainWindow:
+        if settings is None:
+            values = dict(target_path=demo_family["target_gguf"], draft_path=demo_family["draft_gguf"],
+                          method="draft", k=4, threads=1, max_tokens=48)
+            values.update(overrides)
+            settings = Settings(**values)
+        window = MainWindow(settings, autoload=False)
+        qtbot.addWidget(window)
+        windows.append(window)
+        window.resize(1280, 800)
+        window.show()
+        with qtbot.waitSignal(window.worker.finished, timeout=LOAD_TIMEOUT_MS,
+                              check_params_cb=lambda r: r.kind == "load"):
+            window.load_models()
+        return window
+
+    yield make
+    for window in windows:
+        window.close()
+
+
+def wait_for(qtbot, window: MainWindow, kind: str, timeout: int = RUN_TIMEOUT_MS):
+    return qtbot.waitSignal(window.worker.finished, timeout=timeout, check_params_cb=lambda r: r.kind == kind)
+
+
+def send(qtbot, window: MainWindow, text: str):
+    window.chat_view.input.setPlainText(text)
+    with wait_for(qtbot, window, "chat") as blocker:
+        window.chat_view.send_button.click()
+    qtbot.wait(60)  # two repaint ticks
+    return blocker.args[0].value.result
+
+
+def tinted_characters(window: MainWindow) -> int:
+    """Characters of the transcript drawn with the accepted-draft background."""
+    tint = theme.draft_tint(window.chat_view.palette())
+    document = window.chat_view.transcript.document()
+    count = 0
+    block = document.begin()
+    while block.isValid():
+        iterator = block.begin()
+        while not iterator.atEnd():
+            fragment = iterator.fragment()
+            if fragment.charFormat().background().color() == tint:
+                count += fragment.length()
+            iterator += 1
+        block = block.next()
+    return count
+
+
+# --- tests -----------------------------------------------------------------------------
+
+
+def test_qt_binding_keeps_reference_counts(qapp):
+    """PySide6 6.12.0 on Python 3.11 drops a reference to True/None on every delivered bool
+    signal or slot return, and the interpreter aborts at exit; pyproject excludes it."""
+    from PySide6.QtCore import QObject, Signal
+
+    class Emitter(QObject):
+        changed = Signal(bool)
+
+    emitter = Emitter()
+    emitter.changed.connect(lambda value: None)
+    before = sys.getrefcount(True), sys.getrefcount(None)
+    for _ in range(50):
+        emitter.changed.emit(True)
+    after = sys.getrefcount(True), sys.getrefcount(None)
+    assert after[0] >= before[0] - 2 and after[1] >= before[1] - 2, (before, after)
+
+
+def test_window_opens_loads_and_quits(open_window):
+    window = open_window()
+    assert window.info is not None and window.info.draft_path is not None
+    combo = window.controls.method_combo
+    model = combo.model()
+    enabled = {combo.itemData(i): model.item(i).isEnabled() for i in range(combo.count())}
+    assert enabled["draft"] and enabled["ngram"] and enabled["none"]
+    assert not enabled["mtp"] and not enabled["eagle3"]
+    assert "PyTorch" in model.item(combo.findData("mtp")).toolTip()
+    assert window.chat_view.send_button.isEnabled()
+    window.close()
+    assert not running_threads()
+
+
+def test_first_launch_without_demo_models_offers_to_build(qtbot, user_dirs, dialogs, monkeypatch, tmp_path):
+    """`specdesk` with default settings: no shipped demo family here -> a message, an offer, a working window."""
+    monkeypatch.setenv("SPECDESK_ASSETS_DIR", str(tmp_path / "no-assets"))
+    window = MainWindow()
+    qtbot.addWidget(window)
+    window.show()
+    with qtbot.waitSignal(window.worker.errored, timeout=LOAD_TIMEOUT_MS):
+        pass
+    qtbot.waitUntil(lambda: len(dialogs) >= 2, timeout=5000)
+    assert dialogs[0][0] == "critical" and "demo family" in dialogs[0][1]
+    assert dialogs[1][0] == "question" and "Build the small demo family" in dialogs[1][1]
+    assert window.info is None and not window.chat_view.send_button.isEnabled()
+    window.close()
+
+
+def test_chat_streams_highlights_charts_and_saves(qtbot, open_window):
+    window = open_window(temperature=0.7, seed=1, max_tokens=96)
+    batches = []
+    window.worker.stream.connect(batches.append)
+    result = send(qtbot, window, "Write a function that parses command line arguments.")
+    assert result.text and batches
+    transcript = window.chat_view.plain_text()
+    assert "Write a function that parses command line arguments." in transcript
+    assert result.text.strip()[:20] in transcript
+    # charts received every step and drew them
+    assert window.charts.series.steps == result.stats.passes
+    assert window.charts.repaints > 0
+    assert "tok/s" in window.charts.status.text() and "acceptance" in window.charts.status.text()
+    # accepted draft tokens are tinted: exactly their characters (line breaks are block
+    # separators in a QTextDocument, not characters of a fragment)
+    reply = window.chat_view.messages[-1]
+    accepted_chars = sum(len(p.replace("\n", "")) for p, drafted in zip(reply.pieces, reply.from_draft) if drafted)
+    assert result.stats.accepted > 0 and accepted_chars > 0
+    assert tinted_characters(window) == accepted_chars
+    window.chat_view.highlight_box.setChecked(False)
+    assert tinted_characters(window) == 0
+    window.chat_view.highlight_box.setChecked(True)
+    assert tinted_characters(window) == accepted_chars
+    # both messages are in the history
+    messages = window.history.messages(window.chat_id)
+    assert [m.role for m in messages] == ["user", "assistant"]
+    assert messages[1].content == window.chat_view.messages[-1].text
+    assert messages[1].meta["finish_reason"] in ("length", "eos", "context")
+
+
+def test_stop_returns_promptly_and_keeps_the_partial_reply(qtbot, open_window):
+    # A long run: 4096 positions of context, a baseline that would take seconds.
+    window = open_window(method="none", n_ctx=4096, max_tokens=4000)
+    stalls = []
+    last = [time.perf_counter()]
+
+    def probe():
+        now = time.perf_counter()
+        stalls.append(now - last[0])
+        last[0] = now
+
+    timer = QTimer(window)
+    timer.setInterval(10)
+    timer.timeout.connect(probe)
+    window.chat_view.input.setPlainText("def parse_args(argv):")
+    with qtbot.waitSignal(window.worker.stream, timeout=RUN_TIMEOUT_MS):
+        window.chat_view.send_button.click()
+        timer.start()
+    header = len(window.chat_view.plain_text())  # "You", the message, "Model"
+    # text streams into the view (drawn by the repaint timer) while the run goes on
+    qtbot.waitUntil(lambda: window.charts.series.steps > 50 and len(window.chat_view.plain_text()) > header + 20,
+                    timeout=RUN_TIMEOUT_MS)
+    with wait_for(qtbot, window, "chat") as blocker:
+        stopped_at = time.perf_counter()
+        window.chat_view.stop_button.click()
+    elapsed = time.perf_counter() - stopped_at
+    timer.stop()
+    result = blocker.args[0].value.result
+    print(f"stop took {elapsed * 1000:.0f} ms; longest event-loop gap {max(stalls) * 1000:.0f} ms")
+    assert result.finish_reason == "cancelled"
+    assert 0 < result.stats.tokens < 4000
+    assert elapsed < 1.0  # the issue asks for 200 ms of the current step; this machine is shared
+    # The event loop kept running during generation (the budget is 100 ms; the margin is for a shared CI
+    # machine: running inference on the GUI thread would stall it for the whole run).
+    assert max(stalls) < 0.3
+    qtbot.wait(60)
+    assert "stopped" in window.chat_view.plain_text()
+    saved = window.history.messages(window.chat_id)[-1]
+    assert saved.role == "assistant" and saved.meta["finish_reason"] == "cancelled"
+    assert window.chat_view.send_button.isEnabled() and not window.chat_view.stop_button.isEnabled()
+
+
+def test_errors_become_dialogs_and_the_window_keeps_working(qtbot, open_window, dialogs, tmp_path, demo_family):
+    from llama_helpers import rewrite_gguf
+
+    window = open_window(method="ngram")
+    loaded_target = window.info.target_path
+    not_a_model = tmp_path / "notes.gguf"
+    not_a_model.write_text("these are notes, not weights\n")
+    with qtbot.waitSignal(window.worker.errored, timeout=LOAD_TIMEOUT_MS) as blocker:
+        window.controls.set_model("target", str(not_a_model))
+    assert blocker.args[0].kind == "load"
+    assert dialogs and dialogs[-1][0] == "critical" and "notes.gguf" in dialogs[-1][1]
+    assert window.info.target_path == loaded_target  # the old model is still loaded
+
+    bad_draft = rewrite_gguf(demo_family["draft_gguf"], tmp_path / "other-eos.gguf", eos_id=7)
+    with qtbot.waitSignal(window.worker.errored, timeout=LOAD_TIMEOUT_MS) as blocker:
+        window.controls.set_model("draft", str(bad_draft))
+    assert blocker.args[0].kind == "draft"
+    assert "not compatible" in dialogs[-1][1] and "EOS" in dialogs[-1][1]
+    assert window.info.draft_path == demo_family["draft_gguf"]  # the previous draft stays in use
+    assert window.controls.draft_combo.currentData() == demo_family["draft_gguf"]
+
+    # the draft method without a draft is refused before anything runs, with a dialog
+    with wait_for(qtbot, window, "load"):
+        window.controls.set_model("draft", None)
+    assert window.info.draft_path is None
+    window.controls.method_combo.setCurrentIndex(window.controls.method_combo.findData("draft"))
+    errors_before = len(dialogs)
+    window.chat_view.input.setPlainText("hello")
+    window.chat_view.send_button.click()
+    assert len(dialogs) == errors_before + 1 and "draft model" in dialogs[-1][1]
+    assert window.chat_view.input.toPlainText() == "hello"  # nothing typed is lost
+
+    window.controls.method_combo.setCurrentIndex(window.controls.method_combo.findData("ngram"))
+    result = send(qtbot, window, "def parse_args(argv):")
+    assert result.stats.tokens > 0 and result.finish_reason != "cancelled"
+
+
+def test_compare_tab_verdict_and_sweep(qtbot, open_window):
+    window = open_window(max_tokens=48)
+    view = window.compare_view
+    window.tabs.setCurrentWidget(view)
+    view.prompt.setPlainText("def parse_args(argv):")
+    view.chat_box.setChecked(False)
+    with wait_for(qtbot, window, "compare") as blocker:
+        view.run_button.click()
+    report = blocker.args[0].value
+    qtbot.wait(60)
+    assert report.identical_outputs is True and report.speedup > 0
+    assert "faster" in view.verdict.text() or "slower" in view.verdict.text()
+    assert "identical output" in view.verdict.text()
+    assert view.baseline_pane.text.toPlainText() == report.results[0].baseline.text
+    assert view.speculative_pane.text.toPlainText() == report.results[0].speculative.text
+    assert "tok/s" in view.baseline_pane.rate.text() and "tok/s" in view.speculative_pane.rate.text()
+    heights = view.position_bars.opts["height"]
+    assert len(heights) == 4
+
+    with wait_for(qtbot, window, "sweep") as blocker:
+        view.sweep_button.click()
+    sweep = blocker.args[0].value
+    assert [p.k for p in sweep.points] == list(range(1, 9))
+    xs, ys = view.sweep_curve.getData()
+    assert list(xs) == list(range(1, 9)) and all(y > 0 for y in ys)
+    best = sweep.best()
+    assert view.apply_button.isEnabled() and str(best.k) in view.apply_button.text()
+    view.apply_button.click()
+    assert window.controls.k_spin.value() == best.k
+
+
+def test_compare_marks_the_first_diverging_token(qtbot, open_window):
+    """Sampled runs differ by design; shown as if they were greedy (a broken method), the
+    verdict names the first differing token and both panes mark it."""
+    import dataclasses
+
+    window = open_window(method="ngram", max_tokens=32, temperature=1.5, seed=3)
+    view = window.compare_view
+    view.prompt.setPlainText("def f(x):")
+    with wait_for(qtbot, window, "compare") as blocker:
+        view.run_button.click()
+    report = blocker.args[0].value
+    assert report.identical_outputs is None and "sampled" in view.verdict.text()
+    broken = dataclasses.replace(report, temperature=0.0)
+    at = broken.results[0].first_divergence()
+    assert at is not None, "these sampled runs happened to agree: pick another seed"
+    view._show_report(broken)
+    assert f"differ from token {at}" in view.verdict.text()
+    pane = view.speculative_pane
+    cursor = pane.text.textCursor()
+    if at < len(pane.pieces):
+        assert cursor.hasSelection() and cursor.selectionStart() == sum(len(p) for p in pane.pieces[:at])
+
+
+def test_history_and_settings_survive_reopening(qtbot, open_window, user_dirs):
+    window = open_window(method="ngram", max_tokens=32)
+    send(qtbot, window, "first question")
+    send(qtbot, window, "second question")
+    chat_id = window.chat_id
+    reply = window.chat_view.messages[-1]
+    window.controls.k_spin.setValue(6)
+    window.close()
+
+    settings = load_settings()
+    assert settings.last_chat_id == chat_id and settings.k == 6 and settings.method == "ngram"
+    again = open_window(settings)
+    assert again.chat_id == chat_id
+    assert [m.role for m in again.chat_view.messages] == ["user", "assistant", "user", "assistant"]
+    assert again.chat_view.messages[-1].text == reply.text
+    assert again.chat_view.messages[-1].draft_spans() == reply.draft_spans()
+    assert again.controls.chat_list.count() == 1
+    assert again.controls.k_spin.value() == 6
+    # a new chat is listed next to the old one, and each opens with its own messages
+    again.chat_view.new_chat_button.click()
+    send(qtbot, again, "another topic")
+    assert again.controls.chat_list.count() == 2
+    again.open_chat(chat_id)
+    assert again.chat_view.messages[0].text == "first question"
+
+
+def test_regenerate_replaces_the_last_reply(qtbot, open_window):
+    window = open_window(method="ngram", max_tokens=24, temperature=0.9, seed=5)
+    send(qtbot, window, "def parse_args(argv):")
+    first = window.chat_view.messages[-1]
+    window.controls.seed_spin.setValue(6)
+    with wait_for(qtbot, window, "chat") as blocker:
+        window.chat_view.regenerate_button.click()
+    second = blocker.args[0].value.result
+    messages = window.history.messages(window.chat_id)
+    assert [m.role for m in messages] == ["user", "assistant"]  # replaced, not added
+    assert window.chat_view.messages[-1] is not first and len(window.chat_view.messages) == 2
+    assert messages[-1].content == second.text == window.chat_view.messages[-1].text
+
+
+def test_specdesk_without_arguments_opens_the_window_and_quits(qtbot, user_dirs, dialogs, monkeypatch, tmp_path):
+    """The real entry point, `specdesk` with no arguments, quits itself from a timer."""
+    from specdesk.app.main import main
+
+    monkeypatch.setenv("SPECDESK_ASSETS_DIR", str(tmp_path / "no-assets"))
+    seen = []
+
+    def close_all():
+        windows = [w for w in QApplication.topLevelWidgets() if isinstance(w, MainWindow) and w.isVisible()]
+        seen.extend(windows)
+        for window in windows:
+            window.close()  # the last window closed ends app.exec() (an explicit quit() would linger)
+
+    closer = QTimer()
+    closer.setSingleShot(True)
+    closer.timeout.connect(close_all)
+    closer.start(1500)
+    try:
+        assert main([]) == 0
+    finally:
+        closer.stop()
+    assert len(seen) == 1 and seen[0].windowTitle().startswith("SpecDesk")
+    seen[0].deleteLater()
+
+
+def test_no_display_is_detected(monkeypatch):
+    from specdesk.ui.app import display_available
+
+    for name in ("QT_QPA_PLATFORM", "DISPLAY", "WAYLAND_DISPLAY"):
+        monkeypatch.delenv(name, raising=False)
+    if sys.platform.startswith("linux"):
+        assert not display_available()
+    monkeypatch.setenv("QT_QPA_PLATFORM", "offscreen")
+    assert display_available()
+
+
+def test_screenshot_command_saves_both_views(qtbot, demo_family, demo_cache_dir, monkeypatch, tmp_path):
+    from PySide6.QtGui import QImage
+
+    from specdesk.app.main import main
+
+    monkeypatch.setenv("SPECDESK_CACHE_DIR", str(demo_cache_dir))  # the small family the fixture built
+    assert main(["screenshot", "--out", str(tmp_path / "shots"), "--threads", "1"]) == 0
+    for name in ("main-window.png", "compare.png"):
+        image = QImage(str(tmp_path / "shots" / name))
+        assert (image.width(), image.height()) == (1280, 800)
+
+
+CHILD_APP = r"""
+import sys
+from specdesk.ui.app import make_app
+from specdesk.app.settings import Settings
+from specdesk.ui.main_window import MainWindow
+
+app = make_app([])
+window = MainWindow(Settings(target_path=sys.argv[1], draft_path=None, method="none", threads=1, n_ctx=4096,
+                             max_tokens=16))
+window.show()
+jobs = {}
+
+def ask(text, max_tokens):
+    window.controls.max_tokens_spin.setValue(max_tokens)
+    window.chat_view.input.setPlainText(text)
+    window.chat_view.send_button.click()
+
+def finished(result):
+    if result.kind == "load":
+        ask("first question", 16)
+    elif result.kind == "chat" and "second" not in jobs:
+        jobs["second"] = True
+        print("first reply saved", flush=True)
+        ask("second question", 4000)
+
+def streamed(batch):
+    if jobs.get("second") is True and window._chat_job is not None and window.chat_view.messages[-2].text == "second question":
+        jobs["second"] = "announced"
+        print("generating", flush=True)
+
+window.worker.finished.connect(finished)
+window.worker.stream.connect(streamed)
+app.exec()
+"""
+
+
+@pytest.mark.skipif(os.name != "posix", reason="SIGKILL")
+def test_killing_the_app_mid_generation_keeps_earlier_messages(qtbot, open_window, user_dirs, demo_family):
+    import select
+    import signal
+    import subprocess
+
+    env = dict(os.environ, QT_QPA_PLATFORM="offscreen", OMP_NUM_THREADS="1")
+    child = subprocess.Popen([sys.executable, "-c", CHILD_APP, demo_family["target_gguf"]], env=env,
+                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    lines = []
+    try:
+        deadline = time.monotonic() + 60
+        while "generating" not in lines and time.monotonic() < deadline:
+            ready, _, _ = select.select([child.stdout], [], [], 1.0)
+            if ready:
+                line = child.stdout.readline()
+                if not line:
+                    break
+                lines.append(line.strip())
+        assert lines == ["first reply saved", "generating"], lines
+        os.kill(child.pid, signal.SIGKILL)  # mid-generation: no cleanup, no closeEvent
+        child.wait(timeout=10)
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+        child.stdout.close()
+
+    history = History()
+    (chat,) = history.chats()
+    saved = history.messages(chat.id)
+    history.close()
+    assert [(m.role, m.content) for m in saved][:1] == [("user", "first question")]
+    assert [m.role for m in saved] == ["user", "assistant", "user"]  # only the reply being generated is lost
+    assert saved[1].meta["finish_reason"] in ("length", "eos") and saved[1].content
+
+    window = open_window(method="none")  # restart: the chat opens with what was saved
+    window.open_chat(chat.id)
+    assert [m.text for m in window.chat_view.messages] == [m.content for m in saved]

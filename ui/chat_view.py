@@ -1,0 +1,285 @@
+"""The centre of the Chat tab: transcript with accepted-draft highlighting, input, buttons.
+
+Streamed tokens are buffered by `append_pieces` and inserted into the document by
+`flush()`, which the window calls from its repaint timer, so a fast model costs one
+document edit per frame, not one per token.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+from PySide6.QtCore import Qt, Signal
+from PySide6.QtGui import QFont, QFontDatabase, QGuiApplication, QKeySequence, QShortcut, QTextCharFormat, QTextCursor
+from PySide6.QtWidgets import (QCheckBox, QHBoxLayout, QLabel, QPlainTextEdit, QPushButton, QSizePolicy,
+                               QTextBrowser, QVBoxLayout, QWidget)
+
+from . import theme
+
+
+@dataclass
+class ChatMessage:
+    role: str  # "user" or "assistant"
+    pieces: list[str] = field(default_factory=list)  # text per token (a user message is one piece)
+    from_draft: list[bool] = field(default_factory=list)  # (len(pieces),)
+    db_id: Optional[int] = None
+    footer: str = ""  # numbers of the run, under a reply
+
+    @property
+    def text(self) -> str:
+        return "".join(self.pieces)
+
+    def draft_spans(self) -> list[list]:
+        """Run-length [n_chars, from_draft] pairs: how highlighting is stored in history."""
+        spans: list[list] = []
+        for piece, drafted in zip(self.pieces, self.from_draft):
+            if not piece:
+                continue
+            if spans and spans[-1][1] == drafted:
+                spans[-1][0] += len(piece)
+            else:
+                spans.append([len(piece), drafted])
+        return spans
+
+    @classmethod
+    def from_spans(cls, role: str, text: str, spans, db_id: Optional[int] = None, footer: str = "") -> "ChatMessage":
+        pieces, flags, at = [], [], 0
+        for span in spans or []:
+            try:
+                length, drafted = int(span[0]), bool(span[1])
+            except (TypeError, ValueError, IndexError):
+                break
+            pieces.append(text[at:at + length])
+            flags.append(drafted)
+            at += length
+        if at < len(text):  # spans missing or shorter than the text: the rest is plain
+            pieces.append(text[at:])
+            flags.append(False)
+        return cls(role, pieces, flags, db_id, footer)
+
+
+class ChatView(QWidget):
+    send_requested = Signal(str)
+    stop_requested = Signal()
+    regenerate_requested = Signal()
+    new_chat_requested = Signal()
+
+    def __init__(self, parent: Optional[QWidget] = None):
+        super().__init__(parent)
+        self.messages: list[ChatMessage] = []
+        self.highlight = True
+        self._pending: list[tuple[str, bool]] = []
+
+        self.transcript = QTextBrowser(self)
+        self.transcript.setOpenExternalLinks(True)
+        self.transcript.setPlaceholderText("Type a message below. Tokens the target accepted from the draft "
+                                           "are highlighted as they stream in.")
+        self._mono = QFontDatabase.systemFont(QFontDatabase.FixedFont)
+
+        self.highlight_box = QCheckBox("Highlight", self)
+        self.highlight_box.setToolTip("Tint the tokens the target accepted from the draft")
+        self.highlight_box.setChecked(True)
+        self.highlight_box.toggled.connect(self.set_highlight)
+        self.legend = QLabel(self)
+        self._update_legend()
+        self.copy_button = QPushButton("Copy", self)
+        self.copy_button.setToolTip("Copy the last reply to the clipboard")
+        self.copy_button.clicked.connect(self.copy_last_reply)
+        self.regenerate_button = QPushButton("Regenerate", self)
+        self.regenerate_button.setToolTip("Answer the last message again")
+        self.regenerate_button.clicked.connect(self.regenerate_requested)
+        self.new_chat_button = QPushButton("New chat", self)
+        self.new_chat_button.clicked.connect(self.new_chat_requested)
+        tools = QHBoxLayout()
+        tools.addWidget(self.highlight_box)
+        tools.addWidget(self.legend)
+        tools.addStretch(1)
+        for button in (self.copy_button, self.regenerate_button, self.new_chat_button):
+            tools.addWidget(button)
+
+        self.input = QPlainTextEdit(self)
+        self.input.setPlaceholderText("Message (Ctrl+Enter to send)")
+        self.input.setFixedHeight(72)
+        self.send_button = QPushButton("Send", self)
+        self.send_button.setDefault(True)
+        self.send_button.clicked.connect(self._send)
+        self.stop_button = QPushButton("Stop", self)
+        self.stop_button.setEnabled(False)
+        self.stop_button.clicked.connect(self.stop_requested)
+        for button in (self.send_button, self.stop_button):
+            button.setSizePolicy(QSizePolicy.Preferred, QSizePolicy.Expanding)
+        QShortcut(QKeySequence("Ctrl+Return"), self.input, activated=self._send)
+        QShortcut(QKeySequence(Qt.Key_Escape), self, activated=self.stop_requested)
+        row = QHBoxLayout()
+        row.addWidget(self.input, 1)
+        row.addWidget(self.send_button)
+        row.addWidget(self.stop_button)
+
+        layout = QVBoxLayout(self)
+        layout.setContentsMargins(4, 4, 4, 4)
+        layout.addWidget(self.transcript, 1)
+        layout.addLayout(tools)
+        layout.addLayout(row)
+
+    # --- state --------------------------------------------------------------------
+    def set_generating(self, generating: bool, can_send: bool = True) -> None:
+        self.send_button.setEnabled(can_send and not generating)
+        self.stop_button.setEnabled(generating)
+        self.regenerate_button.setEnabled(can_send and not generating and self.last_user_index() is not None)
+        self.new_chat_button.setEnabled(True)
+
+    def last_user_index(self) -> Optional[int]:
+        for i in range(len(self.messages) - 1, -1, -1):
+            if self.messages[i].role == "user":
+                return i
+        return None
+
+    def _send(self) -> None:
+        text = self.input.toPlainText().strip()
+        if text and self.send_button.isEnabled():
+            self.input.clear()
+            self.send_requested.emit(text)
+
+    def copy_last_reply(self) -> None:
+        for message in reversed(self.messages):
+            if message.role == "assistant":
+                QGuiApplication.clipboard().setText(message.text)
+                return
+
+    # --- content --------------------------------------------------------------------
+    def set_messages(self, messages: list[ChatMessage]) -> None:
+        self.messages = list(messages)
+        self._pending.clear()
+        self._render_all()
+
+    def add_message(self, message: ChatMessage) -> ChatMessage:
+        self.flush()
+        self.messages.append(message)
+        cursor = self._end_cursor()
+        self._render_message(cursor, message, first=len(self.messages) == 1)
+        self._scroll_to_end()
+        return message
+
+    def remove_last(self) -> Optional[ChatMessage]:
+        if not self.messages:
+            return None
+        message = self.messages.pop()
+        self._pending.clear()
+        self._render_all()
+        return message
+
+    def append_pieces(self, message: ChatMessage, pieces, from_draft) -> None:
+        """Add streamed tokens to a reply; if it is the one on screen, they show at the next flush()."""
+        message.pieces.extend(pieces)
+        message.from_draft.extend(from_draft)
+        if self.showing(message):
+            self._pending.extend(zip(pieces, from_draft))
+
+    def showing(self, message: ChatMessage) -> bool:
+        return bool(self.messages) and self.messages[-1] is message
+
+    def flush(self) -> bool:
+        if not self._pending:
+            return False
+        follow = self._at_end()
+        cursor = self._end_cursor()
+        run, run_flag = [], None
+        for piece, drafted in self._pending:
+            if run and drafted != run_flag:
+                cursor.insertText("".join(run), self._body_format("assistant", run_flag))
+                run = []
+            run.append(piece)
+            run_flag = drafted
+        if run:
+            cursor.insertText("".join(run), self._body_format("assistant", run_flag))
+        self._pending.clear()
+        if follow:
+            self._scroll_to_end()
+        return True
+
+    def end_reply(self, message: ChatMessage, footer: str) -> None:
+        message.footer = footer
+        if self.showing(message):
+            self.flush()
+            self._render_footer(self._end_cursor(), footer)
+            self._scroll_to_end()
+
+    def set_highlight(self, on: bool) -> None:
+        self.highlight = on
+        if self.highlight_box.isChecked() != on:
+            self.highlight_box.setChecked(on)
+        self.flush()
+        self._render_all()
+
+    def plain_text(self) -> str:
+        return self.transcript.toPlainText()
+
+    # --- rendering ------------------------------------------------------------------
+    def _update_legend(self) -> None:
+        tint = theme.draft_tint(self.palette()).name()
+        self.legend.setText(f'<span style="background:{tint}">&nbsp;accepted draft token&nbsp;</span>'
+                            f'&nbsp; target token')
+        self.legend.setToolTip("Tinted: drafted, then accepted by the target's verification pass (a token the "
+                               "target did not have to generate on its own). Plain: the target's own token.")
+
+    def _end_cursor(self) -> QTextCursor:
+        cursor = QTextCursor(self.transcript.document())
+        cursor.movePosition(QTextCursor.End)
+        return cursor
+
+    def _at_end(self) -> bool:
+        bar = self.transcript.verticalScrollBar()
+        return bar.value() >= bar.maximum() - 4
+
+    def _scroll_to_end(self) -> None:
+        bar = self.transcript.verticalScrollBar()
+        bar.setValue(bar.maximum())
+
+    def _header_format(self) -> QTextCharFormat:
+        fmt = QTextCharFormat()
+        fmt.setFontWeight(QFont.Bold)
+        fmt.setForeground(theme.accent(self.palette()))
+        return fmt
+
+    def _body_format(self, role: str, drafted: bool) -> QTextCharFormat:
+        fmt = QTextCharFormat()
+        fmt.setForeground(self.palette().text().color())
+        if role == "assistant":
+            fmt.setFont(self._mono)
+            if drafted and self.highlight:
+                fmt.setBackground(theme.draft_tint(self.palette()))
+        return fmt
+
+    def _render_footer(self, cursor: QTextCursor, footer: str) -> None:
+        if not footer:
+            return
+        fmt = QTextCharFormat()
+        fmt.setForeground(theme.muted(self.palette()))
+        fmt.setFontItalic(True)
+        cursor.insertBlock()
+        cursor.insertText(footer, fmt)
+
+    def _render_message(self, cursor: QTextCursor, message: ChatMessage, first: bool) -> None:
+        if not first:
+            cursor.insertBlock()
+            cursor.insertBlock()
+        cursor.insertText("You" if message.role == "user" else "Model", self._header_format())
+        cursor.insertBlock()
+        if message.role == "user":
+            cursor.insertText(message.text, self._body_format("user", False))
+        else:
+            spans = message.draft_spans()
+            at = 0
+            text = message.text
+            for length, drafted in spans:
+                cursor.insertText(text[at:at + length], self._body_format("assistant", drafted))
+                at += length
+        self._render_footer(cursor, message.footer)
+
+    def _render_all(self) -> None:
+        self.transcript.clear()
+        cursor = self._end_cursor()
+        for i, message in enumerate(self.messages):
+            self._render_message(cursor, message, first=i == 0)
+        self._scroll_to_end()

@@ -1,0 +1,376 @@
+"""The Compare tab: one prompt, baseline then speculative, side by side; and a k sweep.
+
+Both runs go through app/compare.py on the one engine worker, one after the other (run
+at the same time they would share cores and distort each other). Streamed text is
+buffered and drawn by `refresh()` from the window's repaint timer.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Optional
+
+import numpy as np
+import pyqtgraph as pg
+from PySide6.QtCore import Signal
+from PySide6.QtGui import QFontDatabase, QTextCharFormat, QTextCursor
+from PySide6.QtWidgets import (QCheckBox, QGroupBox, QHBoxLayout, QLabel, QPlainTextEdit, QPushButton, QSplitter,
+                               QTextBrowser, QVBoxLayout, QWidget)
+
+from specdesk.engines.types import SamplingParams, SpecConfig, SpecDeskError
+
+from . import theme
+from .charts import integer_ticks, make_plot
+
+RequestSource = Callable[[], tuple[SpecConfig, SamplingParams, int]]
+SWEEP_KS = tuple(range(1, 9))
+
+
+class RunPane(QGroupBox):
+    """One streaming run: title with live tok/s, and its text with accepted drafts tinted."""
+
+    def __init__(self, title: str, parent: Optional[QWidget] = None):
+        super().__init__(title, parent)
+        self.title = title
+        self.rate = QLabel("—", self)
+        self.text = QTextBrowser(self)
+        self.text.setFont(QFontDatabase.systemFont(QFontDatabase.FixedFont))
+        layout = QVBoxLayout(self)
+        layout.setContentsMargins(6, 6, 6, 6)
+        layout.addWidget(self.rate)
+        layout.addWidget(self.text, 1)
+        self.clear()
+
+    def clear(self) -> None:
+        self.pieces: list[str] = []
+        self.from_draft: list[bool] = []
+        self._pending: list[tuple[str, bool]] = []
+        self._start: Optional[float] = None
+        self._last: Optional[float] = None
+        self._tokens = 0
+        self.text.clear()
+        self.rate.setText("waiting")
+
+    def add_batch(self, batch) -> None:
+        if self._start is None:
+            first = batch.events[0]
+            self._start = batch.times[0] - first.draft_s - first.verify_s
+        self._last = batch.times[-1]
+        self._tokens += len(batch.pieces)
+        self.pieces.extend(batch.pieces)
+        self.from_draft.extend(batch.from_draft)
+        self._pending.extend(zip(batch.pieces, batch.from_draft))
+
+    def refresh(self) -> None:
+        if not self._pending:
+            return
+        cursor = QTextCursor(self.text.document())
+        cursor.movePosition(QTextCursor.End)
+        tint = theme.draft_tint(self.palette())
+        for piece, drafted in self._pending:
+            fmt = QTextCharFormat()
+            if drafted:
+                fmt.setBackground(tint)
+            cursor.insertText(piece, fmt)
+        self._pending.clear()
+        seconds = (self._last or 0) - (self._start or 0)
+        if seconds > 0:
+            self.rate.setText(f"{self._tokens} tokens · {self._tokens / seconds:.1f} tok/s (streaming)")
+
+    def show_result(self, stats, extra: str = "") -> None:
+        self.refresh()
+        self.rate.setText(f"{stats.tokens} tokens · {stats.tok_per_s:.1f} tok/s" + extra)
+
+    def mark_token(self, index: int) -> None:
+        """Tint the token at `index` (the first that differs from the other run)."""
+        if index >= len(self.pieces):
+            return
+        start = sum(len(p) for p in self.pieces[:index])
+        end = start + len(self.pieces[index])
+        following = index + 1
+        while end == start and following < len(self.pieces):  # a token that held back a split character
+            end += len(self.pieces[following])
+            following += 1
+        if end == start:
+            return
+        cursor = QTextCursor(self.text.document())
+        cursor.setPosition(start)
+        cursor.setPosition(end, QTextCursor.KeepAnchor)
+        fmt = QTextCharFormat()
+        fmt.setBackground(theme.divergence_tint(self.palette()))
+        fmt.setFontUnderline(True)
+        cursor.mergeCharFormat(fmt)
+        self.text.setTextCursor(cursor)
+        self.text.ensureCursorVisible()
+
+
+class CompareView(QWidget):
+    apply_k = Signal(int)
+
+    def __init__(self, worker, request_source: RequestSource, prompt: str = "", parent: Optional[QWidget] = None):
+        super().__init__(parent)
+        self.worker = worker
+        self._request_source = request_source
+        self._compare_job: Optional[int] = None
+        self._sweep_job: Optional[int] = None
+        self.report = None
+        self.sweep_result = None
+        self._sweep_points: list = []
+        self._sweep_baseline = None
+
+        self.prompt = QPlainTextEdit(self)
+        self.prompt.setPlaceholderText("A prompt to run without and with speculation")
+        self.prompt.setPlainText(prompt)
+        self.prompt.setFixedHeight(64)
+        self.chat_box = QCheckBox("Chat template", self)
+        self.chat_box.setChecked(True)
+        self.chat_box.setToolTip("Wrap the prompt in the model's chat template as one user message "
+                                 "(off: the prompt is raw text to continue)")
+        self.run_button = QPushButton("Run compare", self)
+        self.run_button.clicked.connect(self.run_compare)
+        self.sweep_button = QPushButton(f"Sweep k = {SWEEP_KS[0]}..{SWEEP_KS[-1]}", self)
+        self.sweep_button.setToolTip("Run the prompt at every k and plot throughput against k")
+        self.sweep_button.clicked.connect(self.run_sweep)
+        self.stop_button = QPushButton("Stop", self)
+        self.stop_button.setEnabled(False)
+        self.stop_button.clicked.connect(self.stop)
+        top = QHBoxLayout()
+        top.addWidget(self.prompt, 1)
+        buttons = QVBoxLayout()
+        for widget in (self.run_button, self.sweep_button, self.stop_button, self.chat_box):
+            buttons.addWidget(widget)
+        top.addLayout(buttons)
+
+        self.baseline_pane = RunPane("Baseline (no speculation)", self)
+        self.speculative_pane = RunPane("Speculative", self)
+        panes = QSplitter(self)
+        panes.addWidget(self.baseline_pane)
+        panes.addWidget(self.speculative_pane)
+
+        self.verdict = QLabel("Run a compare to see the speedup and whether the outputs are identical.", self)
+        self.verdict.setWordWrap(True)
+        self.details = QLabel("", self)
+        self.details.setWordWrap(True)
+
+        self.position_plot = make_plot("speculative: acceptance per draft position", "draft position", self)
+        self.position_plot.setYRange(0, 1.05, padding=0)
+        self.position_bars = pg.BarGraphItem(x=[], height=[], width=0.6, brush=theme.secondary(self.palette()),
+                                             pen=None)
+        self.position_plot.addItem(self.position_bars)
+        self.sweep_plot = make_plot("throughput against k", "k (draft tokens per step)", self)
+        self.sweep_plot.setLabel("left", "tok/s", color=theme.muted(self.palette()).name())
+        self.sweep_curve = self.sweep_plot.plot(pen=pg.mkPen(theme.accent(self.palette()), width=2), symbol="o",
+                                                symbolSize=7, symbolBrush=theme.accent(self.palette()))
+        self.sweep_best = self.sweep_plot.plot(pen=None, symbol="star", symbolSize=16,
+                                               symbolBrush=theme.secondary(self.palette()))
+        self.sweep_baseline_line = pg.InfiniteLine(angle=0, movable=False,
+                                                   pen=pg.mkPen(theme.muted(self.palette()), width=1,
+                                                                style=pg.QtCore.Qt.DashLine),
+                                                   label="baseline", labelOpts={"position": 0.08,
+                                                                               "color": theme.muted(self.palette())})
+        self.sweep_baseline_line.setVisible(False)
+        self.sweep_plot.addItem(self.sweep_baseline_line)
+        self.sweep_plot.setXRange(SWEEP_KS[0] - 0.5, SWEEP_KS[-1] + 0.5, padding=0)
+        self.sweep_plot.enableAutoRange(y=False)  # from zero, so small differences are not magnified
+        integer_ticks(self.sweep_plot, SWEEP_KS)
+        self.apply_button = QPushButton("Use the best k", self)
+        self.apply_button.setEnabled(False)
+        self.apply_button.clicked.connect(self._apply_best)
+        self.sweep_status = QLabel("", self)
+        self.sweep_status.setWordWrap(True)
+        sweep_box = QVBoxLayout()
+        sweep_box.addWidget(self.sweep_plot, 1)
+        sweep_row = QHBoxLayout()
+        sweep_row.addWidget(self.sweep_status, 1)
+        sweep_row.addWidget(self.apply_button)
+        sweep_box.addLayout(sweep_row)
+        charts = QHBoxLayout()
+        charts.addWidget(self.position_plot, 1)
+        charts.addLayout(sweep_box, 1)
+
+        layout = QVBoxLayout(self)
+        layout.setContentsMargins(4, 4, 4, 4)
+        layout.addLayout(top)
+        layout.addWidget(panes, 3)
+        layout.addWidget(self.verdict)
+        layout.addWidget(self.details)
+        layout.addLayout(charts, 2)
+
+        worker.stream.connect(self._on_stream)
+        worker.partial.connect(self._on_partial)
+        worker.finished.connect(self._on_finished)
+        worker.errored.connect(self._on_errored)
+
+    # --- actions ------------------------------------------------------------------------
+    @property
+    def running(self) -> bool:
+        return self._compare_job is not None or self._sweep_job is not None
+
+    def set_available(self, available: bool) -> None:
+        """The window disables new runs while the worker is busy or no model is loaded."""
+        self.run_button.setEnabled(available and not self.running)
+        self.sweep_button.setEnabled(available and not self.running)
+        self.stop_button.setEnabled(self.running)
+
+    def _request(self):
+        text = self.prompt.toPlainText()
+        if not text.strip():
+            raise SpecDeskError("type a prompt to compare first")
+        spec, sampling, max_tokens = self._request_source()
+        if spec.method == "none":
+            raise SpecDeskError("compare needs a speculation method: choose ngram, ngram-pool or draft in the left panel")
+        return text, spec, sampling, max_tokens
+
+    def run_compare(self) -> Optional[int]:
+        text, spec, sampling, max_tokens = self._request()
+        self.baseline_pane.clear()
+        self.speculative_pane.clear()
+        self.speculative_pane.setTitle(f"Speculative ({spec.method}, k = {spec.k})")
+        self.verdict.setText("running baseline, then speculative…")
+        self.details.setText("")
+        self.report = None
+        self._compare_job = self.worker.compare(text, spec, sampling, max_tokens, chat=self.chat_box.isChecked())
+        self.set_available(False)
+        return self._compare_job
+
+    def run_sweep(self) -> Optional[int]:
+        text, spec, sampling, max_tokens = self._request()
+        self._sweep_points = []
+        self._sweep_baseline = None
+        self.sweep_result = None
+        self.apply_button.setEnabled(False)
+        self.apply_button.setText("Use the best k")
+        self.sweep_best.setData([], [])
+        self.sweep_curve.setData([], [])
+        self.sweep_baseline_line.setVisible(False)
+        self.sweep_status.setText(f"sweeping {spec.method} over k = {SWEEP_KS[0]}..{SWEEP_KS[-1]}…")
+        self._sweep_job = self.worker.sweep(text, spec, sampling, max_tokens, SWEEP_KS, chat=self.chat_box.isChecked())
+        self.set_available(False)
+        return self._sweep_job
+
+    def stop(self) -> None:
+        for job in (self._compare_job, self._sweep_job):
+            if job is not None:
+                self.worker.stop(job)
+
+    def _apply_best(self) -> None:
+        best = self.sweep_result.best() if self.sweep_result else None
+        if best is not None:
+            self.apply_k.emit(best.k)
+
+    # --- worker signals -----------------------------------------------------------------
+    def _on_stream(self, batch) -> None:
+        if batch.job_id != self._compare_job:
+            return
+        pane = self.baseline_pane if batch.label == "baseline" else self.speculative_pane
+        pane.add_batch(batch)
+
+    def refresh(self) -> None:
+        self.baseline_pane.refresh()
+        self.speculative_pane.refresh()
+
+    def _fit_sweep_range(self) -> None:
+        values = [p.stats.tok_per_s for p in self._sweep_points]
+        if self._sweep_baseline is not None:
+            values.append(self._sweep_baseline.tok_per_s)
+        self.sweep_plot.setYRange(0, max(values, default=1.0) * 1.15 or 1.0, padding=0)
+
+    def _on_partial(self, item) -> None:
+        job_id, point = item
+        if job_id != self._sweep_job:
+            return
+        if point.k == 0:
+            self._sweep_baseline = point.stats
+            self.sweep_baseline_line.setValue(point.stats.tok_per_s)
+            self.sweep_baseline_line.setVisible(True)
+        else:
+            self._sweep_points.append(point)
+            self.sweep_curve.setData([p.k for p in self._sweep_points],
+                                     [p.stats.tok_per_s for p in self._sweep_points])
+            self.sweep_status.setText(f"k = {point.k}: {point.stats.tok_per_s:.0f} tok/s, "
+                                      f"acceptance {point.stats.acceptance_rate:.2f}")
+        self._fit_sweep_range()
+
+    def _on_finished(self, result) -> None:
+        if result.job_id == self._compare_job:
+            self._compare_job = None
+            self._show_report(result.value)
+        elif result.job_id == self._sweep_job:
+            self._sweep_job = None
+            self._show_sweep(result.value)
+        else:
+            return
+        self.set_available(not self.worker.busy)
+
+    def _on_errored(self, error) -> None:
+        if error.job_id == self._compare_job:
+            self._compare_job = None
+            self.verdict.setText("the compare did not run (see the message)")
+        elif error.job_id == self._sweep_job:
+            self._sweep_job = None
+            self.sweep_status.setText("the sweep did not run (see the message)")
+        else:
+            return
+        self.set_available(not self.worker.busy)
+
+    # --- results ------------------------------------------------------------------------
+    def _show_report(self, report) -> None:
+        self.report = report
+        self.refresh()
+        if not report.results:
+            self.verdict.setText("stopped before any run finished")
+            return
+        result = report.results[0]
+        base, spec = result.baseline.stats, result.speculative.stats
+        self.baseline_pane.show_result(base)
+        self.speculative_pane.show_result(spec, f" · acceptance {spec.acceptance_rate:.2f} · "
+                                                f"{spec.mean_accepted_length:.2f} tok/pass")
+        speedup = report.speedup
+        pace = f"{speedup:.2f}× faster" if speedup >= 1 else f"{speedup:.2f}× (slower than baseline)"
+        good, bad = theme.secondary(self.palette()).name(), theme.divergence_tint(self.palette()).name()
+        stopped = "cancelled" in (result.baseline.finish_reason, result.speculative.finish_reason)
+        if stopped:
+            verdict = "stopped early: outputs not compared"
+            colour = theme.muted(self.palette()).name()
+        elif report.identical_outputs is None:
+            verdict = (f"sampled at T = {report.temperature:g}: outputs differ by design; "
+                       "speculative sampling keeps the target's distribution")
+            colour = theme.muted(self.palette()).name()
+        elif report.identical_outputs:
+            verdict = f"identical output ✓ ({len(result.baseline.tokens)} tokens, token for token)"
+            colour = good
+        else:
+            at = result.first_divergence()
+            verdict = f"outputs differ from token {at} (marked) ✗"
+            colour = "#d04040"
+            self.baseline_pane.mark_token(at)
+            self.speculative_pane.mark_token(at)
+        self.verdict.setText(f'<span style="font-size:14pt; font-weight:600">{pace}</span>'
+                             f'&nbsp;&nbsp;·&nbsp;&nbsp;<span style="font-size:12pt; color:{colour}">{verdict}</span>')
+        self.verdict.setProperty("identical", report.identical_outputs)
+        share = spec.draft_s / max(1e-9, spec.draft_s + spec.verify_s)
+        self.details.setText(f"baseline {base.tok_per_s:.1f} tok/s · speculative {spec.tok_per_s:.1f} tok/s · "
+                             f"{spec.accepted}/{spec.drafted} drafts accepted · "
+                             f"time drafting {share:.0%}, verifying {1 - share:.0%}")
+        acceptance = spec.per_position_acceptance
+        self.position_bars.setOpts(x=np.arange(1, len(acceptance) + 1), height=np.array(acceptance), width=0.6)
+        self.position_plot.setXRange(0.4, max(1, len(acceptance)) + 0.6, padding=0)
+        integer_ticks(self.position_plot, list(range(1, len(acceptance) + 1)))
+
+    def _show_sweep(self, sweep) -> None:
+        self.sweep_result = sweep
+        points = sweep.points
+        self._sweep_points, self._sweep_baseline = list(points), sweep.baseline
+        self._fit_sweep_range()
+        self.sweep_curve.setData([p.k for p in points], [p.stats.tok_per_s for p in points])
+        self.sweep_baseline_line.setValue(sweep.baseline.tok_per_s)
+        self.sweep_baseline_line.setVisible(True)
+        best = sweep.best()
+        if best is None:
+            self.sweep_status.setText("stopped before any k finished")
+            return
+        self.sweep_best.setData([best.k], [best.stats.tok_per_s])
+        gain = best.stats.tok_per_s / sweep.baseline.tok_per_s if sweep.baseline.tok_per_s > 0 else 0.0
+        self.sweep_status.setText(f"best: k = {best.k}, {best.stats.tok_per_s:.0f} tok/s "
+                                  f"({gain:.2f}× baseline {sweep.baseline.tok_per_s:.0f} tok/s)")
+        self.apply_button.setText(f"Use k = {best.k}")
+        self.apply_button.setEnabled(True)

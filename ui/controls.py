@@ -1,0 +1,314 @@
+"""The left panel: models, method, sampling, limits, and the list of past chats."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+from PySide6.QtCore import Qt, Signal
+from PySide6.QtWidgets import (QComboBox, QDoubleSpinBox, QFileDialog, QFormLayout, QGroupBox, QHBoxLayout,
+                               QListWidget, QListWidgetItem, QPushButton, QScrollArea, QSpinBox, QVBoxLayout,
+                               QWidget)
+
+from specdesk.app.settings import DEMO, Settings
+from specdesk.engines.types import MAX_DRAFT_TOKENS, METHODS, SamplingParams, SpecConfig, SpecDeskError
+
+BROWSE = "\0browse"  # combo item data of "Open GGUF file…"
+
+METHOD_LABELS = {
+    "none": "none (baseline)",
+    "ngram": "ngram (prompt lookup)",
+    "ngram-pool": "ngram-pool (learns per chat)",
+    "draft": "draft model",
+    "mtp": "MTP heads",
+    "dflash": "DFlash block drafter",
+    "eagle3": "EAGLE-3",
+}
+METHOD_HELP = {
+    "none": "Plain decoding: one target pass per token. The compare view measures speculation against this.",
+    "ngram": "Drafts by looking up the last few tokens earlier in the prompt and reply; needs no model.",
+    "ngram-pool": "An n-gram pool that learns from every turn of the chat; needs no model.",
+    "draft": "A smaller model with the same vocabulary drafts k tokens; the target checks them in one pass.",
+}
+UNSUPPORTED_REASON = {
+    "mtp": "needs a model with multi-token-prediction layers, run by the PyTorch engine",
+    "dflash": "needs a DFlash block drafter, run by the PyTorch engine",
+    "eagle3": "needs an EAGLE-3 drafter, run by the PyTorch engine",
+}
+
+
+class ControlsPanel(QScrollArea):
+    models_changed = Signal()  # target, draft, threads or context changed: reload on the worker
+    chat_selected = Signal(int)
+    delete_chat_requested = Signal(int)
+
+    def __init__(self, settings: Settings, parent: Optional[QWidget] = None):
+        super().__init__(parent)
+        self.setWidgetResizable(True)
+        self.setHorizontalScrollBarPolicy(Qt.ScrollBarAlwaysOff)
+        body = QWidget(self)
+        self.setWidget(body)
+        self._settings = settings
+        self._supported: tuple[str, ...] = tuple(METHODS)
+        self._engine_name = "the engine"
+        self._previous: dict[str, int] = {}
+
+        models = QGroupBox("Models", body)
+        form = QFormLayout(models)
+        self.target_combo = QComboBox(models)
+        self.target_combo.setSizeAdjustPolicy(QComboBox.AdjustToMinimumContentsLengthWithIcon)
+        self.target_combo.setMinimumContentsLength(12)
+        self.target_combo.setObjectName("target")
+        self.draft_combo = QComboBox(models)
+        self.draft_combo.setObjectName("draft")
+        self.draft_combo.setSizeAdjustPolicy(QComboBox.AdjustToMinimumContentsLengthWithIcon)
+        self.draft_combo.setMinimumContentsLength(12)
+        self.method_combo = QComboBox(models)
+        for method in METHODS:
+            self.method_combo.addItem(METHOD_LABELS.get(method, method), method)
+        self.k_spin = QSpinBox(models)
+        self.k_spin.setRange(1, MAX_DRAFT_TOKENS)
+        self.k_spin.setToolTip("Draft tokens proposed per step (the upper bound for variable-length proposers)")
+        form.addRow("Target", self.target_combo)
+        form.addRow("Method", self.method_combo)
+        form.addRow("Draft", self.draft_combo)
+        form.addRow("k", self.k_spin)
+
+        sampling = QGroupBox("Sampling", body)
+        form = QFormLayout(sampling)
+        self.temperature_spin = QDoubleSpinBox(sampling)
+        self.temperature_spin.setRange(0.0, 10.0)
+        self.temperature_spin.setSingleStep(0.1)
+        self.temperature_spin.setDecimals(2)
+        self.temperature_spin.setSpecialValueText("0 (greedy)")
+        self.top_p_spin = QDoubleSpinBox(sampling)
+        self.top_p_spin.setRange(0.01, 1.0)
+        self.top_p_spin.setSingleStep(0.05)
+        self.top_k_spin = QSpinBox(sampling)
+        self.top_k_spin.setRange(0, 100_000)
+        self.top_k_spin.setSpecialValueText("off")
+        self.seed_spin = QSpinBox(sampling)
+        self.seed_spin.setRange(0, 2**31 - 1)
+        form.addRow("Temperature", self.temperature_spin)
+        form.addRow("Top-p", self.top_p_spin)
+        form.addRow("Top-k", self.top_k_spin)
+        form.addRow("Seed", self.seed_spin)
+
+        limits = QGroupBox("Limits", body)
+        form = QFormLayout(limits)
+        self.max_tokens_spin = QSpinBox(limits)
+        self.max_tokens_spin.setRange(1, 32_768)
+        self.threads_spin = QSpinBox(limits)
+        self.threads_spin.setRange(0, 256)
+        self.threads_spin.setSpecialValueText("auto")
+        self.ctx_spin = QSpinBox(limits)
+        self.ctx_spin.setRange(0, 131_072)
+        self.ctx_spin.setSingleStep(256)
+        self.ctx_spin.setSpecialValueText("model's")
+        self.ctx_spin.setToolTip("Context size in tokens (default: the model's own, at most 4096)")
+        form.addRow("Max tokens", self.max_tokens_spin)
+        form.addRow("Threads", self.threads_spin)
+        form.addRow("Context", self.ctx_spin)
+
+        chats = QGroupBox("Chats", body)
+        chat_layout = QVBoxLayout(chats)
+        self.chat_list = QListWidget(chats)
+        self.chat_list.setMinimumHeight(90)
+        self.chat_list.setHorizontalScrollBarPolicy(Qt.ScrollBarAlwaysOff)
+        self.chat_list.setTextElideMode(Qt.ElideRight)
+        self.chat_list.itemActivated.connect(self._chat_activated)
+        self.chat_list.itemClicked.connect(self._chat_activated)
+        self.delete_chat_button = QPushButton("Delete chat", chats)
+        self.delete_chat_button.clicked.connect(self._delete_clicked)
+        chat_layout.addWidget(self.chat_list, 1)
+        buttons = QHBoxLayout()
+        buttons.addStretch(1)
+        buttons.addWidget(self.delete_chat_button)
+        chat_layout.addLayout(buttons)
+
+        layout = QVBoxLayout(body)
+        layout.setContentsMargins(4, 4, 4, 4)
+        for box in (models, sampling, limits):
+            layout.addWidget(box)
+        layout.addWidget(chats, 1)
+
+        # Wide enough for the form: the scroll area only scrolls vertically, never clips sideways.
+        self.setMinimumWidth(body.minimumSizeHint().width() + self.verticalScrollBar().sizeHint().width() + 6)
+        self.apply_settings(settings)
+        self.target_combo.activated.connect(lambda index: self._model_picked(self.target_combo, "target"))
+        self.draft_combo.activated.connect(lambda index: self._model_picked(self.draft_combo, "draft"))
+        self.method_combo.currentIndexChanged.connect(self._update_enabled)
+        self.threads_spin.editingFinished.connect(self._maybe_reload)
+        self.ctx_spin.editingFinished.connect(self._maybe_reload)
+        self._loaded_key = self.model_key()
+
+    # --- settings <-> widgets ---------------------------------------------------------
+    def apply_settings(self, s: Settings) -> None:
+        self._fill_models(self.target_combo, [("Demo target (built in)", DEMO)], s.recent_targets, s.target_path)
+        self._fill_models(self.draft_combo, [("No draft model", None), ("Demo draft (built in)", DEMO)],
+                          s.recent_drafts, s.draft_path)
+        self._select_method(s.method)
+        self.k_spin.setValue(min(max(s.k, 1), MAX_DRAFT_TOKENS))
+        self.temperature_spin.setValue(s.temperature)
+        self.top_p_spin.setValue(s.top_p)
+        self.top_k_spin.setValue(s.top_k)
+        self.seed_spin.setValue(s.seed)
+        self.max_tokens_spin.setValue(s.max_tokens)
+        self.threads_spin.setValue(s.threads)
+        self.ctx_spin.setValue(s.n_ctx)
+        self._update_enabled()
+
+    def store_settings(self, s: Settings) -> None:
+        s.target_path = self.target_combo.currentData() or DEMO
+        s.draft_path = self.draft_combo.currentData()
+        s.method = self.method()
+        s.k = self.k_spin.value()
+        s.temperature = self.temperature_spin.value()
+        s.top_p = self.top_p_spin.value()
+        s.top_k = self.top_k_spin.value()
+        s.seed = self.seed_spin.value()
+        s.max_tokens = self.max_tokens_spin.value()
+        s.threads = self.threads_spin.value()
+        s.n_ctx = self.ctx_spin.value()
+
+    def _fill_models(self, combo: QComboBox, fixed: list, recent: list, current) -> None:
+        combo.blockSignals(True)
+        combo.clear()
+        for label, data in fixed:
+            combo.addItem(label, data)
+        for path in recent:
+            combo.addItem(Path(path).name, path)
+            combo.setItemData(combo.count() - 1, path, Qt.ToolTipRole)
+        if current not in [combo.itemData(i) for i in range(combo.count())]:
+            combo.addItem(Path(current).name, current)
+            combo.setItemData(combo.count() - 1, current, Qt.ToolTipRole)
+        combo.addItem("Open GGUF file…", BROWSE)
+        combo.setCurrentIndex([combo.itemData(i) for i in range(combo.count())].index(current))
+        combo.blockSignals(False)
+        self._previous[combo.objectName()] = combo.currentIndex()
+
+    def _model_picked(self, combo: QComboBox, role: str) -> None:
+        key = combo.objectName()
+        if combo.currentData() == BROWSE:
+            path, _ = QFileDialog.getOpenFileName(self, f"Choose a {role} model", "", "GGUF models (*.gguf);;All files (*)")
+            if not path:
+                combo.setCurrentIndex(self._previous.get(key, 0))
+                return
+            self.set_model(role, path)
+            return
+        self._previous[key] = combo.currentIndex()
+        if role == "draft" and combo.currentData() is not None and self.method() != "draft":
+            self._select_method("draft")
+        self._maybe_reload()
+
+    def set_model(self, role: str, path: Optional[str]) -> None:
+        """Select a target or draft (a path, DEMO, or None for no draft) and reload."""
+        self.store_settings(self._settings)
+        if role == "target":
+            if path != DEMO:
+                self._settings.remember_target(path)
+            self._settings.target_path = path
+        else:
+            if path not in (DEMO, None):
+                self._settings.remember_draft(path)
+            self._settings.draft_path = path
+        self._fill_models(self.target_combo, [("Demo target (built in)", DEMO)], self._settings.recent_targets,
+                          self._settings.target_path)
+        self._fill_models(self.draft_combo, [("No draft model", None), ("Demo draft (built in)", DEMO)],
+                          self._settings.recent_drafts, self._settings.draft_path)
+        if role == "draft" and path is not None:
+            self._select_method("draft")
+        self._maybe_reload()
+
+    def show_models(self, target: str, draft: Optional[str]) -> None:
+        """Show this target and draft as selected, without asking for a reload."""
+        self._settings.target_path, self._settings.draft_path = target, draft
+        self._fill_models(self.target_combo, [("Demo target (built in)", DEMO)], self._settings.recent_targets, target)
+        self._fill_models(self.draft_combo, [("No draft model", None), ("Demo draft (built in)", DEMO)],
+                          self._settings.recent_drafts, draft)
+        self.mark_loaded()
+
+    def _maybe_reload(self) -> None:
+        key = self.model_key()
+        if key != self._loaded_key:
+            self._loaded_key = key
+            self.models_changed.emit()
+
+    def model_key(self) -> tuple:
+        return (self.target_combo.currentData(), self.draft_combo.currentData(), self.threads_spin.value(),
+                self.ctx_spin.value())
+
+    def mark_loaded(self) -> None:
+        self._loaded_key = self.model_key()
+
+    # --- methods ----------------------------------------------------------------------
+    def method(self) -> str:
+        return self.method_combo.currentData()
+
+    def _select_method(self, method: str) -> None:
+        index = self.method_combo.findData(method)
+        if index >= 0 and self._method_enabled(method):
+            self.method_combo.setCurrentIndex(index)
+
+    def _method_enabled(self, method: str) -> bool:
+        return method in self._supported
+
+    def set_supported_methods(self, supported: tuple[str, ...], engine_name: str) -> None:
+        """Disable methods the loaded engine cannot run, with a tooltip saying why."""
+        self._supported, self._engine_name = tuple(supported), engine_name
+        model = self.method_combo.model()
+        for i in range(self.method_combo.count()):
+            method = self.method_combo.itemData(i)
+            item = model.item(i)
+            enabled = method in supported
+            item.setEnabled(enabled)
+            if enabled:
+                item.setToolTip(METHOD_HELP.get(method, ""))
+            else:
+                reason = UNSUPPORTED_REASON.get(method, "not implemented for this engine")
+                item.setToolTip(f"Not available for GGUF targets on {engine_name}: {reason}.")
+        if self.method() not in supported:
+            self._select_method("none")
+        self._update_enabled()
+
+    def _update_enabled(self) -> None:
+        method = self.method()
+        self.k_spin.setEnabled(method != "none")
+        self.method_combo.setToolTip(METHOD_HELP.get(method, ""))
+
+    # --- what a run uses --------------------------------------------------------------
+    def spec(self, draft_path: Optional[str]) -> SpecConfig:
+        method = self.method()
+        if method == "draft" and not draft_path:
+            raise SpecDeskError("the draft method needs a draft model: pick one under Models > Draft "
+                                "(or choose ngram, which needs no model)")
+        return SpecConfig(method=method, k=self.k_spin.value(), draft_path=draft_path if method == "draft" else None)
+
+    def sampling(self) -> SamplingParams:
+        return SamplingParams(temperature=self.temperature_spin.value(), top_p=self.top_p_spin.value(),
+                              top_k=self.top_k_spin.value(), seed=self.seed_spin.value())
+
+    def max_tokens(self) -> int:
+        return self.max_tokens_spin.value()
+
+    # --- chats ------------------------------------------------------------------------
+    def set_chats(self, chats, current: Optional[int]) -> None:
+        self.chat_list.blockSignals(True)
+        self.chat_list.clear()
+        for chat in chats:
+            item = QListWidgetItem(chat.title)
+            item.setData(Qt.UserRole, chat.id)
+            item.setToolTip(chat.title)
+            self.chat_list.addItem(item)
+            if chat.id == current:
+                self.chat_list.setCurrentItem(item)
+        self.chat_list.blockSignals(False)
+        self.delete_chat_button.setEnabled(self.chat_list.count() > 0)
+
+    def _chat_activated(self, item: QListWidgetItem) -> None:
+        self.chat_selected.emit(int(item.data(Qt.UserRole)))
+
+    def _delete_clicked(self) -> None:
+        item = self.chat_list.currentItem()
+        if item is not None:
+            self.delete_chat_requested.emit(int(item.data(Qt.UserRole)))

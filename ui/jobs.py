@@ -1,0 +1,227 @@
+"""What the worker thread does, without Qt: load models, chat, compare, sweep k.
+
+Each job is a plain function of the engine and a cancel event; results and streamed
+events go out through callbacks, which ui/worker.py turns into queued Qt signals. Keeping
+Qt out of here keeps the jobs readable and testable on their own.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Optional, Sequence
+
+from specdesk.app.compare import CompareReport, RunResult, compare, run_once, warm_up
+from specdesk.app.settings import DEMO
+from specdesk.engines.text import IncrementalDetokenizer
+from specdesk.engines.types import GenerationRequest, RunStats, SamplingParams, SpecConfig, SpecDeskError, StepEvent
+
+BATCH_INTERVAL_S = 1 / 60  # events are sent to the GUI at most this often per run (it repaints at ~30 Hz)
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """What is loaded on the worker after a load job."""
+
+    target_path: str
+    draft_path: Optional[str]  # None: no draft model loaded
+    engine: str
+    supported_methods: tuple[str, ...]
+    n_ctx: int
+    threads: int
+    n_params: int
+    size_bytes: int
+    chat_template: bool  # whether the model file has its own chat template
+
+
+@dataclass(frozen=True)
+class StreamBatch:
+    """Consecutive StepEvents of one run, sent together (the GUI repaints at ~30 Hz anyway)."""
+
+    job_id: int
+    label: str  # "chat", "baseline", "speculative"
+    k: int  # draft tokens per step of this run (0 for baseline)
+    first: bool  # the first batch of this run: the GUI starts a new series
+    events: tuple[StepEvent, ...]
+    times: tuple[float, ...]  # (len(events),) time.perf_counter() when each event arrived
+    pieces: tuple[str, ...]  # text of each committed token, in order, over all events
+    from_draft: tuple[bool, ...]  # (len(pieces),) whether each token was an accepted draft token
+
+
+@dataclass(frozen=True)
+class ChatResult:
+    result: RunResult
+    prompt_tokens: int
+    dropped_messages: int  # oldest messages left out because the conversation outgrew the context
+
+
+@dataclass(frozen=True)
+class SweepPoint:
+    k: int  # 0 is the baseline
+    stats: RunStats
+
+
+@dataclass(frozen=True)
+class SweepResult:
+    method: str
+    baseline: RunStats
+    points: tuple[SweepPoint, ...]  # speculative runs, in the order of ks
+
+    def best(self) -> Optional[SweepPoint]:
+        return max(self.points, key=lambda p: p.stats.tok_per_s, default=None)
+
+
+class EventBatcher:
+    """Turns one run's StepEvents into StreamBatches, one per BATCH_INTERVAL_S at most.
+
+    It also splits each step's text into per-token pieces (so the GUI can tint exactly the
+    tokens that came from an accepted draft), with its own incremental detokenizer, which
+    attaches the bytes of a character split across tokens to the token that completes it.
+    """
+
+    def __init__(self, job_id: int, label: str, k: int, token_bytes: Callable[[int], bytes],
+                 send: Callable[[StreamBatch], None], interval_s: float = BATCH_INTERVAL_S):
+        self.job_id, self.label, self.k = job_id, label, k
+        self._send = send
+        self._interval = interval_s
+        self._detokenizer = IncrementalDetokenizer(token_bytes)
+        self._first = True
+        self._last_sent = 0.0
+        self._events: list[StepEvent] = []
+        self._times: list[float] = []
+        self._pieces: list[str] = []
+        self._from_draft: list[bool] = []
+
+    def __call__(self, event: StepEvent) -> None:
+        now = time.perf_counter()
+        self._events.append(event)
+        self._times.append(now)
+        for token, drafted in zip(event.tokens, event.from_draft):
+            self._pieces.append(self._detokenizer.push([token]))
+            self._from_draft.append(drafted)
+        if event.finished:
+            self._pieces[-1] += self._detokenizer.flush()
+        if event.finished or now - self._last_sent >= self._interval:
+            self.flush()
+
+    def flush(self) -> None:
+        if not self._events:
+            return
+        batch = StreamBatch(self.job_id, self.label, self.k, self._first, tuple(self._events), tuple(self._times),
+                            tuple(self._pieces), tuple(self._from_draft))
+        self._first = False
+        self._events, self._times, self._pieces, self._from_draft = [], [], [], []
+        self._last_sent = time.perf_counter()
+        self._send(batch)
+
+
+# --- load ----------------------------------------------------------------------
+def resolve_demo(target: str, draft: Optional[str], demo_size: str,
+                 progress: Callable[[str], None]) -> tuple[str, Optional[str]]:
+    """Replace the DEMO placeholder by the demo family's files (building them if needed)."""
+    if target != DEMO and draft != DEMO:
+        return target, draft
+    from specdesk.app.demo.install import build_family
+
+    family = build_family(small=demo_size == "small", progress=progress)
+    return (family["target_gguf"] if target == DEMO else target,
+            family["draft_gguf"] if draft == DEMO else draft)
+
+
+def same_file(a, b) -> bool:
+    return os.path.abspath(a) == os.path.abspath(b)
+
+
+def describe_engine(engine, draft_path: Optional[str]) -> ModelInfo:
+    from specdesk.engines.llama.engine import SUPPORTED_METHODS
+
+    model = engine.target
+    return ModelInfo(str(model.path), draft_path, engine.name, SUPPORTED_METHODS, engine.n_ctx, engine.n_threads,
+                     int(model.n_params), int(model.size_bytes), model.chat_template() is not None)
+
+
+# --- chat ----------------------------------------------------------------------
+def chat_tokens(engine, messages: list[dict], max_tokens: int) -> tuple[list[int], int]:
+    """The prompt for a conversation; the oldest turns go first when it outgrows the context."""
+    from specdesk.app.main import chat_prompt
+
+    if not messages:
+        raise SpecDeskError("there is no message to answer")
+    reserve = min(max_tokens, engine.n_ctx // 2)
+    dropped = 0
+    tokens = chat_prompt(engine, messages)
+    while len(tokens) + reserve > engine.n_ctx and len(messages) - dropped > 1:
+        dropped += 1
+        tokens = chat_prompt(engine, messages[dropped:])
+    return tokens, dropped
+
+
+def run_chat(engine, messages: list[dict], spec: SpecConfig, sampling: SamplingParams, max_tokens: int,
+             cancel: threading.Event, on_event: Callable[[StepEvent], None]) -> ChatResult:
+    tokens, dropped = chat_tokens(engine, messages, max_tokens)
+    request = GenerationRequest(tuple(tokens), max_tokens=max_tokens, sampling=sampling, spec=spec)
+    return ChatResult(run_once(engine, request, cancel, on_event), len(tokens), dropped)
+
+
+# --- compare and sweep ---------------------------------------------------------
+def prompt_tokenizer(engine, chat: bool) -> Callable[[str], list[int]]:
+    """With `chat`, a prompt is one user message in the model's chat template (as in the
+    chat tab); without, it is raw text to continue."""
+    if not chat:
+        return engine.tokenize
+    from specdesk.app.main import chat_prompt
+
+    return lambda text: chat_prompt(engine, [{"role": "user", "content": text}])
+
+
+def run_compare(engine, prompt: str, spec: SpecConfig, sampling: SamplingParams, max_tokens: int,
+                cancel: threading.Event, batcher_for: Callable[[str, int], EventBatcher],
+                chat: bool = True) -> CompareReport:
+    if spec.method == "none":
+        raise SpecDeskError("compare needs a speculation method: choose ngram, ngram-pool or draft")
+    batchers: dict[str, EventBatcher] = {}
+
+    def on_event(label: str, index: int, event: StepEvent) -> None:
+        if label not in batchers:
+            batchers[label] = batcher_for(label, 0 if label == "baseline" else spec.k)
+        batchers[label](event)
+
+    report = compare(engine, [prompt], spec, sampling, max_tokens, prompt_tokenizer(engine, chat), on_event, cancel)
+    for batcher in batchers.values():
+        batcher.flush()
+    return report
+
+
+def run_sweep(engine, prompt: str, spec: SpecConfig, sampling: SamplingParams, max_tokens: int,
+              ks: Sequence[int], cancel: threading.Event,
+              on_point: Callable[[SweepPoint], None], chat: bool = True) -> SweepResult:
+    """Baseline once, then the speculative method at each k, on the same prompt."""
+    if spec.method == "none":
+        raise SpecDeskError("the k sweep needs a speculation method: choose ngram, ngram-pool or draft")
+    tokens = prompt_tokenizer(engine, chat)(prompt)
+    warm_up(engine, tokens, spec, sampling)
+
+    def once(config: SpecConfig) -> RunStats:
+        request = GenerationRequest(tuple(tokens), max_tokens=max_tokens, sampling=sampling, spec=config)
+        return run_once(engine, request, cancel).stats
+
+    baseline = once(dataclasses.replace(spec, method="none"))
+    on_point(SweepPoint(0, baseline))
+    points = []
+    for k in ks:
+        if cancel.is_set():
+            break
+        if spec.method == "ngram-pool":
+            engine.reset_chat()  # the pool learns from every run: each k starts from the same state
+        point = SweepPoint(k, once(dataclasses.replace(spec, k=k)))
+        points.append(point)
+        on_point(point)
+    return SweepResult(spec.method, baseline, tuple(points))
+
+
+def file_label(path: Optional[str]) -> str:
+    return Path(path).name if path else "none"

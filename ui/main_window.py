@@ -1,0 +1,394 @@
+"""The main window: controls on the left; Chat (transcript + live charts) and Compare tabs.
+
+All inference goes through one EngineWorker. The window only records what arrives
+(streamed tokens, chart points) and draws it from a ~30 Hz timer that runs while the
+worker is busy, so the event loop stays responsive however fast the model is.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+from PySide6.QtCore import QCoreApplication, Qt, QTimer
+from PySide6.QtWidgets import QLabel, QMainWindow, QProgressBar, QSplitter, QTabWidget
+
+from specdesk.app.history import History
+from specdesk.app.settings import DEMO, Settings, load_settings, save_settings
+from specdesk.engines.types import SpecConfig, SpecDeskError
+
+from .chat_view import ChatMessage, ChatView
+from .charts import ChartPanel, format_status
+from .compare_view import CompareView
+from .controls import ControlsPanel
+from .dialogs import ask, show_error
+from .jobs import ModelInfo, file_label
+from .worker import EngineWorker, JobError, JobResult
+
+REPAINT_INTERVAL_MS = 33  # ~30 Hz
+NO_SHIPPED_FAMILY = "no trained demo family"
+
+
+@dataclass
+class _ChatJob:
+    job_id: int
+    chat_id: int
+    message: ChatMessage  # the reply being generated
+    spec: SpecConfig
+
+
+def chat_title(text: str, limit: int = 48) -> str:
+    line = " ".join(text.split())
+    return line if len(line) <= limit else line[: limit - 1] + "…"
+
+
+class MainWindow(QMainWindow):
+    def __init__(self, settings: Optional[Settings] = None, history: Optional[History] = None,
+                 settings_file: Optional[Path] = None, autoload: bool = True):
+        super().__init__()
+        self.setWindowTitle("SpecDesk")
+        self._settings_file = settings_file
+        self.settings = settings if settings is not None else load_settings(settings_file)
+        self._startup_errors: list[str] = []
+        self.history = history if history is not None else self._open_history()
+        self.worker = EngineWorker(self)
+        self.info: Optional[ModelInfo] = None
+        self.chat_id: Optional[int] = None
+        self._chat_job: Optional[_ChatJob] = None
+        self._load_job: Optional[int] = None
+        self._requested_choice: tuple = (None, None)
+        self._loaded_choice: tuple = (None, None)  # (target, draft) settings values that loaded
+        self._closed = False
+        self._splitters_sized = False
+        self.errors_shown = 0
+
+        self.controls = ControlsPanel(self.settings, self)
+        self.chat_view = ChatView(self)
+        self.chat_view.set_highlight(self.settings.highlight_drafts)
+        self.charts = ChartPanel(self)
+        self.compare_view = CompareView(self.worker, self._compare_request, self.settings.compare_prompt, self)
+        chat_tab = QSplitter(Qt.Horizontal, self)
+        chat_tab.addWidget(self.chat_view)
+        chat_tab.addWidget(self.charts)
+        chat_tab.setStretchFactor(0, 3)
+        chat_tab.setStretchFactor(1, 2)
+        chat_tab.setChildrenCollapsible(False)
+        self._chat_splitter = chat_tab
+        self.tabs = QTabWidget(self)
+        self.tabs.addTab(chat_tab, "Chat")
+        self.tabs.addTab(self.compare_view, "Compare")
+        body = QSplitter(Qt.Horizontal, self)
+        body.addWidget(self.controls)
+        body.addWidget(self.tabs)
+        body.setStretchFactor(1, 1)
+        body.setChildrenCollapsible(False)
+        self._body_splitter = body
+        self.setCentralWidget(body)
+
+        self.status_label = QLabel("", self)
+        self.busy_bar = QProgressBar(self)
+        self.busy_bar.setRange(0, 0)  # indeterminate: loading has no reliable percentage
+        self.busy_bar.setMaximumWidth(160)
+        self.busy_bar.setVisible(False)
+        self.statusBar().addWidget(self.status_label, 1)
+        self.statusBar().addPermanentWidget(self.busy_bar)
+
+        self.timer = QTimer(self)
+        self.timer.setInterval(REPAINT_INTERVAL_MS)
+        self.timer.timeout.connect(self._tick)
+
+        self.controls.models_changed.connect(self.load_models)
+        self.controls.chat_selected.connect(self.open_chat)
+        self.controls.delete_chat_requested.connect(self.delete_chat)
+        self.chat_view.send_requested.connect(self.send_message)
+        self.chat_view.stop_requested.connect(self.stop)
+        self.chat_view.regenerate_requested.connect(self.regenerate)
+        self.chat_view.new_chat_requested.connect(self.new_chat)
+        self.chat_view.highlight_box.toggled.connect(self._highlight_toggled)
+        self.compare_view.apply_k.connect(self.apply_k)
+        self.worker.progress.connect(self._on_progress)
+        self.worker.loaded.connect(self._on_loaded)
+        self.worker.stream.connect(self._on_stream)
+        self.worker.finished.connect(self._on_finished)
+        self.worker.errored.connect(self._on_errored)
+        self.worker.busy_changed.connect(self._on_busy)
+
+        self._refresh_chat_list()
+        if self.settings.last_chat_id is not None and self.history.chat(self.settings.last_chat_id):
+            self.open_chat(self.settings.last_chat_id)
+        self._update_actions()
+        if autoload:
+            self.load_models()
+
+    def _open_history(self) -> History:
+        try:
+            return History()
+        except SpecDeskError as e:
+            # Keep working (with a history that lasts this session) and say why at startup.
+            self._startup_errors.append(f"{e}\n\nChats of this session will not be kept.")
+            return History(Path(tempfile.mkdtemp(prefix="specdesk-")) / "history.sqlite3")
+
+    def _size_splitters(self) -> None:
+        """Controls at their natural width, the charts about 40% of the rest (once; then the user's)."""
+        width = self.width()
+        left = max(self.controls.minimumWidth(), min(300, width // 5))
+        self._body_splitter.setSizes([left, width - left])
+        rest = width - left
+        charts = max(self.charts.minimumWidth(), int(rest * 0.38))
+        self._chat_splitter.setSizes([rest - charts, charts])
+
+    def showEvent(self, event) -> None:
+        super().showEvent(event)
+        if not self._splitters_sized:
+            self._splitters_sized = True
+            self._size_splitters()
+        while self._startup_errors:
+            self.report_error(self._startup_errors.pop(0))
+
+    # --- models ---------------------------------------------------------------------
+    def load_models(self) -> int:
+        s = self.settings
+        self.controls.store_settings(s)
+        self.controls.mark_loaded()
+        self._on_progress(f"loading {'the demo target' if s.target_path == DEMO else file_label(s.target_path)}…")
+        self._requested_choice = (s.target_path, s.draft_path)
+        self._load_job = self.worker.load(s.target_path, s.draft_path, s.demo_size, s.n_ctx, s.threads)
+        self._update_actions()
+        return self._load_job
+
+    def _on_loaded(self, info: ModelInfo) -> None:
+        self.info = info
+        self.controls.set_supported_methods(info.supported_methods, info.engine)
+        self.setWindowTitle(f"SpecDesk — {file_label(info.target_path)}")
+        self._show_model_status()
+
+    def _show_model_status(self) -> None:
+        info = self.info
+        if info is None:
+            self.status_label.setText("no model loaded")
+            return
+        draft = f"draft {file_label(info.draft_path)}" if info.draft_path else "no draft model"
+        self.status_label.setText(f"{info.engine} · target {file_label(info.target_path)} "
+                                  f"({info.n_params / 1e6:.1f} M parameters) · {draft} · "
+                                  f"context {info.n_ctx} · {info.threads} thread{'s' * (info.threads != 1)}")
+
+    def _show_loaded_choice(self, failed: str) -> None:
+        """After a refused model, the pickers show what is actually loaded again."""
+        target, draft = self._requested_choice if failed == "draft" else self._loaded_choice
+        if failed == "draft":
+            previous = self._loaded_choice[1] if self._loaded_choice else None
+            draft = previous if self.info is not None and self.info.draft_path else None
+        if target is None:  # nothing ever loaded: keep the user's choice on screen
+            return
+        self._loaded_choice = (target, draft)
+        self.controls.show_models(target, draft)
+
+    def _on_progress(self, message: str) -> None:
+        self.status_label.setText(message)
+
+    def _offer_small_demo(self) -> None:
+        if ask(self, "The built-in demo models are not installed.\n\nBuild the small demo family on this "
+                     "machine now? It takes about a minute (and needs PyTorch); its replies are rough, but "
+                     "speculation and its charts work on it."):
+            self.settings.demo_size = "small"
+            self.load_models()
+
+    # --- chat -----------------------------------------------------------------------
+    def _refresh_chat_list(self) -> None:
+        self.controls.set_chats(self.history.chats(), self.chat_id)
+
+    def send_message(self, text: str) -> Optional[int]:
+        if self._chat_job is not None:
+            return None
+        try:
+            spec, sampling, max_tokens = self._request()
+        except SpecDeskError as e:
+            self.chat_view.input.setPlainText(text)  # nothing typed is lost
+            self.report_error(str(e))
+            return None
+        if self.chat_id is None:
+            self.chat_id = self.history.create_chat(chat_title(text))
+        message = ChatMessage("user", [text], [False])
+        message.db_id = self.history.add_message(self.chat_id, "user", text)
+        self.chat_view.add_message(message)
+        self._refresh_chat_list()
+        return self._start_reply(spec, sampling, max_tokens)
+
+    def _request(self):
+        if self.info is None:
+            raise SpecDeskError("no model is loaded yet: wait for loading to finish, or pick a target model")
+        return (self.controls.spec(self.info.draft_path), self.controls.sampling(), self.controls.max_tokens())
+
+    def _compare_request(self):
+        return self._request()
+
+    def _start_reply(self, spec, sampling, max_tokens) -> int:
+        history = [{"role": m.role, "content": m.text} for m in self.chat_view.messages]
+        reply = self.chat_view.add_message(ChatMessage("assistant"))
+        job_id = self.worker.chat(history, spec, sampling, max_tokens)
+        self.charts.start_run(spec.draft_tokens)
+        self._chat_job = _ChatJob(job_id, self.chat_id, reply, spec)
+        self._update_actions()
+        return job_id
+
+    def stop(self) -> None:
+        if self._chat_job is not None:
+            self.worker.stop(self._chat_job.job_id)
+
+    def regenerate(self) -> Optional[int]:
+        if self._chat_job is not None or self.chat_view.last_user_index() is None:
+            return None
+        try:
+            spec, sampling, max_tokens = self._request()
+        except SpecDeskError as e:
+            self.report_error(str(e))
+            return None
+        while self.chat_view.messages and self.chat_view.messages[-1].role == "assistant":
+            old = self.chat_view.remove_last()
+            if old.db_id is not None:
+                self.history.delete_message(old.db_id)
+        return self._start_reply(spec, sampling, max_tokens)
+
+    def new_chat(self) -> None:
+        self.stop()  # a reply still generating is saved to the chat it belongs to
+        self.chat_id = None
+        self.chat_view.set_messages([])
+        self.worker.new_chat()
+        self._refresh_chat_list()
+        self._update_actions()
+
+    def open_chat(self, chat_id: int) -> None:
+        if chat_id == self.chat_id:
+            return
+        self.stop()
+        self.chat_id = chat_id
+        messages = [ChatMessage.from_spans(m.role, m.content, m.meta.get("draft_spans"), m.id, m.meta.get("footer", ""))
+                    for m in self.history.messages(chat_id)]
+        self.chat_view.set_messages(messages)
+        self.worker.new_chat()
+        self._refresh_chat_list()
+        self._update_actions()
+
+    def delete_chat(self, chat_id: int) -> None:
+        chat = self.history.chat(chat_id)
+        if chat is None or not ask(self, f"Delete the chat “{chat.title}”?"):
+            return
+        if chat_id == self.chat_id:
+            self.new_chat()
+        self.history.delete_chat(chat_id)
+        self._refresh_chat_list()
+
+    def _highlight_toggled(self, on: bool) -> None:
+        self.settings.highlight_drafts = on
+
+    def apply_k(self, k: int) -> None:
+        self.controls.k_spin.setValue(k)
+        self.status_label.setText(f"k set to {k} (the best of the sweep)")
+
+    # --- worker signals -------------------------------------------------------------
+    def _on_stream(self, batch) -> None:
+        job = self._chat_job
+        if job is None or batch.job_id != job.job_id:
+            return
+        self.chat_view.append_pieces(job.message, batch.pieces, batch.from_draft)
+        self.charts.add_batch(batch)
+
+    def _on_finished(self, result: JobResult) -> None:
+        if result.kind == "load" and result.job_id == self._load_job:
+            self._load_job = None
+            self._loaded_choice = self._requested_choice
+            self._show_model_status()
+        elif self._chat_job is not None and result.job_id == self._chat_job.job_id:
+            self._finish_reply(result.value.result)
+        self._update_actions()
+
+    def _finish_reply(self, run) -> None:
+        job, self._chat_job = self._chat_job, None
+        message = job.message
+        stats = run.stats
+        self.charts.finish_run(stats)
+        if not message.text and run.finish_reason == "cancelled":
+            if self.chat_view.showing(message):
+                self.chat_view.remove_last()
+            return
+        reason = {"cancelled": "stopped", "length": "max tokens", "context": "context full",
+                  "eos": "done"}.get(run.finish_reason, run.finish_reason or "done")
+        method = job.spec.method if job.spec.method == "none" else f"{job.spec.method}, k = {job.spec.k}"
+        footer = f"{reason} · {method} · {format_status(stats, job.spec.draft_tokens)}"
+        meta = {
+            "finish_reason": run.finish_reason, "method": job.spec.method, "k": job.spec.k,
+            "tokens": stats.tokens, "tok_per_s": round(stats.tok_per_s, 3),
+            "acceptance": round(stats.acceptance_rate, 4), "tok_per_pass": round(stats.mean_accepted_length, 4),
+            "draft_spans": message.draft_spans(), "footer": footer,
+        }
+        if not self.history.is_open or self.history.chat(job.chat_id) is None:
+            return  # closing, or its chat was deleted while it generated
+        message.db_id = self.history.add_message(job.chat_id, "assistant", message.text, meta)
+        self.chat_view.end_reply(message, footer)
+        self._refresh_chat_list()
+
+    def _on_errored(self, error: JobError) -> None:
+        if self._chat_job is not None and error.job_id == self._chat_job.job_id:
+            job, self._chat_job = self._chat_job, None
+            if self.chat_view.showing(job.message):
+                self.chat_view.remove_last()
+        if error.job_id == self._load_job:
+            self._load_job = None
+            self._show_loaded_choice(error.kind)
+            self._show_model_status()
+        self._update_actions()
+        self.report_error(error.message)
+        if (error.kind == "load" and NO_SHIPPED_FAMILY in error.message and self.settings.target_path == DEMO
+                and self.settings.demo_size == "full"):
+            self._offer_small_demo()
+
+    def report_error(self, message: str) -> None:
+        self.errors_shown += 1
+        self.status_label.setText(message.splitlines()[0] if message else "error")
+        show_error(self, message)
+
+    def _on_busy(self, busy: bool) -> None:
+        self.busy_bar.setVisible(busy and self._load_job is not None)
+        if busy and not self._closed:
+            self.timer.start()
+        self._update_actions()
+
+    def _tick(self) -> None:
+        self.chat_view.flush()
+        self.charts.refresh()
+        self.compare_view.refresh()
+        self.busy_bar.setVisible(self._load_job is not None)
+        if not self.worker.busy:
+            self.timer.stop()
+
+    def _update_actions(self) -> None:
+        loading = self._load_job is not None
+        can_run = self.info is not None and not loading
+        self.chat_view.set_generating(self._chat_job is not None, can_run)
+        self.compare_view.set_available(can_run and not self.worker.busy)
+        self.busy_bar.setVisible(loading)
+
+    # --- closing --------------------------------------------------------------------
+    def save_settings(self) -> None:
+        self.controls.store_settings(self.settings)
+        self.settings.compare_prompt = self.compare_view.prompt.toPlainText()
+        self.settings.last_chat_id = self.chat_id
+        try:
+            save_settings(self.settings, self._settings_file)
+        except OSError as e:
+            self.report_error(f"could not save settings: {e}")
+
+    def closeEvent(self, event) -> None:
+        if not self._closed:
+            self._closed = True
+            self.timer.stop()
+            self.save_settings()
+            self.worker.shutdown()
+            # Results the worker sent before it ended (a stopped reply) are saved now.
+            QCoreApplication.sendPostedEvents(self.worker, 0)
+            self._tick()  # draw what arrived last, with the timer already stopped
+            self.timer.stop()
+            self.history.close()
+        super().closeEvent(event)
