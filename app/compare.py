@@ -171,6 +171,9 @@ def compare(engine, prompts: list[str], spec: SpecConfig, sampling: SamplingPara
     baseline_spec = dataclasses.replace(spec, method="none")
     results = []
     for index, (prompt, tokens) in enumerate(zip(prompts, encoded)):
+        # Prompts are independent requests: what a learning proposer (the n-gram pool) saw
+        # in earlier prompts' outputs must not help it here.
+        engine.reset_chat()
         runs = {}
         for label, config in (("baseline", baseline_spec), ("speculative", spec)):
             request = GenerationRequest(tuple(tokens), max_tokens=max_tokens, sampling=sampling, spec=config)

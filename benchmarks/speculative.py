@@ -68,7 +68,19 @@ def memory_probe(target: str, draft: str | None, method: str, prompts: list[str]
         request = GenerationRequest(tuple(engine.tokenize(prompt)), max_tokens=64, spec=spec)
         for _ in engine.generate(request, threading.Event()):
             pass
-    print(json.dumps({"peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}))
+    print(json.dumps({"peak_rss_bytes": peak_rss_bytes()}))
+
+
+def peak_rss_bytes() -> int:
+    """This process's peak resident set. Linux keeps ru_maxrss across exec (a child started
+    from a large parent would report the parent's peak), so VmHWM is read where it exists."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
 def main() -> int:

@@ -77,7 +77,7 @@ def test_cancel_stops_between_steps(engine):
 
 def test_logits_after_rejected_draft_equal_fresh_evaluation(demo_family):
     """Equal within float noise: llama.cpp keeps keys and values in f16 and sums in an
-    order that depends on the batch shape, so logits move by ~1e-3 between batchings."""
+    order that depends on the batch shape, so logits move by up to ~2e-3 between batchings."""
     model = GgufModel(demo_family["target_gguf"])
     tokens = model.tokenize(PROMPTS[4])
     rolled = GgufContext(model, 256, 2)
@@ -91,14 +91,15 @@ def test_logits_after_rejected_draft_equal_fresh_evaluation(demo_family):
 
     fresh = GgufContext(model, 256, 2)
     fresh_logits = fresh.decode(tokens + [next_token])[-1]
-    np.testing.assert_allclose(after_rollback, fresh_logits, rtol=0, atol=2e-3)
+    np.testing.assert_allclose(after_rollback, fresh_logits, rtol=0, atol=5e-3)
+    assert np.argmax(after_rollback) == np.argmax(fresh_logits)
     # Partially accepted: keep two draft tokens, reject the rest.
     rolled.rollback(n_past)
     rolled.decode([tokens[-1], 11, 12, 13, 14])
     rolled.rollback(n_past + 3)
     partial = rolled.decode([next_token])[-1]
     fresh.rollback(0)
-    np.testing.assert_allclose(partial, fresh.decode(tokens + [11, 12, next_token])[-1], rtol=0, atol=2e-3)
+    np.testing.assert_allclose(partial, fresh.decode(tokens + [11, 12, next_token])[-1], rtol=0, atol=5e-3)
     rolled.close(), fresh.close(), model.close()
 
 
@@ -136,25 +137,30 @@ def _chi_square_same(a: Counter, b: Counter, min_expected: float = 5.0) -> float
 def test_sampling_distribution_matches_plain_sampling(engine, demo_family, method):
     """At T=0.8, top-p 0.95 the tokens at positions 0 and 2 follow plain sampling.
 
-    4000 runs per arm. The power check requires the same test to reject a copy of the
-    plain sample with 5% of its mass moved onto one of its rarer tokens.
+    4000 runs per arm. Power check: the same test must reject the speculative sample with
+    5% of its draws replaced by one moderately likely token (a ~5% total-variation shift).
     """
     sampling = SamplingParams(temperature=0.8, top_p=0.95)
-    # A repetitive prompt, so n-gram lookup drafts on most steps and drafts get accepted.
-    prompt = engine.tokenize("    def get_x(self):\n        return self.x\n\n    def get_y(self):\n"
-                             "        return self.y\n\n" * 3 + "    def get_z(self):\n")
+    if method == "ngram":  # repetitive, so prompt lookup drafts on most steps
+        text = ("    def get_x(self):\n        return self.x\n\n    def get_y(self):\n"
+                "        return self.y\n\n" * 3 + "    def get_z(self):\n")
+    else:  # code where the small draft agrees with the target often enough
+        text = PROMPTS[0]
+    prompt = engine.tokenize(text)
     spec = SpecConfig(method=method, k=4, draft_path=demo_family["draft_gguf"] if method == "draft" else None)
     runs, positions = 4000, (0, 2)
     plain, _ = _token_counts(engine, prompt, SpecConfig(), sampling, runs, positions)
     speculative, accepted = _token_counts(engine, prompt, spec, sampling, runs, positions)
     assert accepted > runs // 4, f"only {accepted} draft tokens accepted: the test would not exercise acceptance"
+    rng = np.random.default_rng(0)
     for position in positions:
         p_value = _chi_square_same(plain[position], speculative[position])
         assert p_value > 0.01, (f"{method} position {position}: p = {p_value:.4g}\n"
                                 f"{plain[position].most_common(8)}\n{speculative[position].most_common(8)}")
-        # 95% of the plain distribution plus 5% on one of its rarer tokens: ~5% total variation.
-        shifted = Counter({t: round(0.95 * c) for t, c in plain[position].items()})
-        shifted[plain[position].most_common(5)[-1][0]] += round(0.05 * runs)
+        draws = np.array(list(speculative[position].elements()))
+        rng.shuffle(draws)
+        draws[: runs // 20] = plain[position].most_common(5)[-1][0]
+        shifted = Counter(draws.tolist())
         assert _chi_square_same(plain[position], shifted) < 0.01, "the sample is too small to detect a 5% shift"
 
 

@@ -139,7 +139,11 @@ def _verified_units(out: Path, manifest: dict, progress: Progress) -> set[str]:
 
 def _derive(trained: Path, card: dict, out: Path, progress: Progress) -> None:
     manifest_path = out / MANIFEST
-    identity = {"export_version": EXPORT_VERSION, "recipe_key": card["recipe_key"], "sources": card["files"]}
+    # The card itself is part of the identity: a retrained family with the same weights but
+    # new figures (loss curve, timings) must not keep serving the old card.
+    card_digest = hashlib.sha256(json.dumps(card, sort_keys=True).encode()).hexdigest()
+    identity = {"export_version": EXPORT_VERSION, "recipe_key": card["recipe_key"], "sources": card["files"],
+                "card_sha256": card_digest}
     try:
         manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
     except (OSError, json.JSONDecodeError):
