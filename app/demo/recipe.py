@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from .corpus import iter_corpus, split_corpus
+from .install import sha256_file
 from .model import ModelConfig
 from .tokenizer import CHAT_TEMPLATE, special_ids, train_tokenizer
 from .train import TrainConfig, log
@@ -78,14 +79,6 @@ SMALL = FamilySpec(
 )
 
 FAMILIES = {"full": FULL, "small": SMALL}
-
-
-def sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def _encode(tokenizer, texts: list[str], bos: int, eos: int) -> np.ndarray:

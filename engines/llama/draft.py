@@ -7,14 +7,9 @@ from typing import Sequence
 
 import numpy as np
 
-from ..spec.verify import sampling_probs
+from ..spec.verify import sample, sampling_probs
 from ..types import Draft, SamplingParams
 from .binding import GgufContext
-
-
-def sample_from(probs: np.ndarray, rng: np.random.Generator) -> int:
-    cumulative = np.cumsum(probs)
-    return int(min(np.searchsorted(cumulative, rng.random() * cumulative[-1], side="right"), len(probs) - 1))
 
 
 class DraftModelProposer:
@@ -54,7 +49,7 @@ class DraftModelProposer:
                 q = sampling_probs(logits, self.sampling)
                 if self.p_min > 0 and i > 0 and q.max() < self.p_min:
                     break
-                token = sample_from(q, self.rng)
+                token = sample(q, self.rng)
                 probs.append(q)
             tokens.append(token)
             if i + 1 < k:
