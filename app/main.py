@@ -243,6 +243,8 @@ def cmd_screenshot(args) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="specdesk", description=__doc__)
+    parser.add_argument("--selftest", action="store_true",
+                        help="check this install offscreen (demo family, llama.cpp, speculative = greedy) and exit")
     sub = parser.add_subparsers(dest="command")
 
     p = sub.add_parser("compare", help="run baseline and speculative decoding on the same prompts")
@@ -281,6 +283,10 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Optional[list[str]] = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    if args.selftest:
+        from specdesk.app.selftest import run_selftest
+
+        return run_selftest()
     if args.command is None:
         args.func = cmd_gui
     try:
