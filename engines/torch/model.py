@@ -1,0 +1,258 @@
+"""A compact Llama-family decoder (Llama, Mistral, Qwen2/2.5, Qwen3) with a static KV cache.
+
+gpt-fast in spirit: attribute names are the Hugging Face tensor names, so loading is a loop
+over the module's state dict with a shape check per tensor. The KV cache is allocated once
+and written by position; rolling back a rejected draft means writing over it later.
+Hidden-state taps (H[i]: the residual stream entering layer i, H[L] the last layer's output)
+are what the MTP and DFlash drafters read.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Optional, Sequence
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from ..types import SpecDeskError
+
+ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM",
+                 "MiMoForCausalLM")
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    vocab_size: int
+    hidden_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    intermediate_size: int
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 10000.0
+    max_position_embeddings: int = 4096
+    tie_word_embeddings: bool = False
+    attention_bias: bool = False  # Qwen2: q/k/v carry biases
+    qk_norm: bool = False  # Qwen3: RMSNorm over head_dim on q and k
+    rope_scaling: Optional[dict] = None
+    architecture: str = "LlamaForCausalLM"
+
+
+def config_from_hf(raw: dict, source: str) -> ModelConfig:
+    """Read a transformers config.json dict; refuse what this implementation cannot run."""
+    architecture = (raw.get("architectures") or ["LlamaForCausalLM"])[0]
+    if architecture not in ARCHITECTURES:
+        raise SpecDeskError(f"{source}: architecture {architecture} is not supported by the PyTorch engine "
+                            f"(supported: {', '.join(ARCHITECTURES)})")
+    try:
+        heads = int(raw["num_attention_heads"])
+        hidden = int(raw["hidden_size"])
+        model_type = raw.get("model_type", "llama")
+        rope_scaling = raw.get("rope_scaling")
+        if rope_scaling and rope_scaling.get("rope_type", rope_scaling.get("type")) not in ("llama3", "default", None):
+            raise SpecDeskError(f"{source}: rope_scaling type {rope_scaling.get('rope_type')!r} is not supported "
+                                "(supported: llama3, none)")
+        return ModelConfig(
+            vocab_size=int(raw["vocab_size"]),
+            hidden_size=hidden,
+            num_hidden_layers=int(raw["num_hidden_layers"]),
+            num_attention_heads=heads,
+            num_key_value_heads=int(raw.get("num_key_value_heads") or heads),
+            head_dim=int(raw.get("head_dim") or hidden // heads),
+            intermediate_size=int(raw["intermediate_size"]),
+            rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
+            rope_theta=float(raw.get("rope_theta", 10000.0)),
+            max_position_embeddings=int(raw.get("max_position_embeddings", 4096)),
+            tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
+            attention_bias=bool(raw.get("attention_bias", model_type in ("qwen2", "mimo"))),
+            qk_norm=model_type == "qwen3",
+            rope_scaling=rope_scaling or None,
+            architecture=architecture,
+        )
+    except KeyError as e:
+        raise SpecDeskError(f"{source}: config.json has no {e.args[0]!r}") from e
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x32 = x.float()
+        normed = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return (normed * self.weight.float()).to(x.dtype)
+
+
+def inverse_frequencies(config: ModelConfig) -> torch.Tensor:
+    inv_freq = 1.0 / (config.rope_theta ** (torch.arange(0, config.head_dim, 2, dtype=torch.float64) / config.head_dim))
+    scaling = config.rope_scaling
+    if scaling and scaling.get("rope_type", scaling.get("type")) == "llama3":
+        factor = scaling["factor"]
+        low, high = scaling.get("low_freq_factor", 1.0), scaling.get("high_freq_factor", 4.0)
+        old_context = scaling["original_max_position_embeddings"]
+        wavelength = 2 * math.pi / inv_freq
+        smooth = (old_context / wavelength - low) / (high - low)
+        scaled = (1 - smooth) * inv_freq / factor + smooth * inv_freq
+        inv_freq = torch.where(wavelength > old_context / low, inv_freq / factor,
+                               torch.where(wavelength < old_context / high, inv_freq, scaled))
+    return inv_freq
+
+
+def rope_tables(config: ModelConfig, length: int) -> tuple[torch.Tensor, torch.Tensor]:
+    angles = torch.outer(torch.arange(length, dtype=torch.float64), inverse_frequencies(config))  # (T, D/2)
+    angles = torch.cat([angles, angles], dim=-1)  # (T, head_dim): Hugging Face half-rotation layout
+    return angles.cos().float(), angles.sin().float()
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+    return (x.float() * cos + rotated.float() * sin).to(x.dtype)
+
+
+class KVCache(nn.Module):
+    """Keys and values of one layer for max_len positions, allocated once."""
+
+    def __init__(self, n_kv_heads: int, max_len: int, head_dim: int, dtype: torch.dtype, device):
+        super().__init__()
+        shape = (1, n_kv_heads, max_len, head_dim)
+        self.register_buffer("k", torch.zeros(shape, dtype=dtype, device=device), persistent=False)
+        self.register_buffer("v", torch.zeros(shape, dtype=dtype, device=device), persistent=False)
+
+    def write(self, start: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Store rows at start.. and return everything up to their end: (1, n_kv, end, head_dim)."""
+        end = start + k.shape[2]
+        self.k[:, :, start:end] = k
+        self.v[:, :, start:end] = v
+        return self.k[:, :, :end], self.v[:, :, :end]
+
+
+def causal_mask(start: int, rows: int, device) -> torch.Tensor:
+    """(rows, start + rows) boolean: row i (at position start + i) sees keys 0..start + i."""
+    keys = torch.arange(start + rows, device=device)
+    return keys[None, :] <= (start + torch.arange(rows, device=device))[:, None]
+
+
+class Attention(nn.Module):
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.n_head, self.n_kv, self.head_dim = config.num_attention_heads, config.num_key_value_heads, config.head_dim
+        bias = config.attention_bias
+        self.q_proj = nn.Linear(config.hidden_size, self.n_head * self.head_dim, bias=bias)
+        self.k_proj = nn.Linear(config.hidden_size, self.n_kv * self.head_dim, bias=bias)
+        self.v_proj = nn.Linear(config.hidden_size, self.n_kv * self.head_dim, bias=bias)
+        self.o_proj = nn.Linear(self.n_head * self.head_dim, config.hidden_size, bias=False)
+        if config.qk_norm:
+            self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
+            self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
+        self.cache: Optional[KVCache] = None
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, start: int,
+                mask: torch.Tensor) -> torch.Tensor:
+        B, T, _ = x.shape
+        q = self.q_proj(x).view(B, T, self.n_head, self.head_dim)
+        k = self.k_proj(x).view(B, T, self.n_kv, self.head_dim)
+        v = self.v_proj(x).view(B, T, self.n_kv, self.head_dim).transpose(1, 2)  # (B, n_kv, T, head_dim)
+        if hasattr(self, "q_norm"):
+            q, k = self.q_norm(q), self.k_norm(k)
+        q = apply_rope(q.transpose(1, 2), cos, sin)  # (B, n_head, T, head_dim)
+        k = apply_rope(k.transpose(1, 2), cos, sin)  # (B, n_kv, T, head_dim)
+        if self.cache is not None:
+            k, v = self.cache.write(start, k, v)  # (1, n_kv, start + T, head_dim)
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=self.n_kv != self.n_head)
+        return self.o_proj(y.transpose(1, 2).reshape(B, T, -1))
+
+
+class FeedForward(nn.Module):
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.gate_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.self_attn = Attention(config)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.mlp = FeedForward(config)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, start: int,
+                mask: torch.Tensor) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, start, mask)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class Backbone(nn.Module):
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(config) for _ in range(config.num_hidden_layers))
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+
+
+@dataclass(frozen=True)
+class ForwardOutput:
+    logits: torch.Tensor  # (T, vocab) float32
+    hidden: torch.Tensor  # (T, d) after the final norm: what the lm_head reads
+    taps: dict[int, torch.Tensor]  # i -> (T, d) H[i], the residual stream entering layer i
+
+
+class Transformer(nn.Module):
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.config = config
+        self.model = Backbone(config)
+        if not config.tie_word_embeddings:
+            self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.max_len = 0
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        weight = self.model.embed_tokens.weight if self.config.tie_word_embeddings else self.lm_head.weight
+        return F.linear(hidden, weight).float()
+
+    def setup_cache(self, max_len: int) -> None:
+        """Allocate keys and values for max_len positions once; rope tables to match."""
+        weight = self.model.embed_tokens.weight
+        for layer in self.model.layers:
+            layer.self_attn.cache = KVCache(self.config.num_key_value_heads, max_len, self.config.head_dim,
+                                            weight.dtype, weight.device)
+        cos, sin = rope_tables(self.config, max_len)
+        self.rope_cos, self.rope_sin = cos.to(weight.device), sin.to(weight.device)
+        self.max_len = max_len
+
+    @torch.inference_mode()
+    def forward(self, tokens: torch.Tensor, start: int, taps: Sequence[int] = (),
+                logits_from: int = 0) -> ForwardOutput:
+        """Run tokens (T,) at positions start..start+T-1 against the cache.
+
+        Logits are computed for rows logits_from.. only (prompt processing needs one row).
+        """
+        T = tokens.shape[0]
+        if start + T > self.max_len:
+            raise SpecDeskError(f"positions up to {start + T} exceed the KV cache of {self.max_len}")
+        cos = self.rope_cos[start:start + T]  # (T, head_dim)
+        sin = self.rope_sin[start:start + T]
+        mask = causal_mask(start, T, tokens.device)
+        x = self.model.embed_tokens(tokens)[None]  # (1, T, d)
+        wanted = set(taps)
+        captured: dict[int, torch.Tensor] = {}
+        for index, layer in enumerate(self.model.layers):
+            if index in wanted:
+                captured[index] = x[0]
+            x = layer(x, cos, sin, start, mask)
+        if self.config.num_hidden_layers in wanted:
+            captured[self.config.num_hidden_layers] = x[0]
+        hidden = self.model.norm(x)[0]  # (T, d)
+        return ForwardOutput(self.logits(hidden[logits_from:]), hidden, captured)
