@@ -1,0 +1,494 @@
+"""The model library: every model file SpecDesk can see on this machine, with its metadata.
+
+Sources: the Hugging Face hub cache (huggingface_hub's own scan, so files are shared with
+every HF tool), the demo family if it was built, folders or files the user added, and the
+GGUF files other apps already downloaded (LM Studio, Ollama, Jan, GPT4All, llama.cpp's
+cache; their locations per OS are kept in assets/model_sources.json). Files are always
+read in place, never copied. Reading one model never stops the scan: a corrupt file is
+listed with its error.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+import sys
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Callable, Iterable, Iterator, Optional
+
+from .paths import assets_dir, cache_dir
+
+GGUF_MAGIC = b"GGUF"
+MAX_FOLDER_DEPTH = 5  # user folders are walked this deep, no deeper
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth")
+DRAFTER_ARCHITECTURES = ("dflash", "eagle3")
+# tokenizer.ggml.model -> the vocab type names llama.cpp reports (engines/llama/binding.py)
+GGUF_VOCAB_TYPES = {"no_vocab": "none", "llama": "spm", "gpt2": "bpe", "bert": "wpm", "t5": "ugm",
+                    "rwkv": "rwkv", "plamo2": "plamo2"}
+
+
+@dataclass(frozen=True)
+class Shape:
+    """Dimensions that decide the KV cache and compute buffers (0 when unknown)."""
+
+    n_layer: int = 0
+    n_embd: int = 0
+    n_ff: int = 0
+    n_head: int = 0
+    n_head_kv: int = 0
+    key_length: int = 0
+    value_length: int = 0
+
+
+@dataclass(frozen=True)
+class ModelEntry:
+    path: str  # a GGUF file, or an HF checkpoint folder
+    format: str  # "gguf" or "hf"
+    source: str  # "hf-cache", "demo", "user", or an app name from assets/model_sources.json
+    name: str
+    architecture: Optional[str] = None
+    parameters: Optional[int] = None
+    quantization: Optional[str] = None
+    context_length: Optional[int] = None
+    vocab_type: Optional[str] = None
+    vocab_size: Optional[int] = None
+    chat_template: bool = False
+    mtp_layers: int = 0  # MTP (nextn) layers in the file or config
+    drafter: Optional[str] = None  # "dflash" or "eagle3" when this model is itself a drafter checkpoint
+    drafter_config: dict = field(default_factory=dict)  # the drafter's own settings (block size, layer ids)
+    size_bytes: int = 0  # on disk
+    weights_bytes: int = 0  # tensor data only (what llama.cpp maps)
+    shape: Shape = field(default_factory=Shape)
+    repo_id: Optional[str] = None  # hub repository, for files from the hub cache
+    error: Optional[str] = None  # why the file could not be read; the other fields are then mostly empty
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+    def to_json(self) -> dict:
+        data = asdict(self)
+        data["shape"] = asdict(self.shape)
+        return data
+
+
+# --- GGUF ------------------------------------------------------------------------
+def _field(reader, key: str):
+    f = reader.fields.get(key)
+    if f is None:
+        return None
+    try:
+        return f.contents()
+    except (ValueError, IndexError, UnicodeDecodeError):
+        return None
+
+
+def _array_length(reader, key: str) -> Optional[int]:
+    f = reader.fields.get(key)
+    return len(f.data) if f is not None else None  # without decoding 150k strings
+
+
+def _quantization(reader) -> Optional[str]:
+    from gguf import GGMLQuantizationType, LlamaFileType
+
+    file_type = _field(reader, "general.file_type")
+    if isinstance(file_type, int):
+        try:
+            return LlamaFileType(file_type).name.removeprefix("MOSTLY_").removeprefix("ALL_")
+        except ValueError:
+            pass
+    counts: dict[str, int] = {}
+    for t in reader.tensors:
+        name = GGMLQuantizationType(t.tensor_type).name
+        counts[name] = counts.get(name, 0) + int(t.n_elements)
+    return max(counts, key=counts.get) if counts else None
+
+
+def read_gguf(path: Path, source: str, name: Optional[str] = None, repo_id: Optional[str] = None) -> ModelEntry:
+    """Metadata of one GGUF file, from its header only (tensor data is never read)."""
+    from gguf import GGUFReader
+
+    path = Path(path)
+    size = path.stat().st_size
+    reader = GGUFReader(str(path))
+    arch = str(_field(reader, "general.architecture") or "")
+    weights = 0
+    parameters = 0
+    for tensor in reader.tensors:
+        end = tensor.data_offset + tensor.n_bytes
+        if end > size:
+            raise ValueError(f"truncated: tensor {tensor.name} ends at byte {end} but the file has {size} bytes")
+        weights += int(tensor.n_bytes)
+        parameters += int(tensor.n_elements)
+
+    def meta(key: str, default=None):
+        value = _field(reader, f"{arch}.{key}")
+        return default if value is None else value
+
+    n_head = int(meta("attention.head_count", 0) or 0)
+    n_embd = int(meta("embedding_length", 0) or 0)
+    head_dim = n_embd // n_head if n_head else 0
+    shape = Shape(n_layer=int(meta("block_count", 0) or 0), n_embd=n_embd, n_ff=int(meta("feed_forward_length", 0) or 0),
+                  n_head=n_head, n_head_kv=int(meta("attention.head_count_kv", n_head) or n_head),
+                  key_length=int(meta("attention.key_length", head_dim) or head_dim),
+                  value_length=int(meta("attention.value_length", head_dim) or head_dim))
+    tokenizer_model = _field(reader, "tokenizer.ggml.model")
+    vocab_size = _array_length(reader, "tokenizer.ggml.tokens") or meta("vocab_size")
+    drafter = arch if arch in DRAFTER_ARCHITECTURES else None
+    drafter_config = {}
+    if drafter:
+        drafter_config = {key.split(".", 1)[1]: _field(reader, key) for key in reader.fields
+                          if key.startswith(f"{arch}.") and not isinstance(_field(reader, key), list)}
+    return ModelEntry(
+        path=str(path), format="gguf", source=source,
+        name=name or str(_field(reader, "general.name") or path.name),
+        architecture=arch or None, parameters=parameters, quantization=_quantization(reader),
+        context_length=meta("context_length"),
+        vocab_type=GGUF_VOCAB_TYPES.get(str(tokenizer_model), tokenizer_model) if tokenizer_model else None,
+        vocab_size=int(vocab_size) if vocab_size is not None else None,
+        chat_template=bool(_field(reader, "tokenizer.chat_template")),
+        mtp_layers=int(meta("nextn_predict_layers", 0) or 0),
+        drafter=drafter, drafter_config=drafter_config,
+        size_bytes=size, weights_bytes=weights, shape=shape, repo_id=repo_id,
+    )
+
+
+# --- HF checkpoint folders ----------------------------------------------------------
+def _safetensors_parameters(path: Path) -> tuple[int, int]:
+    """(parameters, tensor bytes) from a safetensors header, reading nothing else."""
+    with open(path, "rb") as f:
+        (length,) = struct.unpack("<Q", f.read(8))
+        if length > 100_000_000:
+            raise ValueError(f"{path.name}: safetensors header of {length} bytes is not plausible")
+        header = json.loads(f.read(length))
+    parameters = nbytes = 0
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        count = 1
+        for dim in info["shape"]:
+            count *= int(dim)
+        parameters += count
+        start, end = info["data_offsets"]
+        nbytes += int(end) - int(start)
+    return parameters, nbytes
+
+
+def drafter_kind(config: dict) -> Optional[str]:
+    """'dflash' or 'eagle3' for a drafter checkpoint's config.json, else None."""
+    architectures = " ".join(config.get("architectures") or []).lower()
+    if "dflash" in architectures or "dflash_config" in config:
+        return "dflash"
+    if "eagle3" in architectures or "eagle_config" in config or "draft_vocab_size" in config:
+        return "eagle3"
+    return None
+
+
+def read_hf_folder(folder: Path, source: str, name: Optional[str] = None,
+                   repo_id: Optional[str] = None) -> ModelEntry:
+    folder = Path(folder)
+    config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    if not isinstance(config, dict):
+        raise ValueError("config.json is not a JSON object")
+    text = config.get("text_config") if isinstance(config.get("text_config"), dict) else {}
+
+    def key(name: str, default=None):
+        return config.get(name, text.get(name, default))
+
+    parameters = weights = size = 0
+    for file in folder.iterdir():
+        if file.is_file():
+            size += file.stat().st_size
+        if file.suffix == ".safetensors":
+            p, b = _safetensors_parameters(file)
+            parameters, weights = parameters + p, weights + b
+    drafter = drafter_kind(config)
+    drafter_config = {}
+    if drafter == "dflash":
+        drafter_config = {**(config.get("dflash_config") or {}),
+                          **{k: config[k] for k in ("block_size", "num_target_layers") if k in config}}
+    elif drafter == "eagle3":
+        drafter_config = {k: config[k] for k in ("draft_vocab_size", "eagle_aux_hidden_state_layer_ids",
+                                                 "eagle_config") if k in config}
+    n_head = int(key("num_attention_heads", 0) or 0)
+    n_embd = int(key("hidden_size", 0) or 0)
+    head_dim = int(key("head_dim", 0) or (n_embd // n_head if n_head else 0))
+    tokenizer = folder / "tokenizer.json"
+    return ModelEntry(
+        path=str(folder), format="hf", source=source, name=name or folder.name,
+        architecture=", ".join(config.get("architectures") or []) or config.get("model_type"),
+        parameters=parameters or None, quantization=str(key("torch_dtype") or key("dtype") or "") or None,
+        context_length=key("max_position_embeddings"),
+        vocab_type="tokenizer.json" if tokenizer.exists() else None, vocab_size=key("vocab_size"),
+        chat_template=(folder / "chat_template.jinja").exists() or _has_chat_template(folder),
+        mtp_layers=int(key("num_nextn_predict_layers", 0) or key("mtp_num_hidden_layers", 0) or 0),
+        drafter=drafter, drafter_config=drafter_config, size_bytes=size, weights_bytes=weights,
+        shape=Shape(n_layer=int(key("num_hidden_layers", 0) or 0), n_embd=n_embd,
+                    n_ff=int(key("intermediate_size", 0) or 0), n_head=n_head,
+                    n_head_kv=int(key("num_key_value_heads", n_head) or n_head), key_length=head_dim,
+                    value_length=head_dim),
+        repo_id=repo_id,
+    )
+
+
+def _has_chat_template(folder: Path) -> bool:
+    try:
+        config = json.loads((folder / "tokenizer_config.json").read_text(encoding="utf-8"))
+        return bool(config.get("chat_template"))
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
+def is_hf_folder(folder: Path) -> bool:
+    return (folder / "config.json").is_file() and any(
+        p.suffix in WEIGHT_SUFFIXES for p in folder.iterdir() if p.is_file())
+
+
+def is_gguf(path: Path) -> bool:
+    try:
+        with open(path, "rb") as f:
+            return f.read(4) == GGUF_MAGIC
+    except OSError:
+        return False
+
+
+def read_model(path: str | os.PathLike, source: str = "user", name: Optional[str] = None,
+               repo_id: Optional[str] = None) -> ModelEntry:
+    """One model's entry; a file that cannot be read gets an entry with its error, never an exception."""
+    p = Path(path)
+    try:
+        if p.is_dir():
+            return read_hf_folder(p, source, name, repo_id)
+        if not p.exists():
+            raise FileNotFoundError("no such file")
+        if not is_gguf(p):
+            with open(p, "rb") as f:
+                magic = f.read(4)
+            raise ValueError(f"not a GGUF file (it starts with {magic!r}, a GGUF file starts with b'GGUF')")
+        return read_gguf(p, source, name, repo_id)
+    except Exception as e:  # noqa: BLE001 - any damage in one file is reported on its entry
+        fmt = "hf" if p.is_dir() else "gguf"
+        message = str(e) or type(e).__name__
+        return ModelEntry(path=str(p), format=fmt, source=source, name=name or p.name, repo_id=repo_id,
+                          size_bytes=p.stat().st_size if p.is_file() else 0,
+                          error=f"{p}: cannot read this model ({message})")
+
+
+# --- sources -------------------------------------------------------------------------
+def hf_cache_dir() -> Path:
+    """The hub cache every HF tool uses, from the same variables (read now, not at import)."""
+    if os.environ.get("HF_HUB_CACHE"):
+        return Path(os.path.expandvars(os.path.expanduser(os.environ["HF_HUB_CACHE"])))
+    if os.environ.get("HF_HOME"):
+        return Path(os.path.expandvars(os.path.expanduser(os.environ["HF_HOME"]))) / "hub"
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "huggingface" / "hub"
+
+
+def scan_hf_cache(root: Optional[Path] = None) -> Iterator[ModelEntry]:
+    """GGUF files and checkpoint folders in the hub cache, newest revision of each repository."""
+    from huggingface_hub import scan_cache_dir
+    from huggingface_hub.errors import CacheNotFound
+
+    root = Path(root) if root is not None else hf_cache_dir()
+    try:
+        info = scan_cache_dir(root)
+    except CacheNotFound:
+        return
+    for repo in sorted(info.repos, key=lambda r: r.repo_id):
+        if repo.repo_type != "model" or not repo.revisions:
+            continue
+        revision = max(repo.revisions, key=lambda r: (bool(r.refs), r.last_modified))
+        files = sorted(revision.files, key=lambda f: str(f.file_path))
+        for f in files:
+            if f.file_name.endswith(".gguf"):
+                rel = f.file_path.relative_to(revision.snapshot_path).as_posix()
+                yield read_model(f.file_path, "hf-cache", f"{repo.repo_id}/{rel}", repo.repo_id)
+        folders = {f.file_path.parent for f in files if f.file_name == "config.json"}
+        for folder in sorted(folders):
+            if is_hf_folder(folder):
+                rel = folder.relative_to(revision.snapshot_path).as_posix()
+                yield read_model(folder, "hf-cache", repo.repo_id + ("" if rel == "." else f"/{rel}"), repo.repo_id)
+
+
+def demo_family_paths(root: Optional[Path] = None) -> list[Path]:
+    """The demo family's GGUF files and HF folders that are already built (nothing is built here)."""
+    from .demo.install import MANIFEST, UNIT_PATHS
+
+    root = Path(root) if root is not None else cache_dir() / "demo"
+    found: list[Path] = []
+    if not root.is_dir():
+        return found
+    for build in sorted(root.iterdir()):
+        if not (build / MANIFEST).is_file():
+            continue
+        for unit in ("target_gguf", "draft_gguf", "target_hf", "draft_hf"):
+            if (build / UNIT_PATHS[unit]).exists():
+                found.append(build / UNIT_PATHS[unit])
+    return found
+
+
+def walk_models(root: Path, max_depth: int = MAX_FOLDER_DEPTH) -> Iterator[Path]:
+    """GGUF files and HF checkpoint folders under a folder (or the path itself)."""
+    root = Path(root)
+    if root.is_file():
+        if root.suffix == ".gguf" or is_gguf(root):
+            yield root
+        return
+    if not root.is_dir():
+        return
+    if is_hf_folder(root):
+        yield root
+    try:
+        children = sorted(root.iterdir())
+    except OSError:
+        return
+    for child in children:
+        if child.name.startswith("."):
+            continue
+        if child.is_file() and child.suffix == ".gguf":
+            yield child
+        elif child.is_dir() and max_depth > 0:
+            yield from walk_models(child, max_depth - 1)
+
+
+def platform_key() -> str:
+    if sys.platform.startswith("win"):
+        return "windows"
+    if sys.platform == "darwin":
+        return "macos"
+    return "linux"
+
+
+def load_sources(path: Optional[Path] = None) -> dict:
+    path = Path(path) if path is not None else assets_dir() / "model_sources.json"
+    return json.loads(path.read_text(encoding="utf-8"))["sources"]
+
+
+def expand_location(location: str, env: Optional[dict] = None) -> Optional[Path]:
+    """`~`, $VAR and %VAR% expanded; None when it names a variable that is not set."""
+    env = os.environ if env is None else env
+    for token in ("$", "%"):
+        if token in location:
+            import re
+
+            names = re.findall(r"\$\{?(\w+)\}?|%(\w+)%", location)
+            for a, b in names:
+                if not env.get(a or b):
+                    return None
+            for a, b in names:
+                var = a or b
+                location = (location.replace("${" + var + "}", env[var]).replace("$" + var, env[var])
+                            .replace(f"%{var}%", env[var]))
+            break
+    return Path(os.path.expanduser(location))
+
+
+def source_locations(name: str, sources: Optional[dict] = None, platform: Optional[str] = None,
+                     env: Optional[dict] = None) -> list[Path]:
+    sources = sources if sources is not None else load_sources()
+    spec = sources[name]
+    out: list[Path] = []
+    for location in spec.get("paths", {}).get(platform or platform_key(), []):
+        path = expand_location(location, env)
+        if path is not None and path not in out:
+            out.append(path)
+    return out
+
+
+def ollama_models(store: Path) -> Iterator[tuple[str, Path]]:
+    """(name:tag, GGUF blob) for each manifest in an Ollama store; blobs are read in place."""
+    manifests = store / "manifests"
+    if not manifests.is_dir():
+        return
+    for manifest in sorted(p for p in manifests.rglob("*") if p.is_file()):
+        parts = manifest.relative_to(manifests).parts  # registry / namespace / model / tag
+        label = "/".join(parts[1:-1]) + f":{parts[-1]}" if len(parts) >= 3 else manifest.name
+        if label.startswith("library/"):
+            label = label[len("library/"):]
+        try:
+            layers = json.loads(manifest.read_text(encoding="utf-8")).get("layers", [])
+        except (OSError, ValueError, AttributeError):
+            continue
+        for layer in layers:
+            if layer.get("mediaType") == "application/vnd.ollama.image.model" and layer.get("digest"):
+                yield label, store / "blobs" / layer["digest"].replace(":", "-")
+
+
+def scan_app_source(name: str, spec: dict, roots: Iterable[Path]) -> Iterator[ModelEntry]:
+    for root in roots:
+        if not root.is_dir():
+            continue
+        if spec.get("layout") == "ollama":
+            for label, blob in ollama_models(root):
+                yield read_model(blob, name, f"{label} (Ollama)")
+        else:
+            for path in walk_models(root):
+                if path.is_file():
+                    yield read_model(path, name, path.relative_to(root).as_posix())
+
+
+@dataclass
+class LibraryConfig:
+    """What to scan. Each app source can be switched off (settings.model_sources)."""
+
+    hf_cache: Optional[Path] = None  # None: the standard location; use a missing folder to skip
+    include_hf_cache: bool = True
+    demo_root: Optional[Path] = None  # None: cache_dir()/demo
+    include_demo: bool = True
+    user_paths: list = field(default_factory=list)  # files or folders
+    sources: dict = field(default_factory=dict)  # app name -> enabled (missing: enabled)
+    include_apps: bool = True
+    platform: Optional[str] = None
+    env: Optional[dict] = None  # environment for app locations (tests give their own)
+    sources_file: Optional[Path] = None
+
+    @classmethod
+    def from_settings(cls, settings) -> "LibraryConfig":
+        return cls(user_paths=list(getattr(settings, "library_paths", []) or []),
+                   sources=dict(getattr(settings, "model_sources", {}) or {}))
+
+
+def scan_library(config: Optional[LibraryConfig] = None,
+                 progress: Optional[Callable[[str], None]] = None) -> list[ModelEntry]:
+    """Every model of every enabled source, each path once (the first source that finds it)."""
+    config = config or LibraryConfig()
+    say = progress or (lambda message: None)
+    entries: list[ModelEntry] = []
+    seen: set[str] = set()
+
+    def add(batch: Iterable[ModelEntry]) -> None:
+        for entry in batch:
+            key = os.path.realpath(entry.path)
+            if key not in seen:
+                seen.add(key)
+                entries.append(entry)
+
+    if config.include_hf_cache:
+        say("scanning the Hugging Face cache")
+        add(scan_hf_cache(config.hf_cache))
+    if config.include_demo:
+        add(read_model(p, "demo", f"demo {p.parent.name[:8]} {p.name}") for p in demo_family_paths(config.demo_root))
+    for user_path in config.user_paths:
+        say(f"scanning {user_path}")
+        add(read_model(p, "user") for p in walk_models(Path(user_path)))
+    if config.include_apps:
+        sources = load_sources(config.sources_file)
+        for name, spec in sources.items():
+            if not config.sources.get(name, True):
+                continue
+            roots = source_locations(name, sources, config.platform, config.env)
+            say(f"scanning {spec.get('label', name)}")
+            add(scan_app_source(name, spec, roots))
+    return entries
+
+
+def find_entry(entries: Iterable[ModelEntry], path: str | os.PathLike) -> Optional[ModelEntry]:
+    key = os.path.realpath(path)
+    return next((e for e in entries if os.path.realpath(e.path) == key), None)
+
+
+def with_source(entry: ModelEntry, source: str) -> ModelEntry:
+    return replace(entry, source=source)
