@@ -93,13 +93,15 @@ class VocabInfo:
 class GgufModel:
     """A loaded GGUF model: weights, vocabulary, tokenizer."""
 
-    def __init__(self, path: str | os.PathLike, n_gpu_layers: int = 0):
+    def __init__(self, path: str | os.PathLike, n_gpu_layers: int = 0, load_mtp: bool = False):
         self.path = check_gguf_file(path)
         _check_gguf_complete(self.path)
         lib = llama_lib()
         self._lib = lib
         params = lib.llama_model_default_params()
         params.n_gpu_layers = n_gpu_layers
+        params.load_mtp = load_mtp  # NextN layers, for an MTP drafter context over this model
+        self.load_mtp = load_mtp
         _recent_errors.clear()
         self._model = lib.llama_model_load_from_file(str(self.path).encode(), params)
         if not self._model:
@@ -214,6 +216,9 @@ class GgufContext:
         self._batch = lib.llama_batch_init(n_batch, 0, 1)
         self.n_past = 0  # tokens whose keys and values are in the cache
         self.cached: list[int] = []  # those tokens, for prefix reuse
+        # Called as on_decode(tokens, first_position) after every successful llama_decode,
+        # while that batch's hidden states are still readable (MTP, DFlash, EAGLE-3 drafters).
+        self.on_decode = None
 
     def close(self) -> None:
         if getattr(self, "_ctx", None):
@@ -266,6 +271,8 @@ class GgufContext:
             raise SpecDeskError(f"{self.model.path}: llama_decode failed with status {status}")
         self.n_past += n
         self.cached.extend(tokens)
+        if self.on_decode is not None:
+            self.on_decode(tokens, self.n_past - n)
         n_out = sum(want_logits)
         if n_out == 0:
             return np.zeros((0, self.model.n_vocab), dtype=np.float32)
