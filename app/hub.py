@@ -1,0 +1,371 @@
+"""The Hugging Face Hub: search, list a repository's files, download into the standard cache.
+
+Everything speaks huggingface_hub, so `HF_ENDPOINT`, `HF_TOKEN` (or a `hf auth login`
+token) and `HF_HUB_CACHE` / `HF_HOME` work as in every HF tool, and a downloaded file sits
+in the standard cache layout (blobs/, snapshots/<commit>/, refs/) where hf_hub_download,
+transformers and the rest find it.
+
+The transfer itself is a small loop over huggingface_hub's HTTP session instead of
+hf_hub_download, because a download here must (1) stop when the user cancels, between
+chunks, (2) resume after a cancel or a crash without fetching finished bytes again, which
+needs a partial file that outlives the process (`blobs/<etag>.incomplete`, the name older
+huggingface_hub versions used), and (3) check the LFS sha256 (or the git blob id) of what
+arrived before it enters the cache. A file name that would escape the cache is refused
+before any request, and free disk space is checked before the first byte.
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import os
+import re
+import shutil
+import threading
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath, PureWindowsPath
+from typing import Callable, Optional
+from urllib.parse import urlparse
+
+from specdesk.engines.types import SpecDeskError
+
+from .library import hf_cache_dir
+
+DEFAULT_ENDPOINT = "https://huggingface.co"
+REPO_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,95}/[A-Za-z0-9][A-Za-z0-9._-]{0,95}$")
+QUANT = re.compile(r"(?<![A-Za-z0-9])(I?Q\d(?:_[A-Z0-9]+)*|[BM]?F\d{1,2}|BF16|TQ\d_\d)(?![A-Za-z0-9])", re.I)
+COMMIT = re.compile(r"^[0-9a-f]{40}$")
+SHA256 = re.compile(r"^[0-9a-f]{64}$")
+CHUNK_BYTES = 1 << 20
+TIMEOUT_S = 30.0
+
+
+class DownloadCancelled(SpecDeskError):
+    """The user stopped the download; its partial file is kept for resuming."""
+
+
+@dataclass(frozen=True)
+class SearchResult:
+    repo_id: str
+    author: Optional[str]
+    downloads: int
+    likes: int
+    tags: tuple[str, ...]
+    gguf: bool
+    last_modified: Optional[str]
+
+
+@dataclass(frozen=True)
+class RemoteFile:
+    path: str
+    size: int
+    sha256: Optional[str]  # LFS files
+    blob_id: Optional[str]  # git blob sha1
+    quantization: Optional[str]  # from the file name (GGUF)
+
+    @property
+    def is_gguf(self) -> bool:
+        return self.path.endswith(".gguf")
+
+
+@dataclass(frozen=True)
+class DownloadProgress:
+    repo_id: str
+    filename: str
+    done: int  # bytes in the partial file, resumed ones included
+    total: int
+    resumed_from: int  # bytes that were already there when this attempt started
+
+
+def endpoint() -> str:
+    """HF_ENDPOINT, read at call time (a mirror set after start-up still counts)."""
+    return (os.environ.get("HF_ENDPOINT") or DEFAULT_ENDPOINT).rstrip("/")
+
+
+def _api():
+    from huggingface_hub import HfApi
+
+    return HfApi(endpoint=endpoint())  # no token given: huggingface_hub reads HF_TOKEN or the login
+
+
+def check_repo_id(repo_id: str) -> str:
+    if not REPO_ID.match(repo_id or "") or ".." in repo_id:
+        raise SpecDeskError(f"{repo_id!r} is not a repository id: use OWNER/NAME, for example Qwen/Qwen3-8B-GGUF")
+    return repo_id
+
+
+def check_filename(filename: str) -> str:
+    """Refuse a repository file name that would land outside the cache (before any request)."""
+    problem = None
+    if not filename or filename.strip() != filename:
+        problem = "it is empty or has surrounding spaces"
+    elif "\0" in filename or "\\" in filename:
+        problem = "it contains a backslash or a NUL character"
+    elif PurePosixPath(filename).is_absolute() or PureWindowsPath(filename).is_absolute() or \
+            PureWindowsPath(filename).drive or filename.startswith("/"):
+        problem = "it is an absolute path"
+    elif any(part in ("..", ".", "") for part in filename.split("/")):
+        problem = "it has a '..', '.' or empty path segment"
+    if problem:
+        raise SpecDeskError(f"refused file name {filename!r}: {problem}, so it would escape the download folder")
+    return filename
+
+
+def quantization_of(filename: str) -> Optional[str]:
+    if not filename.endswith(".gguf"):
+        return None
+    found = QUANT.findall(Path(filename).stem)
+    return found[-1].upper() if found else None
+
+
+def _explain(error: Exception, what: str) -> SpecDeskError:
+    """One line for a hub error, saying what to do (token, name, network)."""
+    from huggingface_hub.errors import (EntryNotFoundError, GatedRepoError, HfHubHTTPError, RepositoryNotFoundError,
+                                        RevisionNotFoundError)
+
+    if isinstance(error, GatedRepoError):
+        return SpecDeskError(f"{what}: the repository is gated: accept its terms on the hub, then set HF_TOKEN")
+    if isinstance(error, RepositoryNotFoundError):
+        return SpecDeskError(f"{what}: repository not found, or private: check the name, or set HF_TOKEN "
+                             f"to a token that can read it")
+    if isinstance(error, RevisionNotFoundError):
+        return SpecDeskError(f"{what}: no such revision")
+    if isinstance(error, EntryNotFoundError):
+        return SpecDeskError(f"{what}: no such file in the repository")
+    if isinstance(error, HfHubHTTPError):
+        return SpecDeskError(f"{what}: the hub answered: {str(error).splitlines()[0]}")
+    return SpecDeskError(f"{what}: cannot reach {endpoint()} ({type(error).__name__}: {error}); "
+                         f"check the network or HF_ENDPOINT")
+
+
+def _hub_errors():
+    import httpx2
+    from huggingface_hub.errors import HfHubHTTPError
+
+    return (HfHubHTTPError, httpx2.HTTPError, OSError)
+
+
+# --- search and listing ------------------------------------------------------------
+def search(query: str = "", gguf_only: bool = False, author: Optional[str] = None,
+           limit: int = 50) -> list[SearchResult]:
+    """Models whose id contains `query`, most downloaded first."""
+    try:
+        models = list(_api().list_models(search=query or None, author=author or None,
+                                         filter="gguf" if gguf_only else None, sort="downloads", limit=limit))
+    except _hub_errors() as e:
+        raise _explain(e, f"search {query!r}") from e
+    results = []
+    for m in models:
+        tags = tuple(m.tags or ())
+        modified = m.last_modified.isoformat() if getattr(m, "last_modified", None) else None
+        results.append(SearchResult(m.id, m.author, int(m.downloads or 0), int(m.likes or 0), tags,
+                                    "gguf" in tags or (m.library_name == "gguf"), modified))
+    return results
+
+
+def list_files(repo_id: str, revision: Optional[str] = None, folder: Optional[str] = None) -> list[RemoteFile]:
+    """Every file of a repository (or one folder of it), with size, checksum and quantization."""
+    from huggingface_hub.hf_api import RepoFile
+
+    check_repo_id(repo_id)
+    try:
+        tree = list(_api().list_repo_tree(repo_id, path_in_repo=folder, recursive=True, revision=revision))
+    except _hub_errors() as e:
+        raise _explain(e, repo_id) from e
+    files = []
+    for item in tree:
+        if isinstance(item, RepoFile):
+            files.append(RemoteFile(item.path, int(item.size or 0), item.lfs.sha256 if item.lfs else None,
+                                    item.blob_id, quantization_of(item.path)))
+    return sorted(files, key=lambda f: f.path)
+
+
+def remote_file(repo_id: str, filename: str, revision: Optional[str] = None) -> RemoteFile:
+    folder = str(PurePosixPath(filename).parent)
+    for f in list_files(repo_id, revision, None if folder == "." else folder):
+        if f.path == filename:
+            return f
+    raise SpecDeskError(f"{repo_id}: has no file {filename!r}")
+
+
+# --- the cache layout ----------------------------------------------------------------
+def repo_folder(cache: Path, repo_id: str) -> Path:
+    return cache / ("models--" + repo_id.replace("/", "--"))
+
+
+def _link(blob: Path, pointer: Path) -> None:
+    """snapshots/<commit>/<file> -> ../../blobs/<etag>, as huggingface_hub makes it."""
+    pointer.parent.mkdir(parents=True, exist_ok=True)
+    if pointer.exists() or pointer.is_symlink():
+        pointer.unlink()
+    try:
+        os.symlink(os.path.relpath(blob, pointer.parent), pointer)
+    except OSError:  # no symlinks (Windows without developer mode): a hard link, else a copy
+        try:
+            os.link(blob, pointer)
+        except OSError:
+            shutil.copy2(blob, pointer)
+
+
+def _free_bytes(folder: Path) -> tuple[Path, int]:
+    for path in (folder, *folder.parents):
+        if path.exists():
+            return path, shutil.disk_usage(path).free
+    return folder, 0
+
+
+def human_bytes(n: float) -> str:
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if abs(n) < 1000 or unit == "TB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1000
+    return f"{n:.1f} TB"
+
+
+class _Checksum:
+    """The LFS sha256, or the git blob sha1 of a small file; fed with bytes as they arrive."""
+
+    def __init__(self, lfs: bool, size: int):
+        self.lfs = lfs
+        self.digest = hashlib.sha256() if lfs else hashlib.sha1(b"blob %d\0" % size)
+
+    def update(self, data: bytes) -> None:
+        self.digest.update(data)
+
+    def hexdigest(self) -> str:
+        return self.digest.hexdigest()
+
+
+def _resume_state(partial: Path, size: int, lfs: bool) -> tuple[int, _Checksum]:
+    checksum = _Checksum(lfs, size)
+    done = partial.stat().st_size if partial.is_file() else 0
+    if done > size:  # not a prefix of this file: start over
+        partial.unlink()
+        done = 0
+    if done:
+        with open(partial, "rb") as f:
+            for chunk in iter(lambda: f.read(CHUNK_BYTES), b""):
+                checksum.update(chunk)
+    return done, checksum
+
+
+def download(repo_id: str, filename: str, revision: str = "main", cache_dir: Optional[Path] = None,
+             cancel: Optional[threading.Event] = None,
+             progress: Optional[Callable[[DownloadProgress], None]] = None) -> Path:
+    """Download one file into the HF cache; returns its snapshot path. Resumes a partial file."""
+    from huggingface_hub import get_hf_file_metadata, hf_hub_url
+    from huggingface_hub.utils import WeakFileLock
+
+    check_repo_id(repo_id)
+    check_filename(filename)
+    cancel = cancel or threading.Event()
+    cache = Path(cache_dir) if cache_dir is not None else hf_cache_dir()
+    storage = repo_folder(cache, repo_id)
+    what = f"{repo_id}/{filename}"
+    if COMMIT.match(revision) and (storage / "snapshots" / revision / filename).exists():
+        return storage / "snapshots" / revision / filename
+
+    expected = remote_file(repo_id, filename, revision)
+    try:
+        meta = get_hf_file_metadata(hf_hub_url(repo_id, filename, revision=revision, endpoint=endpoint()),
+                                    endpoint=endpoint())
+    except _hub_errors() as e:
+        raise _explain(e, what) from e
+    if not meta.commit_hash or not meta.etag:
+        raise SpecDeskError(f"{what}: {endpoint()} did not send X-Repo-Commit and ETag: is HF_ENDPOINT a hub?")
+    size = meta.size if meta.size is not None else expected.size
+    lfs = expected.sha256 is not None
+    want = expected.sha256 if lfs else (expected.blob_id or meta.etag)
+    blob = storage / "blobs" / meta.etag
+    pointer = storage / "snapshots" / meta.commit_hash / filename
+    if revision != meta.commit_hash:
+        (storage / "refs").mkdir(parents=True, exist_ok=True)
+        (storage / "refs" / revision).write_text(meta.commit_hash)
+    if pointer.exists():
+        return pointer
+    if blob.exists():
+        _link(blob, pointer)
+        return pointer
+
+    partial = blob.with_name(blob.name + ".incomplete")
+    lock = cache / ".locks" / storage.name / f"{meta.etag}.lock"
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    blob.parent.mkdir(parents=True, exist_ok=True)
+    with WeakFileLock(str(lock)):
+        done, checksum = _resume_state(partial, size, lfs)
+        folder, free = _free_bytes(blob.parent)
+        if free < size - done:
+            raise SpecDeskError(f"{what}: not enough disk space: it needs {human_bytes(size - done)} more, "
+                                f"{folder} has {human_bytes(free)} free (the disk is full); free some space "
+                                f"or set HF_HUB_CACHE to a bigger disk")
+        if done < size:
+            done, checksum = _fetch(meta.location, what, partial, done, size, checksum, cancel,
+                                    lambda n, start: progress and progress(
+                                        DownloadProgress(repo_id, filename, n, size, start)))
+        actual = checksum.hexdigest()
+        if want and actual != want:
+            partial.unlink(missing_ok=True)
+            kind = "sha256" if lfs else "git blob id"
+            raise SpecDeskError(f"{what}: checksum mismatch: the {kind} of what arrived is {actual[:16]}…, the hub "
+                                f"says {want[:16]}…; the corrupt download was deleted, download it again")
+        os.chmod(partial, 0o644)
+        os.replace(partial, blob)
+    _link(blob, pointer)
+    return pointer
+
+
+def _fetch(url: str, what: str, partial: Path, done: int, size: int, checksum: _Checksum,
+           cancel: threading.Event, report: Callable[[int, int], None]) -> tuple[int, _Checksum]:
+    """Append the missing bytes to the partial file; a cancel keeps it, a full disk removes it."""
+    from huggingface_hub.utils import build_hf_headers, hf_raise_for_status, http_stream_backoff
+
+    headers = build_hf_headers()
+    if urlparse(url).netloc != urlparse(endpoint()).netloc:
+        headers.pop("authorization", None)  # a CDN URL is signed; the token stays on the hub
+    if done:
+        headers["Range"] = f"bytes={done}-"
+    start = done
+    try:
+        with http_stream_backoff("GET", url, headers=headers, timeout=TIMEOUT_S, follow_redirects=True,
+                                 retry_on_status_codes=(408, 429)) as response:
+            hf_raise_for_status(response)
+            mode = "ab"
+            if done and response.status_code == 200:  # the server ignored Range: start over
+                done, start, checksum, mode = 0, 0, _Checksum(checksum.lfs, size), "wb"
+            report(done, start)
+            with open(partial, mode) as out:
+                for chunk in response.iter_bytes():
+                    if cancel.is_set():
+                        raise DownloadCancelled(f"{what}: download cancelled at {human_bytes(done)} of "
+                                                f"{human_bytes(size)}; download it again to resume from there")
+                    out.write(chunk)
+                    checksum.update(chunk)
+                    done += len(chunk)
+                    report(done, start)
+    except OSError as e:
+        if e.errno in (errno.ENOSPC, errno.EDQUOT):
+            partial.unlink(missing_ok=True)
+            raise SpecDeskError(f"{what}: the disk is full ({partial.parent}): the partial file was removed; "
+                                f"free some space or set HF_HUB_CACHE to a bigger disk, then download again") from e
+        raise SpecDeskError(f"{what}: cannot write {partial}: {e.strerror or e}") from e
+    except DownloadCancelled:
+        raise
+    except _hub_errors() as e:
+        raise _explain(e, f"{what} (the download stopped at {human_bytes(done)}; download again to resume)") from e
+    if done != size:
+        raise SpecDeskError(f"{what}: the connection ended at {human_bytes(done)} of {human_bytes(size)}; "
+                            f"download it again to resume")
+    return done, checksum
+
+
+def download_files(repo_id: str, filenames: list[str], revision: str = "main", cache_dir: Optional[Path] = None,
+                   cancel: Optional[threading.Event] = None,
+                   progress: Optional[Callable[[DownloadProgress], None]] = None) -> list[Path]:
+    """Several files of one repository; with no names, its GGUF files (or all of a checkpoint)."""
+    check_repo_id(repo_id)
+    for name in filenames:
+        check_filename(name)
+    if not filenames:
+        files = list_files(repo_id, revision)
+        filenames = [f.path for f in files if f.is_gguf] or [f.path for f in files]
+    return [download(repo_id, name, revision, cache_dir, cancel, progress) for name in filenames]
