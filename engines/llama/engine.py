@@ -23,7 +23,7 @@ from .binding import GgufContext, GgufModel
 from .compat import describe, incompatibilities
 from .draft import DraftModelProposer
 
-SUPPORTED_METHODS = ("none", "ngram", "ngram-pool", "draft")
+SUPPORTED_METHODS = ("none", "ngram", "ngram-pool", "draft", "mtp", "dflash")
 
 
 def default_threads() -> int:
@@ -38,10 +38,14 @@ class LlamaEngine:
         self.n_threads = n_threads or default_threads()
         if self.n_threads < 1:
             raise SpecDeskError(f"threads = {self.n_threads} is out of range: use 1 or more")
-        self.target = GgufModel(target_path)
+        from .mtp import nextn_layers
+
+        self.target = GgufModel(target_path, load_mtp=nextn_layers(target_path) > 0)
         self.n_ctx = n_ctx or min(self.target.n_ctx_train or 4096, 4096)
         self.context = GgufContext(self.target, self.n_ctx, self.n_threads, n_batch)
         self._drafts: dict[str, GgufContext] = {}
+        self._native: dict = {}  # MTP / DFlash drafters over this target, created on first use
+        self._observer = None  # the proposer the target hands its hidden states to
         self.pool = NgramPoolProposer()  # learns across the turns of a chat
         self.last_proposer = None
 
@@ -58,10 +62,24 @@ class LlamaEngine:
             self._drafts[key] = GgufContext(draft, self.n_ctx, self.n_threads, self.context.n_batch)
         return self._drafts[key]
 
+    def load_native(self, method: str, path: str | os.PathLike | None = None):
+        """The MTP drafter of this target, or a DFlash drafter GGUF for it (created once)."""
+        key = method if path is None else f"{method}:{os.path.abspath(path)}"
+        if key not in self._native:
+            if method == "mtp":
+                from .mtp import MtpDrafter
+
+                self._native[key] = MtpDrafter(self.target, self.context, self.n_threads)
+            else:
+                from .dflash import DFlashDrafter
+
+                self._native[key] = DFlashDrafter(path, self.target, self.context, self.n_threads)
+        return self._native[key]
+
     def set_threads(self, n_threads: int) -> None:
         self.n_threads = n_threads
         self.context.set_threads(n_threads)
-        for ctx in self._drafts.values():
+        for ctx in [*self._drafts.values(), *self._native.values()]:
             ctx.set_threads(n_threads)
 
     def tokenize(self, text: str, add_bos: bool = True) -> list[int]:
@@ -71,6 +89,9 @@ class LlamaEngine:
         return self.target.detokenize(tokens)
 
     def close(self) -> None:
+        for drafter in self._native.values():
+            drafter.close()
+        self._native.clear()
         for ctx in self._drafts.values():
             ctx.close()
             ctx.model.close()
@@ -91,9 +112,27 @@ class LlamaEngine:
             return self.pool
         if spec.method == "draft":
             return DraftModelProposer(self.load_draft(spec.draft_path), request.sampling, rng, spec.draft_p_min)
+        if spec.method == "mtp":
+            from .mtp import MtpProposer
+
+            return MtpProposer(self.load_native("mtp"), spec.draft_p_min)
+        if spec.method == "dflash":
+            if not spec.draft_path:
+                raise SpecDeskError("method 'dflash' needs a DFlash drafter GGUF: pass --draft PATH")
+            from .dflash import DFlashProposer
+
+            return DFlashProposer(self.load_native("dflash", spec.draft_path), spec.draft_p_min)
         raise SpecDeskError(
             f"method {spec.method!r} is not available for GGUF targets yet: use one of {', '.join(SUPPORTED_METHODS)}"
         )
+
+    def _route_hidden_states(self, proposer) -> None:
+        """Only an active MTP / DFlash proposer makes the target output its hidden states."""
+        if self._observer is not None:
+            self._observer.detach()
+        self._observer = proposer if getattr(proposer, "needs_hidden_states", False) else None
+        if self._observer is not None:
+            self._observer.attach()
 
     # --- generation -------------------------------------------------------
     def generate(self, request: GenerationRequest, cancel: threading.Event) -> Iterator[StepEvent]:
@@ -108,8 +147,12 @@ class LlamaEngine:
         rng = np.random.default_rng(request.sampling.seed)
         proposer = self._proposer(request.spec, request, rng)
         self.last_proposer = proposer
+        self._route_hidden_states(proposer)
         ctx = self.context
         kept = ctx.sync_prefix(prompt[:-1])
+        if self._observer is not None:  # it can only catch up from target batches it saw
+            kept = self._observer.valid_prefix(prompt[:kept])
+            ctx.rollback(kept)
         ctx.decode(prompt[kept:-1], all_logits=False)
         if proposer is not None:
             proposer.begin(prompt)

@@ -1,0 +1,228 @@
+"""The hidden-state functions of libllama that llama-cpp-python does not bind.
+
+llama.cpp declares them in src/llama-ext.h as plain C++ functions, so libllama exports them
+under Itanium-mangled names (no C linkage). They are bound here by those names, for the
+libllama that llama-cpp-python 0.3.36 ships; `nm -D --defined-only libllama.so | c++filt`
+lists them. A different build may lack some: every symbol is looked up once, and a method
+whose symbols are missing is refused with a message naming them, never a crash.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import threading
+from dataclasses import dataclass
+from typing import Optional, Sequence
+
+import numpy as np
+
+from ..types import SpecDeskError
+from .binding import GgufModel, llama_lib
+
+_c_ctx = ctypes.c_void_p
+_c_model = ctypes.c_void_p
+_f32_p = ctypes.POINTER(ctypes.c_float)
+
+# name -> (mangled name, restype, argtypes); signatures from vendor src/llama-ext.h.
+SYMBOLS: dict[str, tuple[str, object, list]] = {
+    "llama_set_embeddings_nextn": ("_Z26llama_set_embeddings_nextnP13llama_contextbb", None,
+                                   [_c_ctx, ctypes.c_bool, ctypes.c_bool]),
+    "llama_set_nextn_layer_offset": ("_Z28llama_set_nextn_layer_offsetP13llama_contexti", None,
+                                     [_c_ctx, ctypes.c_int32]),
+    "llama_get_embeddings_nextn": ("_Z26llama_get_embeddings_nextnP13llama_context", _f32_p, [_c_ctx]),
+    "llama_get_embeddings_nextn_ith": ("_Z30llama_get_embeddings_nextn_ithP13llama_contexti", _f32_p,
+                                       [_c_ctx, ctypes.c_int32]),
+    "llama_set_embeddings_layer_inp": ("_Z30llama_set_embeddings_layer_inpP13llama_contextjb", None,
+                                       [_c_ctx, ctypes.c_uint32, ctypes.c_bool]),
+    "llama_get_embeddings_layer_inp": ("_Z30llama_get_embeddings_layer_inpP13llama_contextj", _f32_p,
+                                       [_c_ctx, ctypes.c_uint32]),
+    "llama_get_ctx_other": ("_Z19llama_get_ctx_otherP13llama_context", _c_ctx, [_c_ctx]),
+    "llama_model_target_layer_ids": ("_Z28llama_model_target_layer_idsPK11llama_model",
+                                     ctypes.POINTER(ctypes.c_int32), [_c_model]),
+    "llama_model_target_layer_ids_n": ("_Z30llama_model_target_layer_ids_nPK11llama_model", ctypes.c_uint32,
+                                       [_c_model]),
+    "llama_model_dflash_selector_top_k": ("_Z33llama_model_dflash_selector_top_kPK11llama_model", ctypes.c_int32,
+                                          [_c_model]),
+}
+
+# What each model-based method calls; a method is available when all of its symbols resolve.
+METHOD_SYMBOLS: dict[str, tuple[str, ...]] = {
+    "mtp": ("llama_set_embeddings_nextn", "llama_get_embeddings_nextn", "llama_get_embeddings_nextn_ith"),
+    "dflash": ("llama_set_embeddings_layer_inp", "llama_get_embeddings_layer_inp", "llama_set_embeddings_nextn",
+               "llama_model_target_layer_ids", "llama_model_target_layer_ids_n",
+               "llama_model_dflash_selector_top_k"),
+    "eagle3": ("llama_set_embeddings_layer_inp", "llama_get_embeddings_layer_inp", "llama_set_embeddings_nextn",
+               "llama_get_embeddings_nextn", "llama_model_target_layer_ids", "llama_model_target_layer_ids_n"),
+}
+
+
+class Ext:
+    """The resolved functions (attributes by their C++ name) and the names that did not resolve."""
+
+    def __init__(self, lib: ctypes.CDLL, symbols: dict[str, tuple[str, object, list]] = SYMBOLS):
+        self.missing: list[str] = []
+        for name, (mangled, restype, argtypes) in symbols.items():
+            try:
+                fn = getattr(lib, mangled)
+            except AttributeError:
+                self.missing.append(name)
+                continue
+            fn.restype, fn.argtypes = restype, argtypes
+            setattr(self, name, fn)
+
+    def unavailable(self, method: str) -> list[str]:
+        return [name for name in METHOD_SYMBOLS.get(method, ()) if name in self.missing]
+
+    def require(self, method: str) -> "Ext":
+        missing = self.unavailable(method)
+        if missing:
+            raise SpecDeskError(
+                f"method {method!r} is disabled: this libllama does not export {', '.join(missing)} "
+                "(SpecDesk binds the llama-ext.h symbols of llama-cpp-python 0.3.36; install that version)"
+            )
+        return self
+
+
+_ext: Optional[Ext] = None
+_ext_lock = threading.Lock()
+
+
+def ext() -> Ext:
+    """Resolve every symbol once, at first use (start-up of the first native method)."""
+    global _ext
+    with _ext_lock:
+        if _ext is None:
+            lib = llama_lib()
+            _ext = Ext(lib.llama_cpp._lib)
+    return _ext
+
+
+def available_methods() -> dict[str, list[str]]:
+    """method -> missing symbols (empty when the method can run)."""
+    resolved = ext()
+    return {method: resolved.unavailable(method) for method in METHOD_SYMBOLS}
+
+
+def gguf_metadata(path) -> dict:
+    """Scalar and array metadata of a GGUF file, read without loading tensors."""
+    from gguf import GGUFReader
+
+    reader = GGUFReader(str(path))
+    out = {}
+    for name, field in reader.fields.items():
+        if name.startswith("GGUF.") or name.startswith("tokenizer.ggml.tokens") or name.startswith(
+                "tokenizer.ggml.merges") or name.startswith("tokenizer.ggml.token_type"):
+            continue
+        try:
+            out[name] = field.contents()
+        except (ValueError, IndexError):  # pragma: no cover - unusual field types
+            continue
+    out["__tensors__"] = {t.name: tuple(int(d) for d in t.shape) for t in reader.tensors}
+    return out
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One row of an extended batch: a token, a token plus a hidden-state row, or a feature row."""
+
+    pos: int
+    token: int = -1  # -1: an embedding-only row
+    embd: Optional[np.ndarray] = None  # (n,) float32
+    output: bool = False
+
+
+class NativeContext:
+    """A llama_context with its own llama_batch_ext, for drafters that take hidden states.
+
+    It holds sequence 0 only; positions are explicit, so rolling back is llama_memory_seq_rm.
+    """
+
+    def __init__(self, model: GgufModel, n_ctx: int, n_threads: int, n_batch: int, *,
+                 ctx_type: int = 0, ctx_other=None, n_outputs_max: int = 0, n_outputs_max_per_seq: int = 0):
+        lib = model._lib
+        self._lib, self.model = lib, model
+        params = lib.llama_context_default_params()
+        params.n_ctx = n_ctx
+        params.n_batch = n_batch
+        params.n_ubatch = n_batch
+        params.n_seq_max = 1
+        params.n_threads = n_threads
+        params.n_threads_batch = n_threads
+        params.no_perf = True
+        params.ctx_type = ctx_type
+        params.n_rs_seq = 0
+        params.n_outputs_max = n_outputs_max
+        params.n_outputs_max_per_seq = n_outputs_max_per_seq
+        if ctx_other is not None:
+            params.ctx_other = ctx_other
+        self._ctx = lib.llama_init_from_model(model._model, params)
+        if not self._ctx:
+            raise SpecDeskError(f"{model.path}: could not create a drafter context of {n_ctx} tokens")
+        self.n_batch = n_batch
+        self._memory = lib.llama_get_memory(self._ctx)
+        self._batch = lib.llama_batch_ext_init(self._ctx)
+        self._keep: list = []  # embedding buffers llama.cpp reads during llama_process
+
+    @property
+    def handle(self):
+        return self._ctx
+
+    def close(self) -> None:
+        if getattr(self, "_ctx", None):
+            self._lib.llama_batch_ext_free(self._batch)
+            self._lib.llama_free(self._ctx)
+            self._ctx = None
+
+    def __del__(self):  # pragma: no cover - finaliser
+        try:
+            self.close()
+        except Exception:
+            pass
+
+    def set_threads(self, n_threads: int) -> None:
+        self._lib.llama_set_n_threads(self._ctx, n_threads, n_threads)
+
+    def remove_from(self, pos: int) -> None:
+        self._lib.llama_memory_seq_rm(self._memory, 0, pos, -1)
+
+    def pos_max(self) -> int:
+        return self._lib.llama_memory_seq_pos_max(self._memory, 0)
+
+    def process(self, entries: Sequence[Entry]) -> None:
+        """One llama_process call (the caller keeps len(entries) <= n_batch)."""
+        lib, batch = self._lib, self._batch
+        lib.llama_batch_ext_clear(batch)
+        self._keep = []
+        pos = ctypes.c_int32()
+        for i, entry in enumerate(entries):
+            embd = None
+            if entry.embd is not None:
+                row = np.ascontiguousarray(entry.embd, dtype=np.float32)
+                self._keep.append(row)
+                embd = lib.llama_embd(row.ctypes.data_as(_f32_p), 1, row.shape[-1])
+            if entry.token >= 0:
+                idx = lib.llama_batch_ext_add_token(batch, 0, entry.token)
+                if idx >= 0 and embd is not None and not lib.llama_batch_ext_set_embd_token(batch, idx, embd):
+                    raise SpecDeskError(f"{self.model.path}: the drafter refused a hidden-state row at batch index {i}")
+            else:
+                idx = lib.llama_batch_ext_add_embd(batch, 0, embd)
+            if idx != i:
+                raise SpecDeskError(f"{self.model.path}: could not add row {i} to the drafter batch (error {idx})")
+            pos.value = entry.pos
+            lib.llama_batch_ext_set_pos(batch, idx, ctypes.byref(pos))
+            if entry.output:
+                lib.llama_batch_ext_set_output_logits(batch, idx, True)
+        status = lib.llama_process(self._ctx, 1, batch)  # LLAMA_PROCESS_TYPE_DECODE
+        if status != 0:
+            raise SpecDeskError(f"{self.model.path}: the drafter's llama_process failed with status {status}")
+
+    def logits(self, i: int, n_vocab: int) -> np.ndarray:
+        pointer = self._lib.llama_get_logits_ith(self._ctx, i)
+        return np.ctypeslib.as_array(pointer, shape=(n_vocab,))
+
+
+def rows(pointer, n_rows: int, n_embd: int) -> np.ndarray:
+    """A (n_rows, n_embd) view of a float buffer owned by llama.cpp; copy before the next decode."""
+    if not pointer:
+        raise SpecDeskError("llama.cpp returned no hidden states for this batch")
+    return np.ctypeslib.as_array(pointer, shape=(n_rows, n_embd))

@@ -1,0 +1,177 @@
+"""MTP on GGUF targets: llama.cpp's NextN layers as a drafter, driven as common/speculative.cpp's
+draft-mtp drives them.
+
+A second llama_context over the target model (loaded with load_mtp) with ctx_type MTP runs
+only the NextN block, with its own KV cache. Its row at position p pairs token x_p with the
+target's hidden state h_{p-1} (llama_get_embeddings_nextn: final-normed, every row of every
+target batch). Catch-up: after each target decode the same tokens go through the MTP
+context, paired with the previous rows' h. Drafting: from (x_last, h_{last-1}) the MTP block
+gives logits for the next token and its own h, which feeds the next draft step. Drafts are
+the top-1 token (as llama.cpp's top-k 10 sampler reads `cur_p->data[0]`), so q is one-hot
+and verification stays exact at any temperature.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Sequence
+
+import numpy as np
+
+from ..types import Draft, SpecDeskError
+from .binding import GgufContext, GgufModel
+from .ext import Entry, NativeContext, ext, gguf_metadata, rows
+
+LLAMA_CONTEXT_TYPE_MTP = 1
+
+
+def nextn_layers(path) -> int:
+    """How many NextN (MTP) layers a GGUF declares, from its metadata alone (0 for a file
+    that cannot be read: loading it then reports what is wrong)."""
+    try:
+        meta = gguf_metadata(path)
+    except Exception:
+        return 0
+    arch = meta.get("general.architecture", "")
+    return int(meta.get(f"{arch}.nextn_predict_layers", 0) or 0)
+
+
+def top1_prob(logits: np.ndarray, top_k: int = 10) -> float:
+    """The top token's probability after a top-k cut, as llama.cpp's draft sampler reports it."""
+    top = np.partition(logits, -top_k)[-top_k:] if logits.shape[0] > top_k else logits
+    top = top - top.max()
+    return float(1.0 / np.exp(top).sum())
+
+
+class MtpDrafter:
+    """The MTP context of one target context; lives as long as the engine."""
+
+    def __init__(self, target: GgufModel, target_ctx: GgufContext, n_threads: int):
+        self.ext = ext().require("mtp")
+        if not target.load_mtp:
+            raise SpecDeskError(f"{target.path}: this GGUF has no MTP (NextN) layers, so method 'mtp' cannot run: "
+                                "use a GGUF exported with its MTP layers (e.g. `python -m specdesk.app.demo.export_native_gguf`)")
+        n_nextn = target._lib.llama_model_n_layer_nextn(target._model)
+        if n_nextn <= 0:
+            raise SpecDeskError(f"{target.path}: this GGUF has no MTP (NextN) layers, so method 'mtp' cannot run")
+        self.target, self.target_ctx = target, target_ctx
+        self.n_embd = target._lib.llama_model_n_embd_out(target._model)
+        self.n_vocab = target.n_vocab
+        self.context = NativeContext(target, target_ctx.n_ctx, n_threads, target_ctx.n_batch,
+                                     ctx_type=LLAMA_CONTEXT_TYPE_MTP, ctx_other=target_ctx._ctx,
+                                     n_outputs_max=1, n_outputs_max_per_seq=1)
+        self.ext.llama_set_embeddings_nextn(self.context.handle, True, True)
+        # h_hist[p]: the target's h at position p, to pair with x_{p+1} after a rollback.
+        self.h_hist = np.zeros((target_ctx.n_ctx + 1, self.n_embd), dtype=np.float32)
+        self.cached: list[int] = []  # tokens whose MTP rows are in the MTP context
+        self.last_batch = (0, 0)  # (first position, length) of the last observed target batch
+
+    # --- hooks the engine calls -------------------------------------------------------------
+    def attach(self) -> None:
+        self.ext.llama_set_embeddings_nextn(self.target_ctx._ctx, True, False)
+        self.target_ctx.on_decode = self.observe
+
+    def detach(self) -> None:
+        self.ext.llama_set_embeddings_nextn(self.target_ctx._ctx, False, False)
+        self.target_ctx.on_decode = None
+
+    def valid_prefix(self, tokens: Sequence[int]) -> int:
+        """How much of `tokens` the MTP context holds; the target re-decodes the rest."""
+        n = 0
+        limit = min(len(self.cached), len(tokens))
+        while n < limit and self.cached[n] == tokens[n]:
+            n += 1
+        self.rollback(n)
+        return n
+
+    def rollback(self, n_keep: int) -> None:
+        if n_keep < len(self.cached):
+            self.context.remove_from(n_keep)
+            del self.cached[n_keep:]
+
+    def observe(self, tokens: Sequence[int], pos0: int) -> None:
+        """Catch-up after a target decode of `tokens` at pos0..: rows (x_p, h_{p-1})."""
+        n = len(tokens)
+        h = rows(self.ext.llama_get_embeddings_nextn(self.target_ctx._ctx), n, self.n_embd)
+        self.rollback(pos0)
+        if len(self.cached) != pos0:
+            raise SpecDeskError(f"MTP context out of step: it holds {len(self.cached)} positions, the target batch starts at {pos0}")
+        entries = []
+        for j, token in enumerate(tokens):
+            h_prev = (self.h_hist[pos0 - 1] if pos0 > 0 else self.h_hist[-1]) if j == 0 else h[j - 1]
+            entries.append(Entry(pos=pos0 + j, token=int(token), embd=np.array(h_prev, copy=True)))
+        self.h_hist[pos0:pos0 + n] = h
+        self.context.process(entries)
+        self.cached.extend(int(t) for t in tokens)
+        self.last_batch = (pos0, n)
+
+    def accept(self, n_keep: int) -> None:
+        """The target kept positions < n_keep; drop the MTP rows past them."""
+        self.rollback(n_keep)
+
+    def draft(self, context: Sequence[int], k: int, p_min: float = 0.0) -> list[int]:
+        pos0 = len(context) - 1
+        self.rollback(pos0)
+        if len(self.cached) != pos0:
+            raise SpecDeskError(f"MTP context out of step: it holds {len(self.cached)} positions, drafting starts at {pos0}")
+        h = self.h_hist[pos0 - 1] if pos0 > 0 else self.h_hist[-1]
+        token = int(context[-1])
+        out: list[int] = []
+        for i in range(k):
+            self.context.process([Entry(pos=pos0 + i, token=token, embd=np.array(h, copy=True), output=True)])
+            logits = self.context.logits(0, self.n_vocab)
+            token = int(np.argmax(logits))
+            if p_min > 0 and top1_prob(logits) < p_min:
+                break
+            out.append(token)
+            if i + 1 < k:
+                h = rows(self.ext.llama_get_embeddings_nextn_ith(self.context.handle, 0), 1, self.n_embd)[0].copy()
+        self.context.remove_from(pos0)  # the draft region; catch-up rewrites it from the target
+        return out
+
+    def set_threads(self, n_threads: int) -> None:
+        self.context.set_threads(n_threads)
+
+    def close(self) -> None:
+        self.context.close()
+
+
+class MtpProposer:
+    """The proposer interface (begin / propose / accept) over an MtpDrafter."""
+
+    needs_hidden_states = True
+
+    def __init__(self, drafter: MtpDrafter, p_min: float = 0.0):
+        self.drafter = drafter
+        self.p_min = p_min
+        self.proposals = self.drafted = self.accepted = 0
+        self.seconds = 0.0
+
+    def attach(self) -> None:
+        self.drafter.attach()
+
+    def detach(self) -> None:
+        self.drafter.detach()
+
+    def valid_prefix(self, tokens: Sequence[int]) -> int:
+        return self.drafter.valid_prefix(tokens)
+
+    def begin(self, prompt: Sequence[int]) -> None:
+        pass
+
+    def propose(self, context: Sequence[int], k: int) -> Draft:
+        started = time.perf_counter()
+        tokens = self.drafter.draft(context, k, self.p_min)
+        self.proposals += 1
+        self.drafted += len(tokens)
+        self.seconds += time.perf_counter() - started
+        return Draft(tuple(tokens))
+
+    def accept(self, n_accepted: int, committed: Sequence[int]) -> None:
+        self.accepted += n_accepted
+        pos0, _ = self.drafter.last_batch
+        self.drafter.accept(pos0 + 1 + n_accepted)
+
+    def stats(self) -> dict:
+        return {"proposals": self.proposals, "drafted": self.drafted, "accepted": self.accepted,
+                "seconds": round(self.seconds, 4)}
