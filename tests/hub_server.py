@@ -19,6 +19,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -28,6 +29,15 @@ from urllib.parse import parse_qs, quote, unquote, urlparse
 
 LFS_SUFFIXES = (".gguf", ".safetensors", ".bin")
 CHUNK = 16 * 1024
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def handle_error(self, request, client_address) -> None:
+        if isinstance(sys.exc_info()[1], ConnectionError):
+            return  # a client that cancelled or was killed mid-transfer
+        super().handle_error(request, client_address)
 
 
 def git_blob_sha1(data: bytes) -> str:
@@ -103,12 +113,12 @@ class HubServer:
         self.throttle_s: float = 0.0  # pause after each CHUNK of a body
         self.corrupt: set[str] = set()  # "repo/path" whose body gets one byte flipped
         self._lock = threading.Lock()
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
-        self._server.daemon_threads = True
+        self._server = _Server(("127.0.0.1", 0), self._handler())
         self.port = self._server.server_address[1]
         self.url = f"http://127.0.0.1:{self.port}"
         self.cdn_url = f"http://localhost:{self.port}"  # another origin, as the hub's CDN is
-        self._thread = threading.Thread(target=self._server.serve_forever, name="hub-server", daemon=True)
+        self._thread = threading.Thread(target=self._server.serve_forever, args=(0.05,), name="hub-server",
+                                        daemon=True)
 
     def __enter__(self) -> "HubServer":
         self._thread.start()
