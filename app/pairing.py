@@ -1,0 +1,386 @@
+"""Pairing: which drafts in the library can serve a target, how much each should help,
+which native drafters exist for it, and whether target + draft + caches fit in memory.
+
+Compatibility is the engine's own rule set (engines/llama/compat.py), applied to each
+model's vocabulary as llama.cpp loads it (a vocab-only load: no weights are read), so a
+verdict here is exactly the one the engine gives when the pair is loaded. The expected
+benefit is the standard speculative-decoding speedup model (Leviathan et al. 2023) with an
+a-priori acceptance rate and the draft/target cost ratio taken from their weight bytes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Iterable, Optional
+
+from specdesk.engines.types import SpecDeskError
+
+from .library import ModelEntry, Shape, find_entry, read_model
+from .paths import assets_dir
+
+# Memory model of a llama.cpp process (CPU backend, f16 KV cache, n_ubatch 512, flash
+# attention as llama.cpp chooses it by default). Measured once on Linux x86-64 with
+# llama-cpp-python 0.3.36 by loading the demo families in a fresh process and reading
+# VmRSS (tests/test_pairing.py repeats that measurement against this estimate).
+RUNTIME_OVERHEAD_BYTES = 17_000_000  # the first model: ggml CPU backend, threads, llama.cpp state
+MODEL_OVERHEAD_BYTES = 1_000_000  # each model: tensor and graph metadata
+MODEL_OVERHEAD_PER_TOKEN = 1_000  # each model: the vocabulary's strings and maps
+N_UBATCH = 512
+KV_BYTES_PER_VALUE = 2  # f16
+ACCEPTANCE_SAME_FAMILY = 0.7  # a-priori acceptance rate of a draft from the same family
+ACCEPTANCE_OTHER = 0.5  # same vocabulary, different model family
+MAX_K = 8
+
+
+# --- vocabularies as llama.cpp sees them --------------------------------------------
+class VocabView:
+    """A vocab-only llama.cpp load: the `.vocab` and `.token_text` compat.py reads."""
+
+    def __init__(self, path: str | os.PathLike):
+        from specdesk.engines.llama.binding import VOCAB_TYPE_NAMES, VocabInfo, check_gguf_file, llama_lib
+
+        self.path = check_gguf_file(path)
+        lib = llama_lib()
+        self._lib = lib
+        params = lib.llama_model_default_params()
+        params.vocab_only = True
+        self._model = lib.llama_model_load_from_file(str(self.path).encode(), params)
+        if not self._model:
+            raise SpecDeskError(f"{self.path}: llama.cpp cannot read its vocabulary")
+        self._vocab = lib.llama_model_get_vocab(self._model)
+        self.vocab = VocabInfo(
+            vocab_type=VOCAB_TYPE_NAMES.get(lib.llama_vocab_type(self._vocab), "unknown"),
+            n_tokens=lib.llama_vocab_n_tokens(self._vocab),
+            bos=lib.llama_vocab_bos(self._vocab), eos=lib.llama_vocab_eos(self._vocab),
+            add_bos=bool(lib.llama_vocab_get_add_bos(self._vocab)),
+        )
+
+    def token_text(self, token: int) -> str:
+        raw = self._lib.llama_vocab_get_text(self._vocab, token)
+        return raw.decode("utf-8", "replace") if raw else ""
+
+    def close(self) -> None:
+        if getattr(self, "_model", None):
+            self._lib.llama_model_free(self._model)
+            self._model = None
+
+    def __enter__(self) -> "VocabView":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+# --- memory ----------------------------------------------------------------------------
+@dataclass(frozen=True)
+class MemoryInfo:
+    ram_available: int
+    ram_total: int
+    vram_free: Optional[int] = None  # None: no CUDA device visible to torch
+    vram_total: Optional[int] = None
+
+
+def _meminfo_linux() -> tuple[int, int]:
+    values = {}
+    with open("/proc/meminfo") as f:
+        for line in f:
+            key, _, rest = line.partition(":")
+            values[key] = int(rest.split()[0]) * 1024
+    return values.get("MemAvailable", values.get("MemFree", 0)), values.get("MemTotal", 0)
+
+
+def _meminfo_macos() -> tuple[int, int]:
+    total = int(subprocess.run(["sysctl", "-n", "hw.memsize"], capture_output=True, text=True, check=True).stdout)
+    out = subprocess.run(["vm_stat"], capture_output=True, text=True, check=True).stdout
+    page = int(re.search(r"page size of (\d+)", out).group(1))
+    pages = {m.group(1): int(m.group(2)) for m in re.finditer(r"Pages (\w[\w ]*?):\s+(\d+)", out)}
+    free = sum(pages.get(k, 0) for k in ("free", "inactive", "speculative", "purgeable"))
+    return free * page, total
+
+
+def _meminfo_windows() -> tuple[int, int]:
+    import ctypes
+
+    class MemoryStatus(ctypes.Structure):
+        _fields_ = [("dwLength", ctypes.c_ulong), ("dwMemoryLoad", ctypes.c_ulong),
+                    ("ullTotalPhys", ctypes.c_ulonglong), ("ullAvailPhys", ctypes.c_ulonglong),
+                    ("ullTotalPageFile", ctypes.c_ulonglong), ("ullAvailPageFile", ctypes.c_ulonglong),
+                    ("ullTotalVirtual", ctypes.c_ulonglong), ("ullAvailVirtual", ctypes.c_ulonglong),
+                    ("ullAvailExtendedVirtual", ctypes.c_ulonglong)]
+
+    status = MemoryStatus()
+    status.dwLength = ctypes.sizeof(MemoryStatus)
+    ctypes.windll.kernel32.GlobalMemoryStatusEx(ctypes.byref(status))
+    return int(status.ullAvailPhys), int(status.ullTotalPhys)
+
+
+def _vram() -> tuple[Optional[int], Optional[int]]:
+    """Free and total memory of CUDA device 0, only where torch is installed and sees one."""
+    import importlib.util
+
+    if importlib.util.find_spec("torch") is None:
+        return None, None
+    try:
+        import torch
+
+        if not torch.cuda.is_available():
+            return None, None
+        free, total = torch.cuda.mem_get_info(0)
+        return int(free), int(total)
+    except Exception:  # noqa: BLE001 - a broken driver means no usable VRAM, not a crash
+        return None, None
+
+
+def available_memory() -> MemoryInfo:
+    try:
+        if sys.platform.startswith("linux"):
+            available, total = _meminfo_linux()
+        elif sys.platform == "darwin":
+            available, total = _meminfo_macos()
+        elif sys.platform.startswith("win"):
+            available, total = _meminfo_windows()
+        else:
+            raise OSError(sys.platform)
+    except (OSError, ValueError, AttributeError, subprocess.SubprocessError):
+        page = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+        available = os.sysconf("SC_AVPHYS_PAGES") * page if hasattr(os, "sysconf") else 0
+        total = os.sysconf("SC_PHYS_PAGES") * page if hasattr(os, "sysconf") else 0
+    vram_free, vram_total = _vram()
+    return MemoryInfo(available, total, vram_free, vram_total)
+
+
+def default_context(entry: ModelEntry, n_ctx: int = 0) -> int:
+    """The engine's choice (engines/llama/engine.py): the model's own context, at most 4096."""
+    return n_ctx or min(int(entry.context_length or 4096), 4096)
+
+
+def kv_cache_bytes(shape: Shape, n_ctx: int) -> int:
+    """n_layer * n_ctx * n_head_kv * (key + value head dims) * bytes per value."""
+    return shape.n_layer * n_ctx * shape.n_head_kv * (shape.key_length + shape.value_length) * KV_BYTES_PER_VALUE
+
+
+def compute_buffer_bytes(shape: Shape, vocab_size: int, n_ctx: int) -> int:
+    """llama.cpp's worst-case compute buffer for one ubatch: the larger of the layer pass
+    (feed-forward activations and residuals) and the output pass (logits of every row)."""
+    rows = min(N_UBATCH, n_ctx)
+    layers = rows * 4 * (4 * shape.n_ff + 3 * shape.n_embd // 2)
+    output = rows * 4 * (vocab_size + 2 * shape.n_embd)
+    return max(layers, output)
+
+
+@dataclass(frozen=True)
+class MemoryEstimate:
+    n_ctx: int
+    weights_bytes: int
+    kv_cache_bytes: int
+    compute_bytes: int
+    overhead_bytes: int
+    draft_weights_bytes: int
+    draft_kv_cache_bytes: int
+    draft_compute_bytes: int
+    draft_overhead_bytes: int
+    required_bytes: int
+    available_bytes: int
+    total_bytes: int
+    vram_free_bytes: Optional[int]
+    fits: bool
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+def model_bytes(entry: ModelEntry, n_ctx: int) -> tuple[int, int, int, int]:
+    """(weights, KV cache, compute buffer, per-model overhead) of one loaded model."""
+    vocab = int(entry.vocab_size or 0)
+    return (entry.weights_bytes, kv_cache_bytes(entry.shape, n_ctx), compute_buffer_bytes(entry.shape, vocab, n_ctx),
+            MODEL_OVERHEAD_BYTES + MODEL_OVERHEAD_PER_TOKEN * vocab)
+
+
+def estimate_memory(target: ModelEntry, draft: Optional[ModelEntry] = None, n_ctx: int = 0,
+                    memory: Optional[MemoryInfo] = None) -> MemoryEstimate:
+    """Resident memory the engine needs for target (+ draft) at n_ctx, against free RAM."""
+    n_ctx = default_context(target, n_ctx)
+    weights, kv, compute, overhead = model_bytes(target, n_ctx)
+    d = model_bytes(draft, n_ctx) if draft is not None else (0, 0, 0, 0)
+    required = RUNTIME_OVERHEAD_BYTES + weights + kv + compute + overhead + sum(d)
+    memory = memory or available_memory()
+    return MemoryEstimate(n_ctx, weights, kv, compute, overhead, *d, required, memory.ram_available,
+                          memory.ram_total, memory.vram_free, required <= memory.ram_available)
+
+
+# --- expected benefit ------------------------------------------------------------------
+def expected_speedup(acceptance: float, cost_ratio: float, k: int) -> float:
+    """Tokens per unit of target time with k drafts (Leviathan et al. 2023, eq. for E[tokens]
+    over the cost of k draft passes plus one verification)."""
+    tokens = (1 - acceptance ** (k + 1)) / (1 - acceptance)
+    return tokens / (1 + k * cost_ratio)
+
+
+def family_key(entry: ModelEntry) -> str:
+    """A file name with sizes, quantization and role words stripped: one family's models share it."""
+    name = Path(entry.path).name.lower()
+    if name.startswith("sha256-") or entry.format == "hf":  # Ollama blobs and checkpoint folders
+        name = (entry.repo_id or entry.name).lower().split("/")[-1]
+    name = re.sub(r"\.gguf$", "", name)
+    drop = re.compile(r"i?q\d(_[a-z0-9]+)*|b?f\d\d|\d+(\.\d+)?[bmk]|draft|target|assistant|gguf")
+    return " ".join(t for t in re.split(r"[-\s]+", name) if t and not drop.fullmatch(t))
+
+
+@dataclass(frozen=True)
+class DraftVerdict:
+    path: str
+    name: str
+    compatible: bool
+    score: float = 0.0  # expected speedup at the best k (1.0 = no gain)
+    k: int = 0
+    reasons: tuple[str, ...] = ()  # why not (incompatible), or what the score rests on
+
+    def to_json(self) -> dict:
+        if self.compatible:
+            return {"path": self.path, "name": self.name, "score": self.score, "k": self.k,
+                    "notes": list(self.reasons)}
+        return {"path": self.path, "name": self.name, "reasons": list(self.reasons)}
+
+
+def score_draft(target: ModelEntry, draft: ModelEntry) -> DraftVerdict:
+    same_family = (target.architecture == draft.architecture and family_key(target) == family_key(draft))
+    acceptance = ACCEPTANCE_SAME_FAMILY if same_family else ACCEPTANCE_OTHER
+    cost = draft.weights_bytes / max(1, target.weights_bytes)
+    best_k = max(range(1, MAX_K + 1), key=lambda k: expected_speedup(acceptance, cost, k))
+    speedup = expected_speedup(acceptance, cost, best_k)
+    notes = [f"{'same family' if same_family else 'same vocabulary, other family'}: "
+             f"acceptance assumed {acceptance:.0%}",
+             f"draft is {1 / cost:.1f}x smaller than the target" if cost < 1 else
+             "draft is not smaller than the target: no gain expected"]
+    if speedup <= 1.0:
+        best_k, speedup = 0, 1.0
+    return DraftVerdict(draft.path, draft.name, True, round(speedup, 2), best_k, tuple(notes))
+
+
+def check_draft(target: ModelEntry, draft: ModelEntry, target_vocab: Optional[VocabView] = None) -> DraftVerdict:
+    """The engine's verdict on one pair; every refusal names what differs."""
+    from specdesk.engines.llama.compat import incompatibilities
+
+    if not draft.ok:
+        return DraftVerdict(draft.path, draft.name, False, reasons=(draft.error,))
+    if draft.drafter:
+        return DraftVerdict(draft.path, draft.name, False, reasons=(
+            f"a {draft.drafter} drafter checkpoint, not a draft model: see the native drafters",))
+    if draft.format != "gguf":
+        return DraftVerdict(draft.path, draft.name, False, reasons=(
+            f"an HF checkpoint: the llama.cpp engine runs GGUF drafts (use a GGUF conversion of it)",))
+    try:
+        with VocabView(draft.path) as draft_vocab:
+            if target_vocab is not None:
+                reasons = incompatibilities(target_vocab, draft_vocab)
+            else:
+                with VocabView(target.path) as tv:
+                    reasons = incompatibilities(tv, draft_vocab)
+    except SpecDeskError as e:
+        return DraftVerdict(draft.path, draft.name, False, reasons=(str(e),))
+    if reasons:
+        return DraftVerdict(draft.path, draft.name, False, reasons=tuple(f"{r} (target vs draft)" for r in reasons))
+    return score_draft(target, draft)
+
+
+# --- native drafters ---------------------------------------------------------------------
+def load_drafter_table(path: Optional[Path] = None) -> list[dict]:
+    path = Path(path) if path is not None else assets_dir() / "native_drafters.json"
+    return json.loads(path.read_text(encoding="utf-8"))["targets"]
+
+
+def known_target(entry: ModelEntry, table: Optional[list] = None) -> Optional[dict]:
+    """The table row whose name fragments appear in the model's repo id, name or file name."""
+    table = table if table is not None else load_drafter_table()
+    haystack = " ".join(filter(None, [entry.repo_id, entry.name, Path(entry.path).name])).lower().replace("_", "-")
+    for row in table:
+        if any(m in haystack for m in row["match"]) and not any(x in haystack for x in row.get("exclude", [])):
+            return row
+    return None
+
+
+def native_drafters(target: ModelEntry, entries: Iterable[ModelEntry], table: Optional[list] = None) -> list[dict]:
+    """MTP layers in the file, drafter checkpoints found locally, and ones known by name."""
+    found: list[dict] = []
+    if target.mtp_layers:
+        found.append({"method": "mtp", "source": "in-file", "path": target.path, "layers": target.mtp_layers})
+    row = known_target(target, table)
+    known_repos = {d.get("repo"): d for d in (row or {}).get("drafters", []) if d.get("repo")}
+    local_repos = set()
+    for e in entries:
+        if not e.ok or not e.drafter:
+            continue
+        listed = e.repo_id in known_repos
+        target_layers = e.drafter_config.get("num_target_layers")
+        shape_match = target_layers is not None and int(target_layers) == target.shape.n_layer and (
+            e.vocab_size in (None, target.vocab_size))
+        if listed or shape_match:
+            local_repos.add(e.repo_id)
+            found.append({"method": e.drafter, "source": "local", "path": e.path, "repo": e.repo_id,
+                          "why": "published for this target" if listed else
+                          f"built for a {target_layers}-layer target with this vocabulary"})
+    for repo, d in known_repos.items():
+        if repo not in local_repos:
+            found.append({"method": d["method"], "source": "hub", "repo": repo,
+                          "why": f"published for {row['target']}: download it with `specdesk models download {repo}`"})
+    if row and any(d.get("in_file") for d in row["drafters"]) and not target.mtp_layers:
+        found.append({"method": "mtp", "source": "hub", "repo": row["target"],
+                      "why": f"{row['target']} has MTP layers; this file has none (its conversion dropped them)"})
+    return found
+
+
+# --- the report ----------------------------------------------------------------------------
+@dataclass(frozen=True)
+class PairingReport:
+    target: ModelEntry
+    compatible: tuple[DraftVerdict, ...]  # best first
+    incompatible: tuple[DraftVerdict, ...]
+    native: tuple[dict, ...]
+    memory: MemoryEstimate
+    memory_draft: Optional[str] = None  # the draft counted in the memory estimate
+
+    def to_json(self) -> dict:
+        memory = self.memory.to_json()
+        memory["draft"] = self.memory_draft
+        return {"target": self.target.path, "compatible": [v.to_json() for v in self.compatible],
+                "incompatible": [v.to_json() for v in self.incompatible], "native": list(self.native),
+                "memory": memory}
+
+
+def pair(target_path: str | os.PathLike, entries: Iterable[ModelEntry], n_ctx: int = 0,
+         draft_path: Optional[str] = None, memory: Optional[MemoryInfo] = None,
+         table: Optional[list] = None) -> PairingReport:
+    """Rank the library's drafts for a target; the memory estimate counts the chosen draft
+    (draft_path), else the best compatible one."""
+    entries = list(entries)
+    target = find_entry(entries, target_path) or read_model(target_path)
+    if not target.ok:
+        raise SpecDeskError(target.error)
+    if target.format != "gguf":
+        raise SpecDeskError(f"{target.path}: draft pairing needs a GGUF target (the llama.cpp engine)")
+    candidates = [e for e in entries if os.path.realpath(e.path) != os.path.realpath(target.path)]
+    if draft_path and not find_entry(candidates, draft_path):
+        candidates.append(read_model(draft_path))
+    compatible, incompatible = [], []
+    with VocabView(target.path) as target_vocab:
+        for entry in candidates:
+            verdict = check_draft(target, entry, target_vocab)
+            (compatible if verdict.compatible else incompatible).append(verdict)
+    compatible.sort(key=lambda v: (-v.score, v.path))
+    chosen = draft_path or (compatible[0].path if compatible else None)
+    draft_entry = None
+    if chosen:
+        draft_entry = find_entry(candidates, chosen)
+        if draft_path and not any(os.path.realpath(v.path) == os.path.realpath(draft_path) for v in compatible):
+            raise SpecDeskError(f"{draft_path}: not a compatible draft for {target.path}: "
+                                + "; ".join(next((v.reasons for v in incompatible
+                                                  if os.path.realpath(v.path) == os.path.realpath(draft_path)), ())))
+    estimate = estimate_memory(target, draft_entry, n_ctx, memory)
+    return PairingReport(target, tuple(compatible), tuple(incompatible), tuple(native_drafters(target, entries, table)),
+                         estimate, draft_entry.path if draft_entry else None)
