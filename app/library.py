@@ -112,14 +112,17 @@ def read_gguf(path: Path, source: str, name: Optional[str] = None, repo_id: Opti
 
     path = Path(path)
     size = path.stat().st_size
-    reader = GGUFReader(str(path))
+    try:
+        reader = GGUFReader(str(path))
+    except (ValueError, IndexError, KeyError, TypeError) as e:  # numpy views over missing bytes, bad types
+        raise ValueError(f"corrupt or truncated GGUF file: {e}") from e
     arch = str(_field(reader, "general.architecture") or "")
     weights = 0
     parameters = 0
     for tensor in reader.tensors:
         end = tensor.data_offset + tensor.n_bytes
         if end > size:
-            raise ValueError(f"truncated: tensor {tensor.name} ends at byte {end} but the file has {size} bytes")
+            raise ValueError(f"truncated GGUF file: tensor {tensor.name} ends at byte {end} but the file has {size} bytes")
         weights += int(tensor.n_bytes)
         parameters += int(tensor.n_elements)
 

@@ -1,0 +1,226 @@
+"""Pairing on the demo family's GGUF files and variants of them; the memory estimate against
+the resident memory llama.cpp really uses."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from llama_helpers import rewrite_gguf
+from specdesk.app.library import ModelEntry, read_model
+from specdesk.app.pairing import (MemoryInfo, available_memory, check_draft, estimate_memory, expected_speedup,
+                                  family_key, kv_cache_bytes, known_target, native_drafters, pair)
+from specdesk.engines.types import SpecDeskError
+
+PLENTY = MemoryInfo(ram_available=64 << 30, ram_total=64 << 30)
+
+
+def set_bos(src: str, dst: Path, bos: int) -> Path:
+    """A copy with another BOS id, edited in place in the GGUF header."""
+    from gguf import GGUFReader
+
+    shutil.copy(src, dst)
+    reader = GGUFReader(str(dst), "r+")
+    field = reader.fields["tokenizer.ggml.bos_token_id"]
+    field.parts[field.data[0]][0] = bos
+    reader.data.flush()
+    del reader
+    return dst
+
+
+@pytest.fixture(scope="module")
+def variants(demo_family, tmp_path_factory) -> dict[str, str]:
+    folder = tmp_path_factory.mktemp("variants")
+    draft = demo_family["draft_gguf"]
+
+    def retext(tokens):
+        tokens = list(tokens)
+        tokens[100] = "<|renamed|>"
+        return tokens
+
+    return {
+        "vocab": str(rewrite_gguf(draft, folder / "bigger-vocab.gguf", extra_tokens=200)),
+        "near_vocab": str(rewrite_gguf(draft, folder / "near-vocab.gguf", extra_tokens=64)),
+        "text": str(rewrite_gguf(draft, folder / "token-text.gguf", edit_tokens=retext)),
+        "bos": str(set_bos(draft, folder / "other-bos.gguf", 2)),
+        "eos": str(rewrite_gguf(draft, folder / "other-eos.gguf", eos_id=2)),
+        "corrupt": str(_corrupt(folder / "corrupt.gguf", draft)),
+    }
+
+
+def _corrupt(path: Path, src: str) -> Path:
+    data = Path(src).read_bytes()
+    path.write_bytes(data[: len(data) // 2])  # truncated: tensors run past the end
+    return path
+
+
+def entries_for(demo_family, variants) -> list[ModelEntry]:
+    paths = [demo_family["target_gguf"], demo_family["draft_gguf"], demo_family["draft_hf"], *variants.values()]
+    return [read_model(p, "user") for p in paths]
+
+
+def test_each_refusal_names_the_difference(demo_family, variants):
+    report = pair(demo_family["target_gguf"], entries_for(demo_family, variants), memory=PLENTY)
+    refused = {v.path: " ".join(v.reasons) for v in report.incompatible}
+    target_vocab = read_model(demo_family["target_gguf"]).vocab_size
+    assert f"vocab size {target_vocab} vs {target_vocab + 200}" in refused[variants["vocab"]]
+    assert "BOS id 0 (added: True) vs 2 (added: True)" in refused[variants["bos"]]
+    assert "token 100:" in refused[variants["text"]] and "'<|renamed|>'" in refused[variants["text"]]
+    assert "EOS id 1 vs 2" in refused[variants["eos"]]
+    assert "corrupt or truncated" in refused[variants["corrupt"]] and variants["corrupt"] in refused[variants["corrupt"]]
+    assert "HF checkpoint" in refused[demo_family["draft_hf"]]
+    # llama.cpp tolerates a vocabulary up to 128 tokens larger: so does pairing.
+    assert [v.path for v in report.compatible] == [demo_family["draft_gguf"], variants["near_vocab"]]
+
+
+def test_verdicts_match_the_engine_on_loaded_models(demo_family, variants):
+    """Pairing (vocab-only loads) says exactly what the engine says when it loads the pair."""
+    from specdesk.engines.llama.binding import GgufModel
+    from specdesk.engines.llama.compat import incompatibilities
+
+    target_entry = read_model(demo_family["target_gguf"])
+    target = GgufModel(demo_family["target_gguf"])
+    try:
+        for name in ("vocab", "text", "bos", "eos", "near_vocab"):
+            draft = GgufModel(variants[name])
+            try:
+                engine_reasons = incompatibilities(target, draft)
+            finally:
+                draft.close()
+            verdict = check_draft(target_entry, read_model(variants[name]))
+            assert [r.removesuffix(" (target vs draft)") for r in verdict.reasons if not verdict.compatible] \
+                == engine_reasons, name
+    finally:
+        target.close()
+
+
+def test_the_demo_draft_ranks_first_with_an_expected_gain(demo_family, variants):
+    report = pair(demo_family["target_gguf"], entries_for(demo_family, variants), memory=PLENTY)
+    best = report.compatible[0]
+    assert best.path == demo_family["draft_gguf"] and best.score > 1.0 and 1 <= best.k <= 8
+    assert "same family" in best.reasons[0]
+    assert report.memory_draft == demo_family["draft_gguf"] and report.memory.draft_weights_bytes > 0
+    payload = report.to_json()
+    assert set(payload) >= {"compatible", "incompatible", "native", "memory"}
+    assert set(payload["memory"]) >= {"required_bytes", "available_bytes", "fits"}
+    assert payload["compatible"][0]["path"] == best.path and "score" in payload["compatible"][0]
+    assert all(v["reasons"] for v in payload["incompatible"])
+
+
+def test_a_target_used_as_draft_gives_no_gain():
+    assert expected_speedup(0.7, 1.0, 4) < 1.0
+    assert expected_speedup(0.7, 0.05, 4) > 2.0
+    assert expected_speedup(0.0, 0.0, 3) == 1.0
+
+
+def test_family_key_strips_sizes_quantization_and_roles():
+    def key(name):
+        return family_key(ModelEntry(path=name, format="gguf", source="user", name=name))
+
+    assert key("Qwen3-8B-Q4_K_M.gguf") == key("Qwen3-0.6B-Q8_0.gguf") == "qwen3"
+    assert key("specdesk-demo-target-F16.gguf") == key("specdesk-demo-draft-F16.gguf")
+    assert key("Llama-3.1-8B-Instruct-IQ4_XS.gguf") != key("Qwen3-8B-Q4_K_M.gguf")
+
+
+def test_a_chosen_incompatible_draft_is_refused_with_its_reason(demo_family, variants):
+    with pytest.raises(SpecDeskError, match="BOS id"):
+        pair(demo_family["target_gguf"], [], draft_path=variants["bos"], memory=PLENTY)
+    with pytest.raises(SpecDeskError, match="corrupt or truncated"):
+        pair(variants["corrupt"], [], memory=PLENTY)
+
+
+def test_native_drafters_from_the_file_the_library_and_the_table(tmp_path):
+    qwen = ModelEntry(path=str(tmp_path / "Qwen3-8B-Q4_K_M.gguf"), format="gguf", source="user",
+                      name="Qwen3 8B", vocab_size=151936, shape=_shape(36))
+    assert known_target(qwen)["target"] == "Qwen/Qwen3-8B"
+    local = ModelEntry(path=str(tmp_path / "dflash"), format="hf", source="hf-cache", name="z-lab/Qwen3-8B-DFlash-b16",
+                       repo_id="z-lab/Qwen3-8B-DFlash-b16", drafter="dflash",
+                       drafter_config={"block_size": 16, "num_target_layers": 36})
+    found = native_drafters(qwen, [local])
+    assert found == [{"method": "dflash", "source": "local", "path": local.path, "repo": local.repo_id,
+                      "why": "published for this target"}]
+    assert [d["repo"] for d in native_drafters(qwen, [])] == ["z-lab/Qwen3-8B-DFlash-b16"]
+    llama = ModelEntry(path="Meta-Llama-3.1-8B-Instruct-Q4_K_M.gguf", format="gguf", source="user", name="x")
+    assert {d["method"] for d in native_drafters(llama, [])} == {"eagle3", "dflash"}
+    mtp = ModelEntry(path="mimo.gguf", format="gguf", source="user", name="MiMo-7B-RL", mtp_layers=1)
+    assert native_drafters(mtp, [])[0] == {"method": "mtp", "source": "in-file", "path": "mimo.gguf", "layers": 1}
+    plain = ModelEntry(path="unknown-model.gguf", format="gguf", source="user", name="x")
+    assert native_drafters(plain, []) == []
+
+
+def _shape(n_layer):
+    from specdesk.app.library import Shape
+
+    return Shape(n_layer=n_layer)
+
+
+def test_kv_cache_matches_the_engine_formula(demo_family):
+    from specdesk.engines.llama.binding import GgufModel
+
+    entry = read_model(demo_family["target_gguf"])
+    model = GgufModel(demo_family["target_gguf"])
+    try:
+        assert kv_cache_bytes(entry.shape, 200) == model.kv_cache_bytes(200)
+    finally:
+        model.close()
+
+
+def test_fit_verdict_compares_with_available_memory(demo_family):
+    target, draft = read_model(demo_family["target_gguf"]), read_model(demo_family["draft_gguf"])
+    estimate = estimate_memory(target, draft, 128, PLENTY)
+    assert estimate.fits and estimate.available_bytes == PLENTY.ram_available
+    tight = MemoryInfo(ram_available=estimate.required_bytes - 1, ram_total=1 << 30)
+    assert not estimate_memory(target, draft, 128, tight).fits
+    bigger = estimate_memory(target, draft, 256, PLENTY)
+    assert bigger.kv_cache_bytes == 2 * estimate.kv_cache_bytes
+    info = available_memory()
+    assert 0 < info.ram_available <= info.ram_total
+
+
+MEASURE = r"""
+import json, sys, threading
+from specdesk.engines.llama.binding import llama_lib
+from specdesk.engines.llama.engine import LlamaEngine
+from specdesk.engines.types import GenerationRequest, SpecConfig
+
+def rss():
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmRSS:"))
+
+target, draft, n_ctx = sys.argv[1], sys.argv[2], int(sys.argv[3])
+llama_lib()  # the Python process and the llama.cpp library are there before any model
+before = rss()
+engine = LlamaEngine(target, n_ctx=n_ctx, n_threads=1)
+spec = SpecConfig(method="none")
+if draft != "-":
+    engine.load_draft(draft)
+    spec = SpecConfig(method="draft", k=4, draft_path=draft)
+# A prompt that fills the context up to the reply: the worst case the estimate plans for.
+text = "def parse_args(argv):\n    parser = argparse.ArgumentParser()\n" * 100
+prompt = engine.tokenize(text)[: engine.n_ctx - 40]
+request = GenerationRequest(tuple(prompt), max_tokens=32, spec=spec, stop_at_eos=False)
+for _ in engine.generate(request, threading.Event()):
+    pass
+print(json.dumps({"growth": rss() - before}))
+"""
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/status"), reason="reads VmRSS from /proc (Linux)")
+@pytest.mark.parametrize("with_draft,n_ctx", [(True, 256), (False, 128)])
+def test_memory_estimate_is_within_15_percent_of_measured_resident_memory(demo_family, with_draft, n_ctx):
+    target, draft = demo_family["target_gguf"], demo_family["draft_gguf"] if with_draft else "-"
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    out = subprocess.run([sys.executable, "-c", MEASURE, target, draft, str(n_ctx)], capture_output=True,
+                         text=True, timeout=120, env=env, check=True)
+    measured = json.loads(out.stdout.strip().splitlines()[-1])["growth"]
+    estimate = estimate_memory(read_model(target), read_model(draft) if with_draft else None, n_ctx, PLENTY)
+    error = (estimate.required_bytes - measured) / measured
+    print(json.dumps({"n_ctx": n_ctx, "draft": with_draft, "measured_bytes": measured,
+                      "estimated_bytes": estimate.required_bytes, "relative_error": round(error, 4)}))
+    assert abs(error) < 0.15
