@@ -40,6 +40,8 @@ class Settings:
     recent_drafts: list = field(default_factory=list)
     compare_prompt: str = "def parse_args(argv):"
     last_chat_id: Optional[int] = None
+    library_paths: list = field(default_factory=list)  # folders or files added to the model library
+    model_sources: dict = field(default_factory=dict)  # other apps' model folders: name -> scanned (default on)
 
     @classmethod
     def from_dict(cls, data: dict) -> "Settings":
