@@ -371,22 +371,28 @@ def load_sources(path: Optional[Path] = None) -> dict:
 
 
 def expand_location(location: str, env: Optional[dict] = None) -> Optional[Path]:
-    """`~`, $VAR and %VAR% expanded; None when it names a variable that is not set."""
-    env = os.environ if env is None else env
-    for token in ("$", "%"):
-        if token in location:
-            import re
+    """`~`, $VAR, ${VAR} and %VAR% expanded from `env` (default: this process's environment);
+    None when the location names a variable that is not set."""
+    import re
 
-            names = re.findall(r"\$\{?(\w+)\}?|%(\w+)%", location)
-            for a, b in names:
-                if not env.get(a or b):
-                    return None
-            for a, b in names:
-                var = a or b
-                location = (location.replace("${" + var + "}", env[var]).replace("$" + var, env[var])
-                            .replace(f"%{var}%", env[var]))
-            break
-    return Path(os.path.expanduser(location))
+    env = os.environ if env is None else env
+    missing = False
+
+    def value(match: re.Match) -> str:
+        nonlocal missing
+        name = next(g for g in match.groups() if g)
+        if not env.get(name):
+            missing = True
+            return ""
+        return env[name]
+
+    location = re.sub(r"\$\{(\w+)\}|\$(\w+)|%(\w+)%", value, location)
+    if missing:
+        return None
+    if location.startswith("~"):
+        home = env.get("HOME") or env.get("USERPROFILE")
+        location = (home + location[1:]) if home else os.path.expanduser(location)
+    return Path(location)
 
 
 def source_locations(name: str, sources: Optional[dict] = None, platform: Optional[str] = None,
