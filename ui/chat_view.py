@@ -1,8 +1,10 @@
 """The centre of the Chat tab: transcript with accepted-draft highlighting, input, buttons.
 
-Streamed tokens are buffered by `append_pieces` and inserted into the document by
-`flush()`, which the window calls from its repaint timer, so a fast model costs one
-document edit per frame, not one per token.
+Replies are shown as Markdown (ui/markdown.py) with every character keeping its draft
+flag. Streamed tokens are buffered by `append_pieces` and drawn by `flush()`, which the
+window calls from its repaint timer: a fast model costs one document edit per frame, not
+one per token, and only the reply's last Markdown block is redrawn (the blocks before it
+cannot change any more).
 """
 
 from __future__ import annotations
@@ -11,11 +13,14 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from PySide6.QtCore import Qt, Signal
-from PySide6.QtGui import QFont, QFontDatabase, QGuiApplication, QKeySequence, QShortcut, QTextCharFormat, QTextCursor
+from PySide6.QtGui import (QFont, QFontDatabase, QGuiApplication, QKeySequence, QShortcut, QTextBlockFormat,
+                           QTextCharFormat, QTextCursor, QTextFormat, QTextLength)
 from PySide6.QtWidgets import (QCheckBox, QHBoxLayout, QLabel, QPlainTextEdit, QPushButton, QSizePolicy,
                                QTextBrowser, QVBoxLayout, QWidget)
 
-from . import theme
+from . import markdown, theme
+
+HEADING_SCALE = {1: 1.45, 2: 1.3, 3: 1.15}
 
 
 @dataclass
@@ -59,6 +64,17 @@ class ChatMessage:
         return cls(role, pieces, flags, db_id, footer)
 
 
+@dataclass
+class _LiveReply:
+    """Where the streaming reply's Markdown blocks sit in the document."""
+
+    message: ChatMessage
+    body_start: int  # document position where the reply's first block begins
+    committed_blocks: int = 0  # blocks drawn that later text cannot change
+    committed_pos: int = 0  # document position after them
+    code: bool = False  # drawn as one bare-code block
+
+
 class ChatView(QWidget):
     send_requested = Signal(str)
     stop_requested = Signal()
@@ -69,7 +85,8 @@ class ChatView(QWidget):
         super().__init__(parent)
         self.messages: list[ChatMessage] = []
         self.highlight = True
-        self._pending: list[tuple[str, bool]] = []
+        self._pending = False  # the live reply has text not drawn yet
+        self._live: Optional[_LiveReply] = None
 
         self.transcript = QTextBrowser(self)
         self.transcript.setOpenExternalLinks(True)
@@ -150,7 +167,7 @@ class ChatView(QWidget):
     # --- content --------------------------------------------------------------------
     def set_messages(self, messages: list[ChatMessage]) -> None:
         self.messages = list(messages)
-        self._pending.clear()
+        self._pending = False
         self._render_all()
 
     def add_message(self, message: ChatMessage) -> ChatMessage:
@@ -165,7 +182,7 @@ class ChatView(QWidget):
         if not self.messages:
             return None
         message = self.messages.pop()
-        self._pending.clear()
+        self._pending = False
         self._render_all()
         return message
 
@@ -174,26 +191,32 @@ class ChatView(QWidget):
         message.pieces.extend(pieces)
         message.from_draft.extend(from_draft)
         if self.showing(message):
-            self._pending.extend(zip(pieces, from_draft))
+            self._pending = True
 
     def showing(self, message: ChatMessage) -> bool:
         return bool(self.messages) and self.messages[-1] is message
 
     def flush(self) -> bool:
-        if not self._pending:
+        live = self._live
+        if not self._pending or live is None or not self.showing(live.message):
+            self._pending = False
             return False
         follow = self._at_end()
-        cursor = self._end_cursor()
-        run, run_flag = [], None
-        for piece, drafted in self._pending:
-            if run and drafted != run_flag:
-                cursor.insertText("".join(run), self._body_format("assistant", run_flag))
-                run = []
-            run.append(piece)
-            run_flag = drafted
-        if run:
-            cursor.insertText("".join(run), self._body_format("assistant", run_flag))
-        self._pending.clear()
+        message = live.message
+        blocks = markdown.parse(message.text, markdown.char_flags(message.pieces, message.from_draft))
+        code = len(blocks) == 1 and blocks[0].kind == "code" and not blocks[0].lang and markdown.looks_like_code(
+            message.text)
+        if code != live.code or live.committed_blocks > len(blocks):
+            live.committed_blocks, live.committed_pos, live.code = 0, live.body_start, code
+        cursor = QTextCursor(self.transcript.document())
+        cursor.setPosition(live.committed_pos)
+        cursor.movePosition(QTextCursor.End, QTextCursor.KeepAnchor)
+        cursor.removeSelectedText()
+        starts = self._render_blocks(cursor, blocks[live.committed_blocks:])
+        if len(blocks) > 1 and starts:
+            live.committed_pos = starts[-1]
+            live.committed_blocks = len(blocks) - 1
+        self._pending = False
         if follow:
             self._scroll_to_end()
         return True
@@ -201,7 +224,9 @@ class ChatView(QWidget):
     def end_reply(self, message: ChatMessage, footer: str) -> None:
         message.footer = footer
         if self.showing(message):
+            self._pending = True
             self.flush()
+            self._live = None
             self._render_footer(self._end_cursor(), footer)
             self._scroll_to_end()
 
@@ -209,7 +234,6 @@ class ChatView(QWidget):
         self.highlight = on
         if self.highlight_box.isChecked() != on:
             self.highlight_box.setChecked(on)
-        self.flush()
         self._render_all()
 
     def plain_text(self) -> str:
@@ -245,10 +269,8 @@ class ChatView(QWidget):
     def _body_format(self, role: str, drafted: bool) -> QTextCharFormat:
         fmt = QTextCharFormat()
         fmt.setForeground(self.palette().text().color())
-        if role == "assistant":
-            fmt.setFont(self._mono)
-            if drafted and self.highlight:
-                fmt.setBackground(theme.draft_tint(self.palette()))
+        if drafted and self.highlight:
+            fmt.setBackground(theme.draft_tint(self.palette()))
         return fmt
 
     def _render_footer(self, cursor: QTextCursor, footer: str) -> None:
@@ -257,29 +279,92 @@ class ChatView(QWidget):
         fmt = QTextCharFormat()
         fmt.setForeground(theme.muted(self.palette()))
         fmt.setFontItalic(True)
-        cursor.insertBlock()
+        cursor.insertBlock(QTextBlockFormat())
         cursor.insertText(footer, fmt)
 
     def _render_message(self, cursor: QTextCursor, message: ChatMessage, first: bool) -> None:
         if not first:
-            cursor.insertBlock()
-            cursor.insertBlock()
+            cursor.insertBlock(QTextBlockFormat())
+            cursor.insertBlock(QTextBlockFormat())
         cursor.insertText("You" if message.role == "user" else "Model", self._header_format())
-        cursor.insertBlock()
         if message.role == "user":
-            cursor.insertText(message.text, self._body_format("user", False))
+            cursor.insertBlock(QTextBlockFormat())
+            cursor.insertText(message.text.replace("\n", "\u2028"), self._body_format("user", False))
+            self._live = None
+            return
+        live = _LiveReply(message, cursor.position())
+        live.committed_pos = live.body_start
+        blocks = markdown.parse(message.text, markdown.char_flags(message.pieces, message.from_draft))
+        self._render_blocks(cursor, blocks)
+        if message.footer:
+            self._render_footer(cursor, message.footer)
+            self._live = None
         else:
-            spans = message.draft_spans()
-            at = 0
-            text = message.text
-            for length, drafted in spans:
-                cursor.insertText(text[at:at + length], self._body_format("assistant", drafted))
-                at += length
-        self._render_footer(cursor, message.footer)
+            self._live = live
+            self._pending = bool(message.pieces)
+
+    def _render_blocks(self, cursor: QTextCursor, blocks: list[markdown.Block]) -> list[int]:
+        """Draw Markdown blocks at the cursor; returns the document position each one starts at."""
+        starts = []
+        palette = self.palette()
+        for block in blocks:
+            starts.append(cursor.position())
+            fmt = QTextBlockFormat()
+            fmt.setTopMargin(3)
+            fmt.setBottomMargin(3)
+            base = QTextCharFormat()
+            base.setForeground(palette.text().color())
+            if block.kind == "code":
+                fmt.setBackground(theme.code_background(palette))
+                fmt.setLeftMargin(6)
+                fmt.setRightMargin(6)
+                fmt.setNonBreakableLines(True)
+                base.setFont(self._mono)
+            elif block.kind == "heading":
+                base.setFontWeight(QFont.Bold)
+                base.setFontPointSize(self.font().pointSizeF() * HEADING_SCALE.get(block.level, 1.0))
+            elif block.kind == "item":
+                fmt.setLeftMargin(22 + 18 * block.level)
+                fmt.setTextIndent(-16 if block.marker == "•" else -22)
+                fmt.setTopMargin(0)
+                fmt.setBottomMargin(0)
+            elif block.kind == "quote":
+                fmt.setLeftMargin(18)
+                base.setForeground(theme.muted(palette))
+                base.setFontItalic(True)
+            elif block.kind == "rule":
+                fmt.setProperty(QTextFormat.BlockTrailingHorizontalRulerWidth,
+                                QTextLength(QTextLength.PercentageLength, 100))
+            cursor.insertBlock(fmt, base)
+            if block.kind == "item":
+                cursor.insertText(block.marker + " ", base)
+            for run in block.runs:
+                cursor.insertText(run.text.replace("\n", "\u2028"), self._run_format(base, run))
+        return starts
+
+    def _run_format(self, base: QTextCharFormat, run: markdown.Run) -> QTextCharFormat:
+        fmt = QTextCharFormat(base)
+        if run.bold:
+            fmt.setFontWeight(QFont.Bold)
+        if run.italic:
+            fmt.setFontItalic(True)
+        if run.code:
+            fmt.setFontFamilies(self._mono.families())
+            fmt.setBackground(theme.code_background(self.palette()))
+        if run.link:
+            fmt.setAnchor(True)
+            fmt.setAnchorHref(run.link)
+            fmt.setForeground(theme.accent(self.palette()))
+            fmt.setFontUnderline(True)
+        if run.drafted and self.highlight:
+            fmt.setBackground(theme.draft_tint(self.palette()))
+        return fmt
 
     def _render_all(self) -> None:
         self.transcript.clear()
+        self._live = None
         cursor = self._end_cursor()
         for i, message in enumerate(self.messages):
             self._render_message(cursor, message, first=i == 0)
+        self._pending = False
         self._scroll_to_end()

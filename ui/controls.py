@@ -29,11 +29,14 @@ METHOD_HELP = {
     "ngram": "Drafts by looking up the last few tokens earlier in the prompt and reply; needs no model.",
     "ngram-pool": "An n-gram pool that learns from every turn of the chat; needs no model.",
     "draft": "A smaller model with the same vocabulary drafts k tokens; the target checks them in one pass.",
+    "mtp": "The target's own multi-token-prediction layers draft k tokens from its hidden state.",
+    "dflash": "A DFlash drafter proposes a whole block in one pass from the target's hidden states.",
+    "eagle3": "An EAGLE-3 head drafts from three of the target's hidden layers.",
 }
-UNSUPPORTED_REASON = {
-    "mtp": "needs a model with multi-token-prediction layers, run by the PyTorch engine",
-    "dflash": "needs a DFlash block drafter, run by the PyTorch engine",
-    "eagle3": "needs an EAGLE-3 drafter, run by the PyTorch engine",
+UNSUPPORTED_REASON = {  # when the engine gives no reason of its own
+    "mtp": "needs a model with multi-token-prediction (MTP) layers",
+    "dflash": "needs a DFlash block drafter made for this target",
+    "eagle3": "needs an EAGLE-3 drafter made for this target",
 }
 
 
@@ -253,8 +256,10 @@ class ControlsPanel(QScrollArea):
     def _method_enabled(self, method: str) -> bool:
         return method in self._supported
 
-    def set_supported_methods(self, supported: tuple[str, ...], engine_name: str) -> None:
-        """Disable methods the loaded engine cannot run, with a tooltip saying why."""
+    def set_supported_methods(self, supported: tuple[str, ...], engine_name: str,
+                              reasons: Optional[dict[str, str]] = None) -> None:
+        """Disable methods the loaded engine or target cannot run, with a tooltip saying why."""
+        reasons = reasons or {}
         self._supported, self._engine_name = tuple(supported), engine_name
         model = self.method_combo.model()
         for i in range(self.method_combo.count()):
@@ -265,8 +270,8 @@ class ControlsPanel(QScrollArea):
             if enabled:
                 item.setToolTip(METHOD_HELP.get(method, ""))
             else:
-                reason = UNSUPPORTED_REASON.get(method, "not implemented for this engine")
-                item.setToolTip(f"Not available for GGUF targets on {engine_name}: {reason}.")
+                reason = reasons.get(method) or UNSUPPORTED_REASON.get(method, "not implemented for this engine")
+                item.setToolTip(f"Not available for this target on {engine_name}: {reason}.")
         if self.method() not in supported:
             self._select_method("none")
         self._update_enabled()

@@ -30,12 +30,13 @@ class ModelInfo:
     target_path: str
     draft_path: Optional[str]  # None: no draft model loaded
     engine: str
-    supported_methods: tuple[str, ...]
+    supported_methods: tuple[str, ...]  # what this target can run now
     n_ctx: int
     threads: int
     n_params: int
     size_bytes: int
     chat_template: bool  # whether the model file has its own chat template
+    unavailable: tuple[tuple[str, str], ...] = ()  # (method, why not) for the engine's other methods
 
 
 @dataclass(frozen=True)
@@ -137,11 +138,12 @@ def same_file(a, b) -> bool:
 
 
 def describe_engine(engine, draft_path: Optional[str]) -> ModelInfo:
-    from specdesk.engines.llama.engine import SUPPORTED_METHODS
-
     model = engine.target
-    return ModelInfo(str(model.path), draft_path, engine.name, SUPPORTED_METHODS, engine.n_ctx, engine.n_threads,
-                     int(model.n_params), int(model.size_bytes), model.chat_template() is not None)
+    availability = engine.method_availability()
+    supported = tuple(m for m, why in availability.items() if why is None)
+    unavailable = tuple((m, why) for m, why in availability.items() if why is not None)
+    return ModelInfo(str(model.path), draft_path, engine.name, supported, engine.n_ctx, engine.n_threads,
+                     int(model.n_params), int(model.size_bytes), model.chat_template() is not None, unavailable)
 
 
 # --- chat ----------------------------------------------------------------------

@@ -160,7 +160,7 @@ class MainWindow(QMainWindow):
 
     def _on_loaded(self, info: ModelInfo) -> None:
         self.info = info
-        self.controls.set_supported_methods(info.supported_methods, info.engine)
+        self.controls.set_supported_methods(info.supported_methods, info.engine, dict(info.unavailable))
         self.setWindowTitle(f"SpecDesk — {file_label(info.target_path)}")
         self._show_model_status()
 

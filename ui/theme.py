@@ -47,3 +47,8 @@ def apply_dark_palette(app: QApplication) -> None:
     for role in (QPalette.Text, QPalette.ButtonText, QPalette.WindowText):
         palette.setColor(QPalette.Disabled, role, QColor("#7a7a7a"))
     app.setPalette(palette)
+
+
+def code_background(palette: QPalette | None = None) -> QColor:
+    """Behind code blocks and `inline code` in replies."""
+    return QColor("#262b33") if is_dark(palette) else QColor("#f0f2f5")

@@ -76,6 +76,16 @@ class LlamaEngine:
                 self._native[key] = DFlashDrafter(path, self.target, self.context, self.n_threads)
         return self._native[key]
 
+    def method_availability(self) -> dict[str, Optional[str]]:
+        """Each method of this engine: None where this target can run it now, else why not."""
+        reasons: dict[str, Optional[str]] = {m: None for m in SUPPORTED_METHODS}
+        if "mtp" in reasons and not self.target.load_mtp:
+            reasons["mtp"] = f"{self.target.path.name} has no MTP (NextN) layers"
+        if "dflash" in reasons and not any(key.startswith("dflash:") for key in self._native):
+            reasons["dflash"] = ("needs a DFlash drafter GGUF made for this target "
+                                 "(specdesk compare --method dflash --draft FILE)")
+        return reasons
+
     def set_threads(self, n_threads: int) -> None:
         self.n_threads = n_threads
         self.context.set_threads(n_threads)
