@@ -1,0 +1,180 @@
+"""`specdesk models list | search | download | pair`: the model library from the terminal.
+
+Each subcommand prints a readable table, or with `--json` one JSON document on stdout
+(progress and notes go to stderr, so the JSON can be piped).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Optional
+
+from specdesk.engines.types import SpecDeskError
+
+
+def _say(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def library_config(args):
+    from .library import LibraryConfig
+    from .settings import load_settings
+
+    config = LibraryConfig.from_settings(load_settings())
+    config.user_paths += list(args.path or [])
+    config.include_apps = not args.no_apps
+    config.include_hf_cache = not args.no_hf_cache
+    return config
+
+
+def scan(args):
+    from .library import scan_library
+
+    return scan_library(library_config(args), progress=_say if sys.stderr.isatty() else None)
+
+
+def entry_json(entry, entries) -> dict:
+    from .pairing import native_drafters
+
+    data = entry.to_json()
+    data["native_drafters"] = native_drafters(entry, entries) if entry.ok and not entry.drafter else []
+    return data
+
+
+def _size(n: Optional[int]) -> str:
+    from .hub import human_bytes
+
+    return human_bytes(n) if n else "-"
+
+
+def cmd_list(args) -> int:
+    entries = scan(args)
+    if args.json:
+        print(json.dumps([entry_json(e, entries) for e in entries]))
+        return 0
+    if not entries:
+        print("no models found: download one (`specdesk models download REPO`), build the demo "
+              "(`specdesk demo build`) or add a folder with --path")
+        return 0
+    print(f"{'source':10} {'format':6} {'architecture':16} {'params':>9} {'quant':8} {'vocab':>7} {'size':>9}  path")
+    for e in entries:
+        params = f"{e.parameters / 1e6:.1f}M" if e.parameters else "-"
+        extra = f"  [{e.drafter} drafter]" if e.drafter else (f"  [MTP x{e.mtp_layers}]" if e.mtp_layers else "")
+        print(f"{e.source:10} {e.format:6} {(e.architecture or '-')[:16]:16} {params:>9} {(e.quantization or '-'):8} "
+              f"{e.vocab_size or '-':>7} {_size(e.size_bytes):>9}  {e.path}{extra}")
+        if e.error:
+            print(f"{'':10} error: {e.error}")
+    return 0
+
+
+def cmd_search(args) -> int:
+    from dataclasses import asdict
+
+    from .hub import search
+
+    if args.limit < 1:
+        raise SpecDeskError(f"--limit {args.limit} is out of range: use 1 or more")
+    results = search(args.query, gguf_only=args.gguf, author=args.author, limit=args.limit)
+    if args.json:
+        print(json.dumps([asdict(r) for r in results]))
+        return 0
+    for r in results:
+        print(f"{r.repo_id:60} {r.downloads:>10} downloads{'  GGUF' if r.gguf else ''}")
+    if not results:
+        print("no models found")
+    return 0
+
+
+def cmd_download(args) -> int:
+    from .hub import DownloadProgress, download_files, human_bytes
+
+    last = {"shown": -1}
+
+    def show(p: DownloadProgress) -> None:
+        percent = int(100 * p.done / p.total) if p.total else 100
+        if percent != last["shown"] and sys.stderr.isatty():
+            last["shown"] = percent
+            print(f"\r{p.filename}: {percent:3d}% of {human_bytes(p.total)}", end="", file=sys.stderr, flush=True)
+
+    paths = download_files(args.repo, list(args.files), revision=args.revision, progress=show)
+    if sys.stderr.isatty():
+        print(file=sys.stderr)
+    if args.json:
+        print(json.dumps([str(p) for p in paths]))
+    else:
+        for p in paths:
+            print(p)
+    return 0
+
+
+def cmd_pair(args) -> int:
+    from .hub import human_bytes
+    from .pairing import pair
+
+    if args.ctx < 0:
+        raise SpecDeskError(f"--ctx {args.ctx} is out of range: use 0 (the model's own) or a positive size")
+    entries = scan(args)
+    report = pair(args.target, entries, n_ctx=args.ctx, draft_path=args.draft)
+    payload = report.to_json()
+    if args.json:
+        print(json.dumps(payload))
+        return 0
+    print(f"target {report.target.path}")
+    print("compatible drafts (best first):" if report.compatible else "no compatible draft in the library")
+    for v in report.compatible:
+        print(f"  {v.score:5.2f}x at k={v.k}  {v.path}  ({'; '.join(v.reasons)})")
+    if report.incompatible:
+        print("not compatible:")
+        for v in report.incompatible:
+            print(f"  {v.path}: {'; '.join(v.reasons)}")
+    for d in report.native:
+        where = d.get("path") or d.get("repo")
+        print(f"native drafter: {d['method']} ({d['source']}) {where}" + (f": {d['why']}" if d.get("why") else ""))
+    m = report.memory
+    verdict = "fits" if m.fits else "does NOT fit"
+    print(f"memory at context {m.n_ctx}: needs {human_bytes(m.required_bytes)}, {human_bytes(m.available_bytes)} "
+          f"free: {verdict}" + (f" (draft {Path(report.memory_draft).name})" if report.memory_draft else ""))
+    return 0
+
+
+def add_models_parser(sub) -> None:
+    """The `models` subcommand and its own subcommands (app/main.py calls this)."""
+    models = sub.add_parser("models", help="the model library: list, search the hub, download, pair drafts")
+    actions = models.add_subparsers(dest="models_command", required=True)
+
+    def common(p: argparse.ArgumentParser, library: bool = False) -> None:
+        p.add_argument("--json", action="store_true", help="print JSON on stdout")
+        if library:
+            p.add_argument("--path", action="append", help="also scan this folder or file (repeatable)")
+            p.add_argument("--no-apps", action="store_true", help="skip other apps' model folders")
+            p.add_argument("--no-hf-cache", action="store_true", help="skip the Hugging Face cache")
+
+    p = actions.add_parser("list", help="models on this machine, with metadata")
+    common(p, library=True)
+    p.set_defaults(func=cmd_list)
+
+    p = actions.add_parser("search", help="search the Hugging Face hub (HF_ENDPOINT)")
+    p.add_argument("query", nargs="?", default="")
+    p.add_argument("--gguf", action="store_true", help="GGUF repositories only")
+    p.add_argument("--author", help="only this user or organisation")
+    p.add_argument("--limit", type=int, default=30)
+    common(p)
+    p.set_defaults(func=cmd_search)
+
+    p = actions.add_parser("download", help="download files into the Hugging Face cache (resumes)")
+    p.add_argument("repo", help="OWNER/NAME")
+    p.add_argument("files", nargs="*", help="file names in the repository (default: its GGUF files)")
+    p.add_argument("--revision", default="main")
+    common(p)
+    p.set_defaults(func=cmd_download)
+
+    p = actions.add_parser("pair", help="compatible drafts, native drafters and memory fit for a target")
+    p.add_argument("--target", required=True, help="a GGUF file")
+    p.add_argument("--draft", help="count this draft in the memory estimate (default: the best one)")
+    p.add_argument("--ctx", type=int, default=0, help="context size (default: the model's, at most 4096)")
+    common(p, library=True)
+    p.set_defaults(func=cmd_pair)
+
