@@ -277,6 +277,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--suffix", default="", help="added to the file names, e.g. -dark")
     p.add_argument("--threads", type=int, default=None, help="CPU threads (default: automatic)")
     p.set_defaults(func=cmd_screenshot)
+
+    from specdesk.app.models_cli import add_models_parser
+
+    add_models_parser(sub)
     return parser
 
 
