@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import signal
 import subprocess
@@ -218,3 +219,15 @@ def test_bad_repo_ids_and_missing_files_are_explained(server):
         hub.download("acme/tiny-GGUF", "missing.gguf")
     with pytest.raises(SpecDeskError, match="repository not found"):
         hub.list_files("acme/nothing-here")
+
+
+def test_models_search_and_download_commands(server, tmp_path, capsys):
+    from specdesk.app.main import main
+
+    assert main(["models", "search", "tiny", "--gguf", "--json"]) == 0
+    assert [r["repo_id"] for r in json.loads(capsys.readouterr().out)] == ["acme/tiny-GGUF"]
+    assert main(["models", "download", "acme/tiny-GGUF", "--json"]) == 0  # no names: its GGUF files
+    (path,) = json.loads(capsys.readouterr().out)
+    assert Path(path).read_bytes() == server.data
+    assert main(["models", "download", "acme/tiny-GGUF", "README.md", "../escape"]) == 2
+    assert "refused file name '../escape'" in capsys.readouterr().err

@@ -197,3 +197,22 @@ def test_demo_family_and_settings_feed_the_scan(demo_family, tmp_path):
     assert len(paths) == len(entries)  # each file once
     payload = entries[0].to_json()
     assert {"path", "format", "architecture", "parameters", "vocab_size", "size_bytes"} <= set(payload)
+
+
+def test_models_list_json(demo_family, tmp_path, monkeypatch, capsys):
+    from specdesk.app.main import main
+
+    monkeypatch.setenv("SPECDESK_CONFIG_DIR", str(tmp_path / "config"))
+    monkeypatch.setenv("HOME", str(tmp_path / "empty-home"))
+    folder = Path(demo_family["target_gguf"]).parent
+    (tmp_path / "bad.gguf").write_bytes(b"GGUF\x03\x00\x00\x00 broken")
+    assert main(["models", "list", "--json", "--no-hf-cache", "--path", str(folder),
+                 "--path", str(tmp_path / "bad.gguf")]) == 0
+    listed = {e["path"]: e for e in json.loads(capsys.readouterr().out)}
+    target = listed[demo_family["target_gguf"]]
+    for key in ("path", "format", "architecture", "parameters", "vocab_size", "size_bytes", "native_drafters"):
+        assert key in target, key
+    assert target["format"] == "gguf" and target["architecture"] == "llama" and target["parameters"] > 0
+    assert listed[str(tmp_path / "bad.gguf")]["error"]
+    assert main(["models", "list", "--no-hf-cache", "--path", str(folder)]) == 0
+    assert demo_family["draft_gguf"] in capsys.readouterr().out

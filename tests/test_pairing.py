@@ -224,3 +224,24 @@ def test_memory_estimate_is_within_15_percent_of_measured_resident_memory(demo_f
     print(json.dumps({"n_ctx": n_ctx, "draft": with_draft, "measured_bytes": measured,
                       "estimated_bytes": estimate.required_bytes, "relative_error": round(error, 4)}))
     assert abs(error) < 0.15
+
+
+def test_models_pair_json(demo_family, variants, tmp_path, monkeypatch, capsys):
+    from specdesk.app.main import main
+
+    monkeypatch.setenv("SPECDESK_CONFIG_DIR", str(tmp_path / "config"))
+    folder = str(Path(variants["bos"]).parent)
+    args = ["models", "pair", "--target", demo_family["target_gguf"], "--path", demo_family["draft_gguf"],
+            "--path", folder, "--no-apps", "--no-hf-cache", "--ctx", "128"]
+    assert main(args + ["--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["compatible"][0]["path"] == demo_family["draft_gguf"] and report["compatible"][0]["score"] > 1
+    reasons = {v["path"]: v["reasons"] for v in report["incompatible"]}
+    assert any("BOS id" in r for r in reasons[variants["bos"]])
+    assert isinstance(report["native"], list)
+    memory = report["memory"]
+    assert memory["fits"] is True and 0 < memory["required_bytes"] < memory["available_bytes"]
+    assert main(args) == 0
+    assert "fits" in capsys.readouterr().out
+    assert main(args[:3] + [variants["corrupt"], "--no-apps", "--no-hf-cache"]) == 2
+    assert "corrupt or truncated" in capsys.readouterr().err
