@@ -1,0 +1,252 @@
+"""The demo target's DFlash drafter: trained on the core's hidden states, saved in z-lab's
+DFlashDraftModel format (its own folder: config.json + model.safetensors).
+
+Training runs at the core's size. Each step takes the core's layer outputs for a batch,
+picks anchor positions a, and teaches the drafter that the block [x_a, mask x (B-1)] at
+positions a.., attending to the context rows before a and to its own block, should give the
+core's distributions for x_{a+1}..x_{a+B-1} (KL to the core). Many blocks share one pass
+through an attention mask. Installing widens the hidden dimension with widen.py's rules
+(new dimensions read through random weights and are never written), so on the demo target
+the drafter computes exactly what it computed on the core.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from .config import ModelConfig
+from .widen import NEW_WEIGHT_STD
+
+
+@dataclass(frozen=True)
+class DFlashSpec:
+    num_layers: int
+    num_heads: int
+    head_dim: int
+    intermediate_size: int
+    block_size: int
+    target_layer_ids: tuple[int, ...]
+    mask_token_id: int  # an existing token: the drafter learns what the mask rows mean
+
+
+@dataclass(frozen=True)
+class DFlashTraining:
+    steps: int
+    batch_size: int = 8
+    seq_len: int = 256
+    blocks_per_sequence: int = 16
+    peak_lr: float = 2e-3
+    warmup_steps: int = 30
+    seed: int = 999
+
+
+def drafter_config(spec: DFlashSpec, hidden_size: int, rms_norm_eps: float, qk_norm_eps: float, core: ModelConfig):
+    from specdesk.engines.torch.dflash import DFlashConfig
+    from specdesk.engines.torch.model import ModelConfig as EngineConfig
+
+    model = EngineConfig(vocab_size=core.vocab_size, hidden_size=hidden_size, num_hidden_layers=spec.num_layers,
+                         num_attention_heads=spec.num_heads, num_key_value_heads=spec.num_heads,
+                         head_dim=spec.head_dim, intermediate_size=spec.intermediate_size,
+                         rms_norm_eps=rms_norm_eps, rope_theta=core.rope_theta,
+                         max_position_embeddings=core.max_position_embeddings, qk_norm=True,
+                         architecture="DFlashDraftModel")
+    return DFlashConfig(model, spec.block_size, spec.mask_token_id, spec.target_layer_ids,
+                        core.num_hidden_layers, qk_norm_eps)
+
+
+def wide_eps(core: ModelConfig, wide_hidden: int) -> float:
+    return core.rms_norm_eps * core.hidden_size / wide_hidden
+
+
+def core_features(core_model, tokens, layer_ids):
+    """(features (B, T, n*d): outputs of the listed layers, logits (B, T, V)) of the core."""
+    x = core_model.model.embed_tokens(tokens)
+    T = tokens.shape[1]
+    cos, sin = core_model.rope_cos[:T], core_model.rope_sin[:T]
+    wanted, taps = {i + 1 for i in layer_ids}, {}
+    for index, layer in enumerate(core_model.model.layers):
+        x = layer(x, cos, sin)
+        if index + 1 in wanted:
+            taps[index + 1] = x
+    logits = core_model.lm_head(core_model.model.norm(x))
+    return __import__("torch").cat([taps[i + 1] for i in layer_ids], dim=-1), logits
+
+
+def train_dflash(core_model, core: ModelConfig, spec: DFlashSpec, settings: DFlashTraining, wide_hidden: int,
+                 train_tokens: np.ndarray, held_out_tokens: np.ndarray, log=print) -> tuple[dict, dict]:
+    """Returns (tensors by checkpoint name at the core's size, info)."""
+    import torch
+    import torch.nn.functional as F
+
+    from specdesk.engines.torch.dflash import DFlashDraftModel
+    from specdesk.engines.torch.model import rope_tables
+
+    from .train import TrainConfig, learning_rate, sample_batch
+
+    torch.manual_seed(settings.seed)
+    # Hidden-size norms use the core's eps (widening rescales it); q/k norms over head_dim
+    # already use the wide eps, which widening leaves alone.
+    config = drafter_config(spec, core.hidden_size, core.rms_norm_eps, wide_eps(core, wide_hidden), core)
+    drafter = DFlashDraftModel(config)
+    generator = torch.Generator().manual_seed(settings.seed)
+    with torch.no_grad():
+        for name, param in drafter.named_parameters():
+            if name.endswith("norm.weight"):
+                param.fill_(1.0)
+            else:
+                std = 0.02 / math.sqrt(2 * spec.num_layers) if name.endswith(("o_proj.weight", "down_proj.weight")) \
+                    else 0.02
+                param.copy_(torch.randn(param.shape, generator=generator) * std)
+    core_model.eval()
+    for p in core_model.parameters():
+        p.requires_grad_(False)
+    optimizer = torch.optim.AdamW(drafter.parameters(), lr=settings.peak_lr, betas=(0.9, 0.95), weight_decay=0.0)
+    schedule = TrainConfig(steps=settings.steps, batch_size=settings.batch_size, seq_len=settings.seq_len,
+                           peak_lr=settings.peak_lr, warmup_steps=settings.warmup_steps)
+    rng = np.random.default_rng(settings.seed)
+    B, T, n_blocks = spec.block_size, settings.seq_len, settings.blocks_per_sequence
+    cos, sin = rope_tables(config.model, T + B)
+    started = time.time()
+
+    def batch_loss(tokens: torch.Tensor, anchor_rng: np.random.Generator):
+        anchors = np.sort(anchor_rng.choice(np.arange(1, T - B + 1), size=n_blocks, replace=False))
+        with torch.no_grad():
+            features, teacher_logits = core_features(core_model, tokens, spec.target_layer_ids)
+            teacher = F.log_softmax(teacher_logits.float(), dim=-1)  # (Bt, T, V)
+            ids = torch.full((tokens.shape[0], n_blocks, B), spec.mask_token_id, dtype=torch.long)
+            ids[:, :, 0] = tokens[:, anchors]
+            block = core_model.model.embed_tokens(ids.view(tokens.shape[0], -1))  # (Bt, n_blocks*B, d)
+        positions = torch.as_tensor((anchors[:, None] + np.arange(B)[None, :]).reshape(-1))  # (n_blocks*B,)
+        block_of = torch.arange(n_blocks).repeat_interleave(B)
+        sees_context = torch.arange(T)[None, :] < torch.as_tensor(anchors).repeat_interleave(B)[:, None]
+        sees_block = block_of[:, None] == block_of[None, :]
+        mask = torch.cat([sees_context, sees_block], dim=1)  # (n_blocks*B, T + n_blocks*B)
+        rope = (cos[positions], sin[positions], cos[:T], sin[:T])
+        rows = drafter(block, features, rope, 0, mask)  # (Bt, n_blocks*B, d)
+        rows = rows.view(tokens.shape[0], n_blocks, B, -1)[:, :, 1:]  # drafted rows
+        student = F.log_softmax(core_model.lm_head(rows).float(), dim=-1)  # (Bt, n_blocks, B-1, V)
+        target_positions = torch.as_tensor(anchors[:, None] + np.arange(B - 1)[None, :])  # row i predicts x_{a+i+1}
+        target = teacher[:, target_positions]  # (Bt, n_blocks, B-1, V)
+        V = student.shape[-1]
+        kl = F.kl_div(student.reshape(-1, V), target.reshape(-1, V), log_target=True, reduction="batchmean")
+        agree = (student.argmax(-1) == target.argmax(-1)).float().mean(dim=(0, 1))  # (B-1,) per block position
+        return kl, agree
+
+    for step in range(settings.steps):
+        for group in optimizer.param_groups:
+            group["lr"] = learning_rate(step, schedule)
+        tokens = sample_batch(train_tokens, settings.batch_size, T - 1, rng)  # (Bt, T)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            loss, agree = batch_loss(tokens, rng)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(drafter.parameters(), 1.0)
+        optimizer.step()
+        if (step + 1) % 25 == 0 or step + 1 == settings.steps:
+            log({"event": "step", "label": "dflash", "step": step + 1, "kl": round(loss.item(), 4),
+                 "top1_agreement": [round(a, 3) for a in agree.tolist()],
+                 "s_per_step": round((time.time() - started) / (step + 1), 3)})
+    with torch.no_grad():
+        eval_rng = np.random.default_rng(0)
+        agreements = [batch_loss(sample_batch(held_out_tokens, settings.batch_size, T - 1, eval_rng), eval_rng)[1]
+                      for _ in range(8)]
+    per_position = torch.stack(agreements).mean(0).tolist()
+    info = {"steps": settings.steps, "held_out_top1_agreement_per_position": [round(a, 4) for a in per_position],
+            "train_seconds": round(time.time() - started, 1)}
+    state = {name: t.detach().float().numpy() for name, t in drafter.state_dict().items()}
+    return state, info
+
+
+def widen_dflash(state: dict[str, np.ndarray], core: ModelConfig, spec: DFlashSpec, wide_hidden: int,
+                 seed: int) -> dict[str, np.ndarray]:
+    """The drafter for the widened target: only the hidden dimension grows (heads stay).
+
+    Hidden-size norms are scaled by sqrt(d_core/d_wide) (with the wide eps, as widen.py);
+    projections reading the stream get random columns for the new dimensions; projections
+    writing it (o_proj, down_proj, fc) get zero rows there; fc reads each target layer's
+    slice of the concatenated features from that slice's first d_core columns.
+    """
+    d, D = core.hidden_size, wide_hidden
+    rng = np.random.default_rng(seed)
+    scale = np.float32(math.sqrt(d / D))
+
+    def random(shape):
+        return rng.standard_normal(shape, dtype=np.float32) * np.float32(NEW_WEIGHT_STD)
+
+    out: dict[str, np.ndarray] = {}
+    for name in sorted(state):
+        t = np.asarray(state[name], dtype=np.float32)
+        if name.endswith(("q_norm.weight", "k_norm.weight")):  # over head_dim: unchanged
+            out[name] = t
+        elif name.endswith("norm.weight"):  # input/post_attention layernorms, hidden_norm, norm
+            out[name] = np.concatenate([t * scale, np.full((D - d,), scale, dtype=np.float32)])
+        elif name.endswith(("q_proj.weight", "k_proj.weight", "v_proj.weight", "gate_proj.weight", "up_proj.weight")):
+            wide = random((t.shape[0], D))
+            wide[:, :d] = t
+            out[name] = wide
+        elif name.endswith(("o_proj.weight", "down_proj.weight")):
+            wide = np.zeros((D, t.shape[1]), dtype=np.float32)
+            wide[:d] = t
+            out[name] = wide
+        elif name == "fc.weight":  # (d, n*d) -> (D, n*D)
+            n = len(spec.target_layer_ids)
+            wide = np.zeros((D, n * D), dtype=np.float32)
+            for i in range(n):
+                wide[:d, i * D:i * D + d] = t[:, i * d:(i + 1) * d]
+                wide[:d, i * D + d:(i + 1) * D] = random((d, D - d))
+            out[name] = wide
+        else:
+            raise ValueError(f"widen_dflash: unexpected tensor {name!r}")
+    return out
+
+
+def dflash_hf_config(spec: DFlashSpec, core: ModelConfig, hidden_size: int, rms_norm_eps: float) -> dict:
+    """config.json in z-lab's format (Qwen3 keys plus block_size and dflash_config)."""
+    return {
+        "architectures": ["DFlashDraftModel"],
+        "model_type": "qwen3",
+        "attention_bias": False,
+        "block_size": spec.block_size,
+        "dflash_config": {"mask_token_id": spec.mask_token_id, "target_layer_ids": list(spec.target_layer_ids)},
+        "head_dim": spec.head_dim,
+        "hidden_act": "silu",
+        "hidden_size": hidden_size,
+        "intermediate_size": spec.intermediate_size,
+        "max_position_embeddings": core.max_position_embeddings,
+        "num_attention_heads": spec.num_heads,
+        "num_hidden_layers": spec.num_layers,
+        "num_key_value_heads": spec.num_heads,
+        "num_target_layers": core.num_hidden_layers,
+        "rms_norm_eps": rms_norm_eps,
+        "rope_theta": core.rope_theta,
+        "tie_word_embeddings": False,
+        "torch_dtype": "float16",
+        "vocab_size": core.vocab_size,
+    }
+
+
+def export_dflash_hf(trained_dir, card: dict, out_dir) -> None:
+    """The widened drafter as a z-lab DFlashDraftModel folder (config.json, model.safetensors)."""
+    import shutil
+    from pathlib import Path
+
+    from safetensors.numpy import load_file, save_file
+
+    from .export_hf import atomic_path, write_json_atomic
+
+    trained_dir, out_dir = Path(trained_dir), Path(out_dir)
+    core = ModelConfig(**card["core"]["config"])
+    spec = DFlashSpec(**{**card["dflash"]["spec"], "target_layer_ids": tuple(card["dflash"]["spec"]["target_layer_ids"])})
+    wide_hidden = card["wide"]["hidden_size"]
+    state = {name: t.astype(np.float32) for name, t in load_file(str(trained_dir / "dflash.safetensors")).items()}
+    wide_state = widen_dflash(state, core, spec, wide_hidden, seed=card["dflash"].get("widen_seed", 0))
+    if out_dir.is_dir():
+        shutil.rmtree(out_dir)
+    write_json_atomic(out_dir / "config.json", dflash_hf_config(spec, core, wide_hidden, wide_eps(core, wide_hidden)))
+    weights = {name: np.ascontiguousarray(t.astype(np.float16)) for name, t in sorted(wide_state.items())}
+    with atomic_path(out_dir / "model.safetensors") as tmp:
+        save_file(weights, str(tmp), metadata={"format": "pt"})

@@ -1,0 +1,190 @@
+"""The demo target's MTP layer: trained on the core's own hidden states, stored MiMo-style.
+
+Training happens at the core's size (d = 256), where it is cheap: row t reads the core's
+final hidden state h_t and the embedding of x_{t+1}, and learns the core's distribution
+for x_{t+2} (KL to the core, which is what verification compares against). Installing
+widens it with the same function-preserving map as the target (widen.py), so on the demo
+target it computes exactly what it computed on the core, and writes it into the target's HF
+folder as a second shard (`model-mtp.safetensors`) under MiMo's tensor names
+(`model.mtp_layers.0.*`, `num_nextn_predict_layers: 1`), the format of XiaomiMiMo/MiMo-7B.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from .config import ModelConfig
+from .widen import NEW_WEIGHT_STD
+
+PREFIX = "model.mtp_layers.0."
+
+
+@dataclass(frozen=True)
+class MtpTraining:
+    steps: int
+    batch_size: int = 8
+    seq_len: int = 256
+    peak_lr: float = 2e-3
+    warmup_steps: int = 30
+    seed: int = 777
+
+
+def engine_config(core: ModelConfig):
+    """The engine's config for a demo-family model (same shapes, plain Llama)."""
+    from specdesk.engines.torch.model import ModelConfig as EngineConfig
+
+    return EngineConfig(vocab_size=core.vocab_size, hidden_size=core.hidden_size,
+                        num_hidden_layers=core.num_hidden_layers, num_attention_heads=core.num_attention_heads,
+                        num_key_value_heads=core.num_attention_heads, head_dim=core.head_dim,
+                        intermediate_size=core.intermediate_size, rms_norm_eps=core.rms_norm_eps,
+                        rope_theta=core.rope_theta, max_position_embeddings=core.max_position_embeddings)
+
+
+def _init_layer(layer, seed: int, n_layers: int) -> None:
+    import torch
+
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, param in layer.named_parameters():
+            if name.endswith("norm.weight"):
+                param.fill_(1.0)
+            else:
+                std = 0.02 / math.sqrt(2 * n_layers) if name.endswith(("o_proj.weight", "down_proj.weight")) else 0.02
+                param.copy_(torch.randn(param.shape, generator=generator) * std)
+
+
+def train_mtp(core_model, core: ModelConfig, settings: MtpTraining, train_tokens: np.ndarray,
+              held_out_tokens: np.ndarray, log=print) -> tuple[dict[str, np.ndarray], dict]:
+    """Train one MiMo-style MTP layer against the frozen core; returns (tensors by checkpoint name, info)."""
+    import torch
+    import torch.nn.functional as F
+
+    from specdesk.engines.torch.model import causal_mask, rope_tables
+    from specdesk.engines.torch.mtp import MtpLayer
+
+    from .train import learning_rate, sample_batch, TrainConfig
+
+    torch.manual_seed(settings.seed)
+    config = engine_config(core)
+    layer = MtpLayer(config, "mimo")
+    _init_layer(layer, settings.seed, core.num_hidden_layers)
+    core_model.eval()
+    for p in core_model.parameters():
+        p.requires_grad_(False)
+    optimizer = torch.optim.AdamW(layer.parameters(), lr=settings.peak_lr, betas=(0.9, 0.95), weight_decay=0.0)
+    schedule = TrainConfig(steps=settings.steps, batch_size=settings.batch_size, seq_len=settings.seq_len,
+                           peak_lr=settings.peak_lr, warmup_steps=settings.warmup_steps)
+    rng = np.random.default_rng(settings.seed)
+    cos, sin = rope_tables(config, settings.seq_len)
+    mask = causal_mask(0, settings.seq_len - 1, "cpu")
+    started = time.time()
+
+    def batch_loss(tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        with torch.no_grad():
+            hidden = core_model.hidden_states(tokens)  # (B, T, d) after the final norm
+            teacher = F.log_softmax(core_model.lm_head(hidden).float(), dim=-1)  # (B, T, V)
+            embedded = core_model.model.embed_tokens(tokens)
+        T = tokens.shape[1] - 1
+        out = layer.run(hidden[:, :T], embedded[:, 1:], cos[:T], sin[:T], 0, mask[:T, :T])  # row t -> x_{t+2}
+        logits = core_model.lm_head(layer.final_layernorm(out)).float()
+        student = F.log_softmax(logits, dim=-1)
+        target = teacher[:, 1:]  # the core's distribution for x_{t+2}
+        kl = F.kl_div(student.reshape(-1, student.shape[-1]), target.reshape(-1, target.shape[-1]),
+                      log_target=True, reduction="batchmean")
+        agree = (student.argmax(-1) == target.argmax(-1)).float().mean()
+        return kl, agree
+
+    for step in range(settings.steps):
+        for group in optimizer.param_groups:
+            group["lr"] = learning_rate(step, schedule)
+        tokens = sample_batch(train_tokens, settings.batch_size, settings.seq_len - 1, rng)  # (B, seq_len)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            loss, agree = batch_loss(tokens)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(layer.parameters(), 1.0)
+        optimizer.step()
+        if (step + 1) % 25 == 0 or step + 1 == settings.steps:
+            log({"event": "step", "label": "mtp", "step": step + 1, "kl": round(loss.item(), 4),
+                 "top1_agreement": round(agree.item(), 4),
+                 "s_per_step": round((time.time() - started) / (step + 1), 3)})
+    with torch.no_grad():
+        eval_rng = np.random.default_rng(0)
+        agreements = []
+        for _ in range(8):
+            tokens = sample_batch(held_out_tokens, settings.batch_size, settings.seq_len - 1, eval_rng)
+            agreements.append(batch_loss(tokens)[1].item())
+    info = {"steps": settings.steps, "style": "mimo", "held_out_top1_agreement": round(float(np.mean(agreements)), 4),
+            "train_seconds": round(time.time() - started, 1)}
+    state = {PREFIX + name: t.detach().float().numpy() for name, t in layer.state_dict().items()}
+    return state, info
+
+
+def widen_mtp(state: dict[str, np.ndarray], core: ModelConfig, wide: ModelConfig, seed: int) -> dict[str, np.ndarray]:
+    """The MTP layer for the widened target, computing exactly what it computed on the core.
+
+    Same rules as widen.py: norms scaled by sqrt(d_core/d_wide); new heads and FFN units read
+    through random projections and write nothing; input_proj reads each half of its
+    [hidden, embedding] input from that half's first d_core columns and writes zeros to the
+    new dimensions.
+    """
+    from .widen import widen
+
+    block = {name.removeprefix(PREFIX): t for name, t in state.items() if name != PREFIX + "input_proj.weight"}
+    renamed = {"model.layers.0." + n: t for n, t in block.items()}  # widen.py's rules go by name suffix
+    _, wide_block = widen(core, renamed, wide.hidden_size, wide.num_attention_heads, wide.intermediate_size,
+                          seed=seed)
+    out = {PREFIX + n.removeprefix("model.layers.0."): t for n, t in wide_block.items()}
+    d, D = core.hidden_size, wide.hidden_size
+    proj = state[PREFIX + "input_proj.weight"]  # (d, 2d)
+    rng = np.random.default_rng(seed + 1)
+    wide_proj = np.zeros((D, 2 * D), dtype=np.float32)
+    wide_proj[:d, :d] = proj[:, :d]
+    wide_proj[:d, D:D + d] = proj[:, d:]
+    # New input columns read dimensions that are always zero: random, so they are real units.
+    wide_proj[:d, d:D] = rng.standard_normal((d, D - d), dtype=np.float32) * np.float32(NEW_WEIGHT_STD)
+    wide_proj[:d, D + d:] = rng.standard_normal((d, D - d), dtype=np.float32) * np.float32(NEW_WEIGHT_STD)
+    out[PREFIX + "input_proj.weight"] = wide_proj
+    return out
+
+
+def mtp_config_keys() -> dict:
+    """What config.json gains: the key MiMo and DeepSeek checkpoints use."""
+    return {"num_nextn_predict_layers": 1}
+
+
+def add_mtp_shard(target_dir, trained_dir, card: dict, core: ModelConfig, wide: ModelConfig, seed: int) -> None:
+    """Write the widened MTP layer into an exported target folder as a second shard.
+
+    The folder keeps its model.safetensors (what the GGUF exporter and transformers read)
+    and gains model-mtp.safetensors, a model.safetensors.index.json naming both, and
+    `num_nextn_predict_layers` in config.json: a sharded MiMo-format checkpoint.
+    """
+    import json
+    from pathlib import Path
+
+    from safetensors import safe_open
+    from safetensors.numpy import load_file, save_file
+
+    from .export_hf import atomic_path, write_json_atomic
+
+    target_dir, trained_dir = Path(target_dir), Path(trained_dir)
+    state = {name: t.astype(np.float32) for name, t in load_file(str(trained_dir / "mtp.safetensors")).items()}
+    wide_state = widen_mtp(state, core, wide, seed)
+    weights = {name: np.ascontiguousarray(t.astype(np.float16)) for name, t in sorted(wide_state.items())}
+    with atomic_path(target_dir / "model-mtp.safetensors") as tmp:
+        save_file(weights, str(tmp), metadata={"format": "pt"})
+    with safe_open(str(target_dir / "model.safetensors"), framework="numpy") as f:
+        main_names = list(f.keys())
+    weight_map = {name: "model.safetensors" for name in sorted(main_names)}
+    weight_map.update({name: "model-mtp.safetensors" for name in weights})
+    total = sum(p.stat().st_size for p in (target_dir / "model.safetensors", target_dir / "model-mtp.safetensors"))
+    write_json_atomic(target_dir / "model.safetensors.index.json",
+                      {"metadata": {"total_size": total}, "weight_map": weight_map})
+    config = json.loads((target_dir / "config.json").read_text(encoding="utf-8"))
+    config.update(mtp_config_keys())
+    write_json_atomic(target_dir / "config.json", config)
