@@ -23,7 +23,8 @@ from ..paths import assets_dir, cache_dir
 from .export_hf import require_torch, write_json_atomic, write_text_atomic
 
 EXPORT_VERSION = 2  # bump when derived files change for the same trained weights (2: numpy widening)
-TRAINED_FILES = ("tokenizer.json", "core.safetensors", "draft.safetensors")
+TRAINED_FILES = ("tokenizer.json", "core.safetensors", "draft.safetensors", "mtp.safetensors", "dflash.safetensors")
+NATIVE_DRAFTER_FILES = {"mtp": "mtp.safetensors", "dflash": "dflash.safetensors"}  # present when the card has them
 WIDEN_SEED = 0
 MANIFEST = "manifest.json"
 
@@ -36,6 +37,7 @@ UNITS: dict[str, tuple[str, ...]] = {
     "draft_hf": (),
     "target_gguf": ("target_hf",),
     "draft_gguf": ("draft_hf",),
+    "dflash_hf": (),
 }
 UNIT_PATHS = {
     "card": "card.json",
@@ -44,6 +46,7 @@ UNIT_PATHS = {
     "draft_hf": "draft-hf",
     "target_gguf": "specdesk-demo-target-F16.gguf",
     "draft_gguf": "specdesk-demo-draft-F16.gguf",
+    "dflash_hf": "dflash-hf",
 }
 
 Progress = Callable[[str], None]
@@ -78,7 +81,7 @@ def verify_trained(folder: Path, shipped: bool = False) -> dict:
             raise TypeError("'files' is not a mapping")
     except (json.JSONDecodeError, KeyError, TypeError) as e:
         raise SpecDeskError(f"{card_path} is not a valid demo family card ({e}): {remedy}") from e
-    for name in TRAINED_FILES:
+    for name in trained_files(card):
         path = folder / name
         if not path.is_file():
             raise SpecDeskError(f"{path} is missing: {remedy}")
@@ -87,6 +90,16 @@ def verify_trained(folder: Path, shipped: bool = False) -> dict:
             raise SpecDeskError(f"{path} is damaged: its sha256 is {actual[:16]}…, card.json says "
                                 f"{str(expected_hashes.get(name))[:16]}…; {remedy}")
     return card
+
+
+def trained_files(card: dict) -> tuple[str, ...]:
+    """The trained files a card vouches for: a family trained before the native drafters has none of theirs."""
+    return tuple(n for n in TRAINED_FILES if n not in NATIVE_DRAFTER_FILES.values()
+                 or any(card.get(role) and n == f for role, f in NATIVE_DRAFTER_FILES.items()))
+
+
+def units_for(card: dict) -> list[str]:
+    return [u for u in UNITS if u != "dflash_hf" or card.get("dflash")]
 
 
 def _train(small: bool, retrain: bool, progress: Progress) -> tuple[Path, dict]:
@@ -156,8 +169,8 @@ def _derive(trained: Path, card: dict, out: Path, progress: Progress) -> None:
         if manifest:
             progress("the trained family or exporter changed: rebuilding all derived files")
         good = set()
-    todo = [u for u in UNITS if u not in good]
-    for unit in UNITS:  # UNITS is in build order, so dependencies are decided first
+    todo = [u for u in units_for(card) if u not in good]
+    for unit in units_for(card):  # UNITS is in build order, so dependencies are decided first
         if unit not in todo and any(dep in todo for dep in UNITS[unit]):
             todo.append(unit)
     if not todo:
@@ -169,7 +182,7 @@ def _derive(trained: Path, card: dict, out: Path, progress: Progress) -> None:
     for stale in out.rglob("*.tmp-*"):  # left by a killed build
         stale.unlink(missing_ok=True)
     units = {u: files for u, files in manifest.get("units", {}).items() if u in good}
-    for unit in UNITS:
+    for unit in units_for(card):
         if unit in todo:
             progress(f"building {UNIT_PATHS[unit]}")
             _build_unit(unit, trained, card, out)
@@ -190,12 +203,16 @@ def _build_unit(unit: str, trained: Path, card: dict, out: Path) -> None:
     target = out / UNIT_PATHS[unit]
     if unit == "card":
         write_text_atomic(target, json.dumps(card, indent=2) + "\n")
+    elif unit == "dflash_hf":
+        from .dflash import export_dflash_hf
+
+        export_dflash_hf(trained, card, target)
     elif unit.endswith("_gguf"):
         role = unit.removesuffix("_gguf")
         export_gguf(out / UNIT_PATHS[f"{role}_hf"], target, f"SpecDesk demo {role} ({card['family']})")
     else:
         role = "draft" if unit == "draft_hf" else "core"
-        config = ModelConfig(**card[role]["config"])
+        config = core_config = ModelConfig(**card[role]["config"])
         state = {name: t.astype(np.float32) for name, t in load_file(str(trained / f"{role}.safetensors")).items()}
         if unit == "target_hf":
             wide = card["wide"]
@@ -204,6 +221,10 @@ def _build_unit(unit: str, trained: Path, card: dict, out: Path) -> None:
         if target.is_dir():
             shutil.rmtree(target)
         export_hf(config, state, trained / "tokenizer.json", card["chat_template"], target)
+        if unit == "target_hf" and card.get("mtp"):  # the MTP layer lives inside the target's checkpoint, as real ones do
+            from .mtp import add_mtp_shard
+
+            add_mtp_shard(target, trained, card, core_config, config, seed=WIDEN_SEED)
 
 
 def build_family(
@@ -214,7 +235,7 @@ def build_family(
 ) -> dict[str, str]:
     """Make the demo family usable; returns role -> absolute path.
 
-    Roles: target_gguf, draft_gguf, target_hf, draft_hf, core_hf (HF folders),
+    Roles: target_gguf, draft_gguf, target_hf (with an MTP layer), draft_hf, core_hf, dflash_hf (HF folders),
     tokenizer (tokenizer.json), card (card.json).
     Trained weights come from a small training run here (`small`), a full one (`retrain`),
     or assets/demo/ (the default, which takes seconds).
@@ -228,7 +249,7 @@ def build_family(
         card = verify_trained(trained, shipped=True)
     out = Path(out) if out is not None else cache_dir() / "demo" / card["recipe_key"]
     _derive(trained, card, out, progress)
-    roles = {unit: out / path for unit, path in UNIT_PATHS.items()}
+    roles = {unit: out / UNIT_PATHS[unit] for unit in units_for(card)}
     roles["tokenizer"] = roles["target_hf"] / "tokenizer.json"
     return {role: str(path.resolve()) for role, path in roles.items()}
 

@@ -17,12 +17,14 @@ from pathlib import Path
 import numpy as np
 
 from .corpus import iter_corpus, split_corpus
-from .install import sha256_file
+from .dflash import DFlashSpec, DFlashTraining
+from .install import TRAINED_FILES, sha256_file
 from .model import ModelConfig
+from .mtp import MtpTraining
 from .tokenizer import CHAT_TEMPLATE, special_ids, train_tokenizer
 from .train import TrainConfig, log
 
-RECIPE_VERSION = 1
+RECIPE_VERSION = 2  # 2: the target's MTP layer and a DFlash drafter
 
 
 @dataclass(frozen=True)
@@ -37,6 +39,9 @@ class FamilySpec:
     wide_heads: int
     wide_intermediate_size: int
     corpus_bytes: int | None = None  # None: the whole filtered standard library
+    mtp_training: MtpTraining | None = None  # the target's MTP layer (app/demo/mtp.py)
+    dflash: DFlashSpec | None = None  # the DFlash drafter (app/demo/dflash.py)
+    dflash_training: DFlashTraining | None = None
 
     def key(self) -> str:
         """Identifies the recipe: a cached build is reused only under the same key."""
@@ -59,6 +64,10 @@ FULL = FamilySpec(
     wide_hidden_size=768,
     wide_heads=12,
     wide_intermediate_size=2064,
+    mtp_training=MtpTraining(steps=1000),
+    dflash=DFlashSpec(num_layers=2, num_heads=4, head_dim=64, intermediate_size=688, block_size=8,
+                      target_layer_ids=(1, 4, 6), mask_token_id=0),
+    dflash_training=DFlashTraining(steps=800),
 )
 
 SMALL = FamilySpec(
@@ -76,6 +85,11 @@ SMALL = FamilySpec(
     wide_heads=6,
     wide_intermediate_size=528,
     corpus_bytes=1_500_000,
+    mtp_training=MtpTraining(steps=120, batch_size=16, seq_len=128, peak_lr=4e-3, warmup_steps=10),
+    dflash=DFlashSpec(num_layers=1, num_heads=2, head_dim=32, intermediate_size=176, block_size=6,
+                      target_layer_ids=(0, 1), mask_token_id=0),
+    dflash_training=DFlashTraining(steps=120, batch_size=16, seq_len=128, blocks_per_sequence=8, peak_lr=4e-3,
+                                   warmup_steps=10),
 )
 
 FAMILIES = {"full": FULL, "small": SMALL}
@@ -150,6 +164,8 @@ def train_family(spec: FamilySpec, workdir: Path, progress=None) -> dict:
     with torch.no_grad():
         draft_info["held_out_loss"] = round(validation_loss(draft, held_out_tokens, spec.draft_training.seq_len), 4)
 
+    native = train_native_drafters(spec, core, workdir, train_tokens, held_out_tokens)
+
     card = {
         "family": spec.name,
         "recipe_key": spec.key(),
@@ -162,13 +178,32 @@ def train_family(spec: FamilySpec, workdir: Path, progress=None) -> dict:
                   "distilled_from": "core", **draft_info},
         "wide": {"hidden_size": spec.wide_hidden_size, "num_attention_heads": spec.wide_heads,
                  "intermediate_size": spec.wide_intermediate_size},
+        **native,
         "train_seconds": round(time.time() - started, 1),
-        "files": {name: sha256_file(workdir / name)
-                  for name in ("tokenizer.json", "core.safetensors", "draft.safetensors")},
+        "files": {name: sha256_file(workdir / name) for name in TRAINED_FILES},
     }
     (workdir / "card.json").write_text(json.dumps(card, indent=2))
     log({"event": "done", "family": spec.name, "seconds": card["train_seconds"]})
     return card
+
+
+def train_native_drafters(spec: FamilySpec, core, workdir: Path, train_tokens, held_out_tokens) -> dict:
+    """The target's MTP layer and the DFlash drafter, trained on the core; card entries."""
+    from dataclasses import asdict
+
+    from safetensors.numpy import save_file
+
+    from .dflash import train_dflash
+    from .mtp import train_mtp
+
+    log({"event": "stage", "stage": "mtp", "family": spec.name})
+    mtp, mtp_info = train_mtp(core, spec.core, spec.mtp_training, train_tokens, held_out_tokens, log=log)
+    save_file({k: v.astype(np.float16) for k, v in mtp.items()}, str(workdir / "mtp.safetensors"))
+    log({"event": "stage", "stage": "dflash", "family": spec.name})
+    dflash, dflash_info = train_dflash(core, spec.core, spec.dflash, spec.dflash_training, spec.wide_hidden_size,
+                                       train_tokens, held_out_tokens, log=log)
+    save_file({k: v.astype(np.float16) for k, v in dflash.items()}, str(workdir / "dflash.safetensors"))
+    return {"mtp": mtp_info, "dflash": {"spec": asdict(spec.dflash), **dflash_info}}
 
 
 if __name__ == "__main__":
