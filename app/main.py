@@ -25,8 +25,14 @@ def demo_paths(small: bool = False) -> dict[str, str]:
 
 
 def add_model_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--target", help="target model: a GGUF file (default: the demo target)")
-    parser.add_argument("--draft", help="draft model for --method draft (default with the demo target: the demo draft)")
+    parser.add_argument("--engine", choices=["llama", "torch"], default="llama",
+                        help="llama: GGUF files on llama.cpp (default); torch: Hugging Face folders on PyTorch")
+    parser.add_argument("--device", choices=["auto", "cpu", "cuda", "mps"], default="auto",
+                        help="torch engine device (default: CUDA/ROCm, else Metal, else CPU)")
+    parser.add_argument("--target", help="target model: a GGUF file, or an HF folder with --engine torch "
+                                         "(default: the demo target)")
+    parser.add_argument("--draft", help="draft model for --method draft, DFlash drafter folder for --method dflash "
+                                        "(default with the demo target: the demo's)")
     parser.add_argument("--method", choices=[m for m in METHODS], default="draft",
                         help="speculation method (default: draft)")
     parser.add_argument("--k", type=int, default=4, help=f"draft tokens per step, 1..{MAX_DRAFT_TOKENS} (default 4)")
@@ -44,11 +50,16 @@ def add_model_options(parser: argparse.ArgumentParser) -> None:
 
 def resolve_models(args) -> tuple[str, Optional[str]]:
     target, draft = args.target, args.draft
+    torch_engine = getattr(args, "engine", "llama") == "torch"
     if target is None:
         paths = demo_paths(small=args.small_demo)
-        target = paths["target_gguf"]
+        target = paths["target_hf" if torch_engine else "target_gguf"]
         if draft is None and args.method == "draft":
-            draft = paths["draft_gguf"]
+            draft = paths["draft_hf" if torch_engine else "draft_gguf"]
+        if draft is None and args.method == "dflash" and torch_engine:
+            draft = paths.get("dflash_hf")
+    if args.method == "dflash" and torch_engine and draft is None:
+        raise SpecDeskError("method 'dflash' needs a DFlash drafter folder: pass --draft DIR")
     if args.method == "draft" and draft is None:
         raise SpecDeskError("method 'draft' needs a draft model: pass --draft PATH")
     return target, draft
@@ -59,13 +70,17 @@ def build_configs(args, draft: Optional[str]) -> tuple[SpecConfig, SamplingParam
         raise SpecDeskError(f"--max-tokens {args.max_tokens} is out of range: use at least 1")
     if args.threads is not None and args.threads < 1:
         raise SpecDeskError(f"--threads {args.threads} is out of range: use 1 or more")
-    spec = SpecConfig(method=args.method, k=args.k, draft_path=draft if args.method == "draft" else None,
+    spec = SpecConfig(method=args.method, k=args.k, draft_path=draft if args.method in ("draft", "dflash") else None,
                       draft_p_min=args.draft_p_min)
     sampling = SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, seed=args.seed)
     return spec, sampling
 
 
 def open_engine(target: str, args):
+    if getattr(args, "engine", "llama") == "torch":
+        from specdesk.engines.torch.engine import TorchEngine
+
+        return TorchEngine(target, n_ctx=args.ctx, device=args.device, n_threads=args.threads)
     from specdesk.engines.llama.engine import LlamaEngine
 
     return LlamaEngine(target, n_ctx=args.ctx, n_threads=args.threads)
