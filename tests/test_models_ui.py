@@ -1,0 +1,232 @@
+"""The Models tab with pytest-qt (offscreen): real library scans, the real local hub server,
+real downloads with progress and cancel, and the pairing dialog on the demo family."""
+
+from __future__ import annotations
+
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("PySide6")
+pytest.importorskip("pytestqt")
+
+from PySide6.QtCore import QTimer  # noqa: E402
+from PySide6.QtWidgets import QApplication, QMessageBox  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).parent))
+from hub_server import HubServer  # noqa: E402
+
+from specdesk.app.library import LibraryConfig  # noqa: E402
+from specdesk.ui import models_view  # noqa: E402
+from specdesk.ui.models_view import ModelsView  # noqa: E402
+
+TIMEOUT_MS = 20_000
+GGUF_NAME = "tiny-Q8_0.gguf"
+
+
+@pytest.fixture(autouse=True)
+def no_threads_or_timers_left(qapp):
+    yield
+    from specdesk.ui.worker import running_threads as engine_threads
+
+    threads = models_view.running_threads() + engine_threads()
+    timers = [t for w in QApplication.topLevelWidgets() for t in w.findChildren(QTimer) if t.isActive()
+              and isinstance(w, ModelsView)]
+    for thread in threads:
+        thread.quit()
+        thread.wait(5000)
+    assert not threads, f"{len(threads)} thread(s) still running after the test"
+    assert not timers, f"{len(timers)} QTimer(s) still active after the test"
+
+
+@pytest.fixture
+def dialogs(monkeypatch):
+    shown = []
+    monkeypatch.setattr(QMessageBox, "critical", lambda parent, title, text, *a, **k: shown.append(text))
+    return shown
+
+
+@pytest.fixture
+def hub(tmp_path, monkeypatch, demo_family):
+    with HubServer() as server:
+        server.data = Path(demo_family["draft_gguf"]).read_bytes() * 8  # not a model: just bytes to move
+        server.add_repo("acme/tiny-GGUF", {GGUF_NAME: server.data, "README.md": b"# tiny\n"}, tags=["gguf"],
+                        downloads=10)
+        server.add_repo("acme/draft-GGUF", {"draft-F16.gguf": Path(demo_family["draft_gguf"]).read_bytes()},
+                        tags=["gguf"], downloads=5)
+        monkeypatch.setenv("HF_ENDPOINT", server.url)
+        monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hf-cache"))
+        monkeypatch.setenv("HF_HOME", str(tmp_path / "hf-home"))
+        monkeypatch.delenv("HF_TOKEN", raising=False)
+        yield server
+
+
+@pytest.fixture
+def make_view(qtbot, demo_family, tmp_path, hub, dialogs):
+    views = []
+    extra = tmp_path / "mine"
+    extra.mkdir()
+    shutil.copy(demo_family["draft_gguf"], extra / "draft-copy.gguf")
+    (extra / "broken.gguf").write_bytes(b"GGUF\x03\x00\x00\x00 truncated header")
+
+    def make() -> ModelsView:
+        config = lambda: LibraryConfig(demo_root=Path(demo_family["target_gguf"]).parent.parent,
+                                       user_paths=[str(extra)], include_apps=False)
+        view = ModelsView(config, scan_when_shown=False)
+        qtbot.addWidget(view)
+        view.resize(1200, 800)
+        view.show()
+        views.append(view)
+        return view
+
+    yield make
+    for view in views:
+        view.shutdown()
+
+
+def load_library(qtbot, view: ModelsView):
+    with qtbot.waitSignal(view.library_loaded, timeout=TIMEOUT_MS) as blocker:
+        view.refresh_library()
+    return blocker.args[0]
+
+
+def row_of(view: ModelsView, path: str) -> int:
+    return next(i for i, e in enumerate(view.entries) if e.path == path)
+
+
+def test_library_table_shows_metadata_and_errors(qtbot, make_view, demo_family):
+    view = make_view()
+    entries = load_library(qtbot, view)
+    assert view.library.rowCount() == len(entries) >= 4
+    row = row_of(view, demo_family["target_gguf"])
+    headers = [view.library.horizontalHeaderItem(c).text() for c in range(view.library.columnCount())]
+    cells = {h: view.library.item(row, c).text() for c, h in enumerate(headers)}
+    assert cells["architecture"] == "llama" and cells["format"] == "gguf" and cells["quantization"] == "F16"
+    assert cells["parameters"].endswith(" M") and cells["vocab"] == str(entries[row].vocab_size)
+    broken = next(i for i, e in enumerate(view.entries) if e.path.endswith("broken.gguf"))
+    assert "cannot read" in view.library.item(broken, 3).text()
+    assert "broken.gguf" in view.library.item(broken, 0).toolTip()
+    assert "1 unreadable" in view.status.text()
+
+
+def test_search_list_and_download_with_progress(qtbot, make_view, hub, tmp_path):
+    view = make_view()
+    view.query.setText("acme")
+    with qtbot.waitSignal(view.search_done, timeout=TIMEOUT_MS):
+        view.search_button.click()
+    assert [view.results.item(r, 0).text() for r in range(view.results.rowCount())] == \
+        ["acme/tiny-GGUF", "acme/draft-GGUF"]
+    with qtbot.waitSignal(view.files_listed, timeout=TIMEOUT_MS):
+        view.results.selectRow(0)
+    files = [view.files.item(r, 0).text() for r in range(view.files.rowCount())]
+    assert files == ["README.md", GGUF_NAME]
+    assert view.files.item(1, 2).text() == "Q8_0"
+    view.files.selectRow(1)
+    assert view.download_button.isEnabled()
+    states = []
+    view.download_changed.connect(lambda d: states.append((d.state, d.bar.value())))
+    with qtbot.waitSignal(view.download_changed, timeout=TIMEOUT_MS, check_params_cb=lambda d: d.state == "done"):
+        view.download_button.click()
+    (download,) = view.downloads.values()
+    assert Path(download.path).read_bytes() == hub.data
+    assert download.bar.value() == models_view.PROGRESS_STEPS and not download.button.isEnabled()
+    assert states[0][0] == "queued" and ("running", states[-2][1]) == states[-2]
+    # The finished file joins the library.
+    qtbot.waitUntil(lambda: any(e.path == download.path for e in view.entries), timeout=TIMEOUT_MS)
+
+
+def test_cancel_then_resume_from_the_queue(qtbot, make_view, hub, tmp_path):
+    view = make_view()
+    hub.throttle_s = 0.01
+    with qtbot.waitSignal(view.download_changed, timeout=TIMEOUT_MS,
+                          check_params_cb=lambda d: d.state == "running" and d.bar.value() > 0):
+        download_id = view.enqueue_download("acme/tiny-GGUF", GGUF_NAME)
+    d = view.downloads[download_id]
+    with qtbot.waitSignal(view.download_changed, timeout=TIMEOUT_MS,
+                          check_params_cb=lambda d: d.state == "cancelled"):
+        d.button.click()  # Cancel
+    assert d.button.text() == "Resume" and "resume" in d.message
+    partial = list((tmp_path / "hf-cache").rglob("*.incomplete"))
+    assert len(partial) == 1
+    kept = partial[0].stat().st_size
+    assert 0 < kept < len(hub.data)
+    hub.throttle_s = 0.0
+    with qtbot.waitSignal(view.download_changed, timeout=TIMEOUT_MS, check_params_cb=lambda d: d.state == "done"):
+        d.button.click()  # Resume
+    assert Path(d.path).read_bytes() == hub.data
+    last = hub.requests("GET", "/cdn/")[-1]
+    assert last.range == f"bytes={kept}-" and last.sent == len(hub.data) - kept
+
+
+def test_a_refused_download_shows_its_reason_in_the_queue(qtbot, make_view, hub):
+    view = make_view()
+    with qtbot.waitSignal(view.download_changed, timeout=TIMEOUT_MS, check_params_cb=lambda d: d.state == "failed"):
+        download_id = view.enqueue_download("acme/tiny-GGUF", "../escape.gguf")
+    d = view.downloads[download_id]
+    assert "refused file name" in d.message and d.button.text() == "Retry"
+    assert hub.requests("GET", "escape") == [] and hub.requests("HEAD", "escape") == []
+
+
+def test_pairing_dialog_shows_compatible_drafts_and_why_not(qtbot, make_view, demo_family, tmp_path):
+    from llama_helpers import rewrite_gguf
+
+    view = make_view()
+    variant = tmp_path / "mine" / "more-tokens.gguf"
+    rewrite_gguf(demo_family["draft_gguf"], variant, extra_tokens=300)
+    load_library(qtbot, view)
+    view.library.selectRow(row_of(view, demo_family["target_gguf"]))
+    assert view.pair_button.isEnabled()
+    with qtbot.waitSignal(view.pairing_ready, timeout=TIMEOUT_MS):
+        view.pair_button.click()
+    dialog = next(w for w in view.findChildren(models_view.PairingDialog))
+    compatible = [dialog.compatible.item(r, 0).toolTip() for r in range(dialog.compatible.rowCount())]
+    assert demo_family["draft_gguf"] in compatible
+    why_not = {dialog.incompatible.item(r, 0).toolTip(): dialog.incompatible.item(r, 1).text()
+               for r in range(dialog.incompatible.rowCount())}
+    assert "vocab size" in why_not[str(variant)]
+    assert "cannot read" in next(v for k, v in why_not.items() if k.endswith("broken.gguf"))
+    assert "fits" in dialog.memory.text() and "Memory at context" in dialog.memory.text()
+    dialog.close()
+
+
+def test_hub_errors_are_shown(qtbot, make_view, dialogs):
+    view = make_view()
+    with qtbot.waitSignal(view.failed, timeout=TIMEOUT_MS):
+        view.show_files("acme/does-not-exist")
+    assert dialogs and "repository not found" in dialogs[-1]
+    assert "repository not found" in view.status.text()
+
+
+def test_closing_during_a_download_ends_the_threads_and_keeps_the_partial_file(qtbot, make_view, hub, tmp_path):
+    view = make_view()
+    hub.throttle_s = 0.01
+    with qtbot.waitSignal(view.download_changed, timeout=TIMEOUT_MS,
+                          check_params_cb=lambda d: d.state == "running" and d.bar.value() > 0):
+        view.enqueue_download("acme/tiny-GGUF", GGUF_NAME)
+    view.shutdown()
+    assert models_view.running_threads() == []
+    assert len(list((tmp_path / "hf-cache").rglob("*.incomplete"))) == 1
+
+
+def test_the_main_window_has_a_models_tab(qtbot, tmp_path, monkeypatch, dialogs, demo_family):
+    from specdesk.app.settings import Settings
+    from specdesk.ui.main_window import MainWindow
+
+    monkeypatch.setenv("SPECDESK_CONFIG_DIR", str(tmp_path / "config"))
+    monkeypatch.setenv("SPECDESK_DATA_DIR", str(tmp_path / "data"))
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hf-cache"))
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    window = MainWindow(Settings(target_path=demo_family["target_gguf"], draft_path=None, threads=1,
+                                 library_paths=[str(Path(demo_family["target_gguf"]).parent)]), autoload=False)
+    qtbot.addWidget(window)
+    window.show()
+    titles = [window.tabs.tabText(i) for i in range(window.tabs.count())]
+    assert "Models" in titles
+    view = window.findChild(ModelsView)
+    with qtbot.waitSignal(view.library_loaded, timeout=TIMEOUT_MS):
+        window.tabs.setCurrentIndex(titles.index("Models"))  # the first showing scans the library
+    assert any(e.path == demo_family["target_gguf"] for e in view.entries)
+    window.close()
+    assert models_view.running_threads() == []

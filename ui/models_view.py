@@ -1,0 +1,609 @@
+"""The Models tab: search the hub, list a repository's files, a download queue with progress
+and cancel, the local library with its metadata, and a pairing dialog that shows the
+compatible drafts and why each other model is not one.
+
+The GUI thread never waits: library scans, searches, listings and pairing run one after
+another on one worker thread, downloads one after another on a second (so a long download
+never holds up a search). Results come back as queued signals. Cancel sets the download's
+event from the GUI thread; the transfer loop stops at the next chunk and keeps the partial
+file, so "Resume" continues where it stopped.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import threading
+import time
+import traceback
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional
+
+from PySide6.QtCore import QObject, QThread, Qt, Signal, Slot
+from PySide6.QtWidgets import (QAbstractItemView, QCheckBox, QDialog, QDialogButtonBox, QFileDialog, QGroupBox,
+                               QHBoxLayout, QHeaderView, QLabel, QLineEdit, QProgressBar, QPushButton, QSpinBox,
+                               QSplitter, QTableWidget, QTableWidgetItem, QVBoxLayout, QWidget)
+
+from specdesk.app.hub import DownloadCancelled, DownloadProgress, human_bytes
+from specdesk.app.library import LibraryConfig, ModelEntry
+from specdesk.engines.types import SpecDeskError
+
+from .dialogs import show_error
+
+log = logging.getLogger(__name__)
+PROGRESS_INTERVAL_S = 0.05  # a download reports to the GUI at most this often
+PROGRESS_STEPS = 1000  # progress bars count permille (QProgressBar is 32-bit; files are not)
+
+_live_threads: set[QThread] = set()
+
+
+def running_threads() -> list[QThread]:
+    """Models-tab threads still running (tests assert this is empty after each test)."""
+    return [t for t in list(_live_threads) if t.isRunning()]
+
+
+@dataclass
+class _Job:
+    job_id: int
+    kind: str
+    work: Callable[["_Job"], Any]
+    cancel: threading.Event = field(default_factory=threading.Event)
+
+
+class _Runner(QObject):
+    """Lives in a worker thread; runs its jobs in order."""
+
+    done = Signal(object)  # (job_id, kind, value)
+    failed = Signal(object)  # (job_id, kind, message, cancelled)
+    progress = Signal(object)  # (job_id, DownloadProgress)
+
+    @Slot(object)
+    def run(self, job: _Job) -> None:
+        if job.kind == "close":
+            QThread.currentThread().quit()
+            return
+        try:
+            if job.cancel.is_set():
+                raise DownloadCancelled("cancelled before it started")
+            self.done.emit((job.job_id, job.kind, job.work(job)))
+        except DownloadCancelled as e:
+            self.failed.emit((job.job_id, job.kind, str(e), True))
+        except SpecDeskError as e:
+            self.failed.emit((job.job_id, job.kind, str(e), False))
+        except Exception as e:  # a bug: report it, keep the thread alive
+            log.error("models job %s failed:\n%s", job.kind, traceback.format_exc())
+            self.failed.emit((job.job_id, job.kind, f"{type(e).__name__}: {e}", False))
+
+
+class _Lane(QObject):
+    """GUI-thread handle of one worker thread (started on first use)."""
+
+    done = Signal(object)
+    failed = Signal(object)
+    progress = Signal(object)
+    _submit = Signal(object)
+
+    def __init__(self, name: str, ids: itertools.count, parent: Optional[QObject] = None):
+        super().__init__(parent)
+        self._name, self._ids = name, ids
+        self._thread: Optional[QThread] = None
+        self.pending: dict[int, _Job] = {}
+
+    def _start(self) -> None:
+        self._thread = QThread()
+        self._thread.setObjectName(self._name)
+        self._runner = _Runner()
+        self._runner.moveToThread(self._thread)
+        self._submit.connect(self._runner.run, Qt.QueuedConnection)
+        self._runner.done.connect(self._on_done, Qt.QueuedConnection)
+        self._runner.failed.connect(self._on_failed, Qt.QueuedConnection)
+        self._runner.progress.connect(self.progress, Qt.QueuedConnection)
+        self._thread.finished.connect(self._runner.deleteLater)
+        _live_threads.add(self._thread)
+        self._thread.start()
+
+    def submit(self, kind: str, work: Callable[[_Job], Any]) -> _Job:
+        if self._thread is None:
+            self._start()
+        job = _Job(next(self._ids), kind, work)
+        self.pending[job.job_id] = job
+        self._submit.emit(job)
+        return job
+
+    def emit_progress(self, item) -> None:  # called on the worker thread
+        self._runner.progress.emit(item)
+
+    @Slot(object)
+    def _on_done(self, item) -> None:
+        self.pending.pop(item[0], None)
+        self.done.emit(item)
+
+    @Slot(object)
+    def _on_failed(self, item) -> None:
+        self.pending.pop(item[0], None)
+        self.failed.emit(item)
+
+    def shutdown(self, timeout_ms: int = 10_000) -> bool:
+        if self._thread is None:
+            return True
+        for job in self.pending.values():
+            job.cancel.set()
+        self._submit.emit(_Job(0, "close", lambda job: None))
+        ended = self._thread.wait(timeout_ms)
+        if ended:
+            _live_threads.discard(self._thread)
+        self._thread = None
+        return ended
+
+
+def _item(text: Any, tip: Optional[str] = None, data: Any = None) -> QTableWidgetItem:
+    item = QTableWidgetItem("" if text is None else str(text))
+    item.setFlags(item.flags() & ~Qt.ItemIsEditable)
+    if tip:
+        item.setToolTip(tip)
+    if data is not None:
+        item.setData(Qt.UserRole, data)
+    return item
+
+
+def _table(headers: list[str], parent: QWidget) -> QTableWidget:
+    table = QTableWidget(0, len(headers), parent)
+    table.setHorizontalHeaderLabels(headers)
+    table.setSelectionBehavior(QAbstractItemView.SelectRows)
+    table.setSelectionMode(QAbstractItemView.SingleSelection)
+    table.verticalHeader().setVisible(False)
+    table.horizontalHeader().setSectionResizeMode(QHeaderView.Interactive)
+    table.horizontalHeader().setStretchLastSection(True)
+    return table
+
+
+def _parameters(n: Optional[int]) -> str:
+    if not n:
+        return "-"
+    return f"{n / 1e9:.1f} B" if n >= 1e9 else f"{n / 1e6:.1f} M"
+
+
+@dataclass
+class DownloadRow:
+    download_id: int
+    repo_id: str
+    filename: str
+    row: int
+    bar: QProgressBar
+    button: QPushButton
+    job: Optional[_Job] = None
+    state: str = "queued"  # queued, running, done, cancelled, failed
+    path: Optional[str] = None
+    message: str = ""
+
+
+class PairingDialog(QDialog):
+    """Compatible drafts (best first), every other model with the reasons it cannot draft,
+    native drafters, and the memory verdict for a target."""
+
+    def __init__(self, target: ModelEntry, parent: Optional[QWidget] = None):
+        super().__init__(parent)
+        self.target = target
+        self.report = None
+        self.setWindowTitle(f"Drafts for {target.name}")
+        self.resize(900, 560)
+        self.summary = QLabel(f"checking the library against {target.path}…", self)
+        self.summary.setWordWrap(True)
+        self.compatible = _table(["draft", "expected speedup", "k", "why"], self)
+        self.incompatible = _table(["model", "why not"], self)
+        self.native = _table(["method", "where", "why"], self)
+        self.memory = QLabel("", self)
+        self.memory.setWordWrap(True)
+        buttons = QDialogButtonBox(QDialogButtonBox.Close, self)
+        buttons.rejected.connect(self.reject)
+        layout = QVBoxLayout(self)
+        layout.addWidget(self.summary)
+        layout.addWidget(QLabel("Compatible drafts", self))
+        layout.addWidget(self.compatible, 2)
+        layout.addWidget(QLabel("Not compatible", self))
+        layout.addWidget(self.incompatible, 2)
+        layout.addWidget(QLabel("Native drafters", self))
+        layout.addWidget(self.native, 1)
+        layout.addWidget(self.memory)
+        layout.addWidget(buttons)
+
+    def show_report(self, report) -> None:
+        self.report = report
+        self.compatible.setRowCount(0)
+        for v in report.compatible:
+            row = self.compatible.rowCount()
+            self.compatible.insertRow(row)
+            self.compatible.setItem(row, 0, _item(v.name, v.path, v.path))
+            self.compatible.setItem(row, 1, _item(f"{v.score:.2f}x"))
+            self.compatible.setItem(row, 2, _item(v.k))
+            self.compatible.setItem(row, 3, _item("; ".join(v.reasons)))
+        self.incompatible.setRowCount(0)
+        for v in report.incompatible:
+            row = self.incompatible.rowCount()
+            self.incompatible.insertRow(row)
+            self.incompatible.setItem(row, 0, _item(v.name, v.path, v.path))
+            self.incompatible.setItem(row, 1, _item("; ".join(v.reasons), "\n".join(v.reasons)))
+        self.native.setRowCount(0)
+        for d in report.native:
+            row = self.native.rowCount()
+            self.native.insertRow(row)
+            self.native.setItem(row, 0, _item(d["method"]))
+            self.native.setItem(row, 1, _item(d.get("path") or d.get("repo")))
+            self.native.setItem(row, 2, _item(d.get("why") or d["source"]))
+        for table in (self.compatible, self.incompatible, self.native):
+            table.resizeColumnsToContents()
+        self.summary.setText(f"{len(report.compatible)} compatible draft(s), {len(report.incompatible)} other "
+                             f"model(s) cannot draft for {self.target.name}")
+        m = report.memory
+        draft = f" + draft {report.memory_draft}" if report.memory_draft else ""
+        verdict = "fits" if m.fits else "does NOT fit"
+        vram = f"; GPU {human_bytes(m.vram_free_bytes)} free" if m.vram_free_bytes is not None else ""
+        self.memory.setText(f"Memory at context {m.n_ctx}: target{draft} need {human_bytes(m.required_bytes)} "
+                            f"(weights {human_bytes(m.weights_bytes + m.draft_weights_bytes)}, KV cache "
+                            f"{human_bytes(m.kv_cache_bytes + m.draft_kv_cache_bytes)}); "
+                            f"{human_bytes(m.available_bytes)} RAM free{vram}: {verdict}")
+
+    def show_error(self, message: str) -> None:
+        self.summary.setText(message)
+
+
+class ModelsView(QWidget):
+    library_loaded = Signal(object)  # list[ModelEntry]
+    search_done = Signal(object)  # list[SearchResult]
+    files_listed = Signal(object)  # list[RemoteFile]
+    download_changed = Signal(object)  # DownloadRow (state, message)
+    pairing_ready = Signal(object)  # PairingReport
+    failed = Signal(str)
+
+    def __init__(self, config_source: Optional[Callable[[], LibraryConfig]] = None,
+                 parent: Optional[QWidget] = None, scan_when_shown: bool = True, settings=None):
+        """`settings` (app.settings.Settings): its library folders and source switches are
+        scanned, and folders added here are remembered in it."""
+        super().__init__(parent)
+        self._settings = settings
+        if config_source is None:
+            config_source = (lambda: LibraryConfig.from_settings(settings)) if settings is not None else LibraryConfig
+        self._config_source = config_source
+        ids = itertools.count(1)
+        self._jobs = _Lane("specdesk-models", ids, self)
+        self._downloads_lane = _Lane("specdesk-downloads", ids, self)
+        for lane in (self._jobs, self._downloads_lane):
+            lane.done.connect(self._on_done)
+            lane.failed.connect(self._on_failed)
+        self._downloads_lane.progress.connect(self._on_progress)
+        self.entries: list[ModelEntry] = []
+        self.downloads: dict[int, DownloadRow] = {}
+        self._download_ids = itertools.count(1)
+        self._by_job: dict[int, int] = {}  # download job id -> download id
+        self._dialogs: dict[int, PairingDialog] = {}  # pairing job id -> its dialog
+        self._scan_when_shown = scan_when_shown
+        self._scanned = False
+        self._closed = False
+        self.current_repo: Optional[str] = None
+        self._build()
+
+    # --- layout ----------------------------------------------------------------
+    def _build(self) -> None:
+        self.query = QLineEdit(self)
+        self.query.setPlaceholderText("search the Hugging Face hub, e.g. Qwen3 GGUF")
+        self.author = QLineEdit(self)
+        self.author.setPlaceholderText("author (optional)")
+        self.author.setMaximumWidth(160)
+        self.gguf_only = QCheckBox("GGUF only", self)
+        self.gguf_only.setChecked(True)
+        self.search_button = QPushButton("Search", self)
+        self.results = _table(["repository", "downloads", "format"], self)
+        self.files = _table(["file", "size", "quantization", "sha256"], self)
+        self.download_button = QPushButton("Download selected file", self)
+        self.download_table = _table(["file", "progress", "status", ""], self)
+        self.library = _table(["name", "source", "format", "architecture", "parameters", "quantization", "context",
+                               "vocab", "size", "native drafters", "path"], self)
+        self.library.setSelectionMode(QAbstractItemView.SingleSelection)
+        self.refresh_button = QPushButton("Rescan", self)
+        self.add_button = QPushButton("Add folder…", self)
+        self.pair_button = QPushButton("Pair drafts…", self)
+        self.status = QLabel("", self)
+
+        search_row = QHBoxLayout()
+        for w, stretch in ((self.query, 1), (self.author, 0), (self.gguf_only, 0), (self.search_button, 0)):
+            search_row.addWidget(w, stretch)
+        hub_box = QGroupBox("Hugging Face hub", self)
+        hub_layout = QVBoxLayout(hub_box)
+        hub_layout.addLayout(search_row)
+        lists = QSplitter(Qt.Horizontal, hub_box)
+        lists.addWidget(self.results)
+        file_side = QWidget(lists)
+        file_layout = QVBoxLayout(file_side)
+        file_layout.setContentsMargins(0, 0, 0, 0)
+        file_layout.addWidget(self.files, 1)
+        file_layout.addWidget(self.download_button)
+        lists.addWidget(file_side)
+        hub_layout.addWidget(lists, 1)
+        downloads_box = QGroupBox("Downloads", self)
+        QVBoxLayout(downloads_box).addWidget(self.download_table)
+        library_box = QGroupBox("Library", self)
+        library_layout = QVBoxLayout(library_box)
+        library_layout.addWidget(self.library, 1)
+        buttons = QHBoxLayout()
+        for b in (self.refresh_button, self.add_button, self.pair_button):
+            buttons.addWidget(b)
+        buttons.addStretch(1)
+        library_layout.addLayout(buttons)
+        body = QSplitter(Qt.Vertical, self)
+        for box in (hub_box, downloads_box, library_box):
+            body.addWidget(box)
+        body.setStretchFactor(0, 2)
+        body.setStretchFactor(2, 3)
+        layout = QVBoxLayout(self)
+        layout.addWidget(body, 1)
+        layout.addWidget(self.status)
+
+        self.search_button.clicked.connect(lambda: self.search(self.query.text()))
+        self.query.returnPressed.connect(lambda: self.search(self.query.text()))
+        self.results.itemSelectionChanged.connect(self._result_selected)
+        self.download_button.clicked.connect(self._download_selected)
+        self.refresh_button.clicked.connect(self.refresh_library)
+        self.add_button.clicked.connect(self._add_folder)
+        self.pair_button.clicked.connect(self._pair_selected)
+        self.library.itemSelectionChanged.connect(self._update_buttons)
+        self.files.itemSelectionChanged.connect(self._update_buttons)
+        self._update_buttons()
+
+    def showEvent(self, event) -> None:
+        super().showEvent(event)
+        if self._scan_when_shown and not self._scanned:
+            self.refresh_library()
+
+    def _update_buttons(self) -> None:
+        entry = self.selected_entry()
+        self.pair_button.setEnabled(entry is not None and entry.ok and entry.format == "gguf")
+        self.download_button.setEnabled(self.files.currentRow() >= 0 and self.current_repo is not None)
+
+    # --- library -----------------------------------------------------------------
+    def refresh_library(self) -> int:
+        from specdesk.app.library import scan_library
+
+        self._scanned = True
+        config = self._config_source()
+        self.status.setText("scanning the model library…")
+        return self._jobs.submit("scan", lambda job: scan_library(config)).job_id
+
+    def _add_folder(self) -> None:
+        folder = QFileDialog.getExistingDirectory(self, "Add a folder of models")
+        if folder:
+            self.add_path(folder)
+
+    def add_path(self, path: str) -> int:
+        self.path_added(path)
+        if self._settings is None:  # nothing remembers it: the scan adds it from here on
+            previous = self._config_source
+
+            def with_path() -> LibraryConfig:
+                config = previous()
+                config.user_paths = [*config.user_paths, path] if path not in config.user_paths else config.user_paths
+                return config
+
+            self._config_source = with_path
+        return self.refresh_library()
+
+    def path_added(self, path: str) -> None:
+        if self._settings is not None and path not in self._settings.library_paths:
+            self._settings.library_paths.append(path)
+
+    def _show_library(self, entries: list[ModelEntry]) -> None:
+        from specdesk.app.pairing import native_drafters
+
+        self.entries = entries
+        self.library.setRowCount(0)
+        for e in entries:
+            row = self.library.rowCount()
+            self.library.insertRow(row)
+            native = ", ".join(sorted({d["method"] for d in native_drafters(e, entries)})) if e.ok and not e.drafter \
+                else (f"is a {e.drafter} drafter" if e.drafter else "")
+            values = [e.name, e.source, e.format, e.architecture or "-", _parameters(e.parameters),
+                      e.quantization or "-", e.context_length or "-", e.vocab_size or "-",
+                      human_bytes(e.size_bytes) if e.size_bytes else "-", native, e.path]
+            for column, value in enumerate(values):
+                self.library.setItem(row, column, _item(value, e.error, e.path if column == 0 else None))
+            if e.error:
+                self.library.item(row, 0).setText(f"⚠ {e.name}")
+                self.library.item(row, 3).setText("cannot read: see tooltip")
+        self.library.resizeColumnsToContents()
+        broken = sum(1 for e in entries if e.error)
+        self.status.setText(f"{len(entries)} model(s) in the library" + (f", {broken} unreadable" if broken else ""))
+        self._update_buttons()
+        self.library_loaded.emit(entries)
+
+    def selected_entry(self) -> Optional[ModelEntry]:
+        row = self.library.currentRow()
+        return self.entries[row] if 0 <= row < len(self.entries) and self.library.selectedItems() else None
+
+    # --- hub ---------------------------------------------------------------------
+    def search(self, text: str) -> int:
+        from specdesk.app.hub import search
+
+        gguf, author = self.gguf_only.isChecked(), self.author.text().strip() or None
+        self.status.setText(f"searching for {text!r}…")
+        return self._jobs.submit("search", lambda job: search(text, gguf_only=gguf, author=author)).job_id
+
+    def _show_results(self, results) -> None:
+        self.results.setRowCount(0)
+        for r in results:
+            row = self.results.rowCount()
+            self.results.insertRow(row)
+            self.results.setItem(row, 0, _item(r.repo_id, data=r.repo_id))
+            self.results.setItem(row, 1, _item(r.downloads))
+            self.results.setItem(row, 2, _item("GGUF" if r.gguf else "", ", ".join(r.tags)))
+        self.results.resizeColumnsToContents()
+        self.status.setText(f"{len(results)} repositories found")
+        self.search_done.emit(results)
+
+    def _result_selected(self) -> None:
+        item = self.results.item(self.results.currentRow(), 0)
+        if item is not None:
+            self.show_files(item.data(Qt.UserRole))
+
+    def show_files(self, repo_id: str) -> int:
+        from specdesk.app.hub import list_files
+
+        self.current_repo = repo_id
+        self.files.setRowCount(0)
+        self.status.setText(f"listing {repo_id}…")
+        return self._jobs.submit("files", lambda job: (repo_id, list_files(repo_id))).job_id
+
+    def _show_files(self, repo_id: str, files) -> None:
+        if repo_id != self.current_repo:
+            return  # the user moved on to another repository
+        self.files.setRowCount(0)
+        for f in files:
+            row = self.files.rowCount()
+            self.files.insertRow(row)
+            self.files.setItem(row, 0, _item(f.path, data=f.path))
+            self.files.setItem(row, 1, _item(human_bytes(f.size)))
+            self.files.setItem(row, 2, _item(f.quantization or ""))
+            self.files.setItem(row, 3, _item((f.sha256 or "")[:16], f.sha256))
+        self.files.resizeColumnsToContents()
+        self.status.setText(f"{repo_id}: {len(files)} files")
+        self._update_buttons()
+        self.files_listed.emit(files)
+
+    def _download_selected(self) -> None:
+        item = self.files.item(self.files.currentRow(), 0)
+        if item is not None and self.current_repo:
+            self.enqueue_download(self.current_repo, item.data(Qt.UserRole))
+
+    # --- downloads ------------------------------------------------------------------
+    def enqueue_download(self, repo_id: str, filename: str) -> int:
+        download_id = next(self._download_ids)
+        row = self.download_table.rowCount()
+        self.download_table.insertRow(row)
+        self.download_table.setItem(row, 0, _item(f"{repo_id}/{filename}"))
+        bar = QProgressBar(self.download_table)
+        bar.setRange(0, PROGRESS_STEPS)
+        button = QPushButton("Cancel", self.download_table)
+        self.download_table.setCellWidget(row, 1, bar)
+        self.download_table.setItem(row, 2, _item("queued"))
+        self.download_table.setCellWidget(row, 3, button)
+        entry = DownloadRow(download_id, repo_id, filename, row, bar, button)
+        self.downloads[download_id] = entry
+        button.clicked.connect(lambda: self._download_button(download_id))
+        self._start_download(entry)
+        return download_id
+
+    def _start_download(self, d: DownloadRow) -> None:
+        from specdesk.app.hub import download
+
+        lane = self._downloads_lane
+        last = [0.0]
+
+        def work(job: _Job):
+            def report(p: DownloadProgress) -> None:
+                now = time.monotonic()
+                if now - last[0] >= PROGRESS_INTERVAL_S or p.done == p.total:
+                    last[0] = now
+                    lane.emit_progress((job.job_id, p))
+
+            return str(download(d.repo_id, d.filename, cancel=job.cancel, progress=report))
+
+        d.job = lane.submit("download", work)
+        self._by_job[d.job.job_id] = d.download_id
+        self._set_state(d, "queued", "queued")
+
+    def _download_button(self, download_id: int) -> None:
+        d = self.downloads[download_id]
+        if d.state in ("queued", "running"):
+            self.cancel_download(download_id)
+        elif d.state in ("cancelled", "failed"):
+            self._start_download(d)
+
+    def cancel_download(self, download_id: int) -> None:
+        d = self.downloads[download_id]
+        if d.job is not None and d.state in ("queued", "running"):
+            d.job.cancel.set()
+            self.download_table.item(d.row, 2).setText("cancelling…")
+
+    def _set_state(self, d: DownloadRow, state: str, message: str) -> None:
+        d.state, d.message = state, message
+        self.download_table.item(d.row, 2).setText(message)
+        self.download_table.item(d.row, 2).setToolTip(message)
+        d.button.setText({"queued": "Cancel", "running": "Cancel", "cancelled": "Resume", "failed": "Retry"}
+                         .get(state, "Done"))
+        d.button.setEnabled(state != "done")
+        self.download_changed.emit(d)
+
+    @Slot(object)
+    def _on_progress(self, item) -> None:
+        job_id, p = item
+        d = self.downloads.get(self._by_job.get(job_id, -1))
+        if d is None or d.state not in ("queued", "running"):
+            return
+        d.bar.setValue(int(PROGRESS_STEPS * p.done / p.total) if p.total else PROGRESS_STEPS)
+        resumed = f" (resumed at {human_bytes(p.resumed_from)})" if p.resumed_from else ""
+        self._set_state(d, "running", f"{human_bytes(p.done)} of {human_bytes(p.total)}{resumed}")
+
+    # --- pairing ------------------------------------------------------------------
+    def _pair_selected(self) -> None:
+        entry = self.selected_entry()
+        if entry is not None:
+            self.open_pairing(entry)
+
+    def open_pairing(self, target: ModelEntry, n_ctx: int = 0) -> PairingDialog:
+        from specdesk.app.pairing import pair
+
+        dialog = PairingDialog(target, self)
+        entries = list(self.entries)
+        job = self._jobs.submit("pair", lambda job: pair(target.path, entries, n_ctx=n_ctx))
+        self._dialogs[job.job_id] = dialog
+        dialog.show()
+        return dialog
+
+    # --- results ------------------------------------------------------------------
+    @Slot(object)
+    def _on_done(self, item) -> None:
+        job_id, kind, value = item
+        if self._closed:
+            return
+        if kind == "scan":
+            self._show_library(value)
+        elif kind == "search":
+            self._show_results(value)
+        elif kind == "files":
+            self._show_files(*value)
+        elif kind == "download":
+            d = self.downloads[self._by_job.pop(job_id)]
+            d.path = value
+            d.bar.setValue(PROGRESS_STEPS)
+            self._set_state(d, "done", f"done: {value}")
+            self.refresh_library()  # the new file joins the library
+        elif kind == "pair":
+            dialog = self._dialogs.pop(job_id, None)
+            if dialog is not None:
+                dialog.show_report(value)
+            self.pairing_ready.emit(value)
+
+    @Slot(object)
+    def _on_failed(self, item) -> None:
+        job_id, kind, message, cancelled = item
+        if self._closed:
+            return
+        if kind == "download":
+            d = self.downloads[self._by_job.pop(job_id)]
+            self._set_state(d, "cancelled" if cancelled else "failed", message)
+            return
+        if kind == "pair" and job_id in self._dialogs:
+            self._dialogs.pop(job_id).show_error(message)
+        self.status.setText(message.splitlines()[0] if message else "error")
+        self.failed.emit(message)
+        if kind != "pair":
+            show_error(self, message)
+
+    def busy(self) -> bool:
+        return bool(self._jobs.pending or self._downloads_lane.pending)
+
+    def shutdown(self) -> None:
+        """Cancel downloads (their partial files stay for resuming) and end both threads."""
+        self._closed = True
+        for dialog in self._dialogs.values():
+            dialog.close()
+        self._jobs.shutdown()
+        self._downloads_lane.shutdown()
