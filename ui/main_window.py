@@ -25,6 +25,7 @@ from .compare_view import CompareView
 from .controls import ControlsPanel
 from .dialogs import ask, show_error
 from .jobs import ModelInfo, file_label
+from .models_view import ModelsView
 from .worker import EngineWorker, JobError, JobResult
 
 REPAINT_INTERVAL_MS = 33  # ~30 Hz
@@ -79,6 +80,8 @@ class MainWindow(QMainWindow):
         self.tabs = QTabWidget(self)
         self.tabs.addTab(chat_tab, "Chat")
         self.tabs.addTab(self.compare_view, "Compare")
+        self.models_view = ModelsView(settings=self.settings, parent=self)
+        self.tabs.addTab(self.models_view, "Models")
         body = QSplitter(Qt.Horizontal, self)
         body.addWidget(self.controls)
         body.addWidget(self.tabs)
@@ -386,6 +389,7 @@ class MainWindow(QMainWindow):
             self.timer.stop()
             self.save_settings()
             self.worker.shutdown()
+            self.models_view.shutdown()
             # Results the worker sent before it ended (a stopped reply) are saved now.
             QCoreApplication.sendPostedEvents(self.worker, 0)
             self._tick()  # draw what arrived last, with the timer already stopped
