@@ -228,5 +228,21 @@ def test_the_main_window_has_a_models_tab(qtbot, tmp_path, monkeypatch, dialogs,
     with qtbot.waitSignal(view.library_loaded, timeout=TIMEOUT_MS):
         window.tabs.setCurrentIndex(titles.index("Models"))  # the first showing scans the library
     assert any(e.path == demo_family["target_gguf"] for e in view.entries)
+    # Other apps' folders are switched in the tab and remembered in settings.
+    store = tmp_path / "home" / ".ollama" / "models"
+    blob = store / "blobs" / ("sha256-" + "ab" * 32)
+    blob.parent.mkdir(parents=True)
+    shutil.copy(demo_family["draft_gguf"], blob)
+    manifest = store / "manifests" / "registry.ollama.ai" / "library" / "demo" / "latest"
+    manifest.parent.mkdir(parents=True)
+    manifest.write_text('{"layers": [{"mediaType": "application/vnd.ollama.image.model", "digest": "sha256:'
+                        + "ab" * 32 + '"}]}')
+    with qtbot.waitSignal(view.library_loaded, timeout=TIMEOUT_MS):
+        view.refresh_library()
+    assert any(e.source == "ollama" and e.path == str(blob) for e in view.entries)
+    with qtbot.waitSignal(view.library_loaded, timeout=TIMEOUT_MS):
+        view.source_boxes["ollama"].setChecked(False)
+    assert not any(e.source == "ollama" for e in view.entries)
+    assert window.settings.model_sources == {"ollama": False}
     window.close()
     assert models_view.running_threads() == []

@@ -303,6 +303,16 @@ class ModelsView(QWidget):
         self.add_button = QPushButton("Add folder…", self)
         self.pair_button = QPushButton("Pair drafts…", self)
         self.status = QLabel("", self)
+        self.source_boxes: dict[str, QCheckBox] = {}
+        if self._settings is not None:  # other apps' folders, each switchable (kept in settings)
+            from specdesk.app.library import load_sources
+
+            for name, spec in load_sources().items():
+                box = QCheckBox(spec.get("label", name), self)
+                box.setChecked(bool(self._settings.model_sources.get(name, True)))
+                box.setToolTip(f"scan the models {spec.get('label', name)} downloaded (read in place)")
+                box.toggled.connect(lambda on, name=name: self.set_source(name, on))
+                self.source_boxes[name] = box
 
         search_row = QHBoxLayout()
         for w, stretch in ((self.query, 1), (self.author, 0), (self.gguf_only, 0), (self.search_button, 0)):
@@ -328,6 +338,10 @@ class ModelsView(QWidget):
         for b in (self.refresh_button, self.add_button, self.pair_button):
             buttons.addWidget(b)
         buttons.addStretch(1)
+        if self.source_boxes:
+            buttons.addWidget(QLabel("Also scan:", self))
+        for box in self.source_boxes.values():
+            buttons.addWidget(box)
         library_layout.addLayout(buttons)
         body = QSplitter(Qt.Vertical, self)
         for box in (hub_box, downloads_box, library_box):
@@ -367,6 +381,13 @@ class ModelsView(QWidget):
         config = self._config_source()
         self.status.setText("scanning the model library…")
         return self._jobs.submit("scan", lambda job: scan_library(config)).job_id
+
+    def set_source(self, name: str, enabled: bool) -> Optional[int]:
+        """Switch one app's model folder on or off (remembered in settings) and rescan."""
+        if self._settings is None:
+            return None
+        self._settings.model_sources = {**self._settings.model_sources, name: enabled}
+        return self.refresh_library()
 
     def _add_folder(self) -> None:
         folder = QFileDialog.getExistingDirectory(self, "Add a folder of models")
