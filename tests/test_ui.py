@@ -145,6 +145,7 @@ def test_qt_binding_keeps_reference_counts(qapp):
 def test_window_opens_loads_and_quits(open_window):
     window = open_window()
     assert window.info is not None and window.info.draft_path is not None
+    assert window.loads_reported > 0 and window.busy_bar.maximum() == 100  # loading showed its percentage
     combo = window.controls.method_combo
     model = combo.model()
     enabled = {combo.itemData(i): model.item(i).isEnabled() for i in range(combo.count())}

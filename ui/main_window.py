@@ -64,6 +64,7 @@ class MainWindow(QMainWindow):
         self._closed = False
         self._splitters_sized = False
         self.errors_shown = 0
+        self.loads_reported = 0  # loading-progress updates shown (tests read it)
 
         self.controls = ControlsPanel(self.settings, self)
         self.chat_view = ChatView(self)
@@ -92,8 +93,9 @@ class MainWindow(QMainWindow):
 
         self.status_label = QLabel("", self)
         self.busy_bar = QProgressBar(self)
-        self.busy_bar.setRange(0, 0)  # indeterminate: loading has no reliable percentage
-        self.busy_bar.setMaximumWidth(160)
+        self.busy_bar.setRange(0, 0)  # indeterminate until llama.cpp reports how much of the file it read
+        self.busy_bar.setMaximumWidth(200)
+        self.busy_bar.setFormat("%p%")
         self.busy_bar.setVisible(False)
         self.statusBar().addWidget(self.status_label, 1)
         self.statusBar().addPermanentWidget(self.busy_bar)
@@ -112,6 +114,7 @@ class MainWindow(QMainWindow):
         self.chat_view.highlight_box.toggled.connect(self._highlight_toggled)
         self.compare_view.apply_k.connect(self.apply_k)
         self.worker.progress.connect(self._on_progress)
+        self.worker.fraction.connect(self._on_fraction)
         self.worker.loaded.connect(self._on_loaded)
         self.worker.stream.connect(self._on_stream)
         self.worker.finished.connect(self._on_finished)
@@ -190,6 +193,14 @@ class MainWindow(QMainWindow):
 
     def _on_progress(self, message: str) -> None:
         self.status_label.setText(message)
+        self.busy_bar.setRange(0, 0)  # a new stage: indeterminate until it reports a fraction
+
+    def _on_fraction(self, fraction: float) -> None:
+        if self._load_job is not None:
+            self.busy_bar.setRange(0, 100)
+            self.busy_bar.setValue(round(fraction * 100))
+            self.busy_bar.setVisible(True)
+            self.loads_reported += 1
 
     def _offer_small_demo(self) -> None:
         if ask(self, "The built-in demo models are not installed.\n\nBuild the small demo family on this "

@@ -66,6 +66,7 @@ class _Runner(QObject):
     stream = Signal(object)  # jobs.StreamBatch
     partial = Signal(object)  # (job_id, jobs.SweepPoint)
     progress = Signal(str)
+    fraction = Signal(float)  # how much of the file being loaded is read, 0..1
     loaded = Signal(object)  # JobResult(value=ModelInfo), before the "finished" of a load
     finished = Signal(object)  # JobResult
     errored = Signal(object)  # JobError
@@ -114,7 +115,7 @@ class _Runner(QObject):
         if engine is None or not jobs.same_file(engine.target.path, target) or a["n_ctx"] != self._n_ctx:
             self._kept_target = False
             self.progress.emit(f"loading {jobs.file_label(target)}")
-            new_engine = LlamaEngine(target, n_ctx=a["n_ctx"], n_threads=threads)
+            new_engine = LlamaEngine(target, n_ctx=a["n_ctx"], n_threads=threads, progress=self._fraction_reporter())
             self._close_engine()  # only once the new one loaded: a bad file keeps the old model
             self.engine, self._n_ctx, engine = new_engine, a["n_ctx"], new_engine
         elif engine.n_threads != threads:
@@ -126,7 +127,7 @@ class _Runner(QObject):
         if draft:
             self.progress.emit(f"loading draft {jobs.file_label(draft)}")
             try:
-                engine.load_draft(draft)
+                engine.load_draft(draft, progress=self._fraction_reporter())
                 self.draft_path = draft
             except SpecDeskError as e:
                 draft_error = str(e)
@@ -136,6 +137,17 @@ class _Runner(QObject):
         if draft_error is not None:
             raise _DraftRefused(draft_error)
         return info
+
+    def _fraction_reporter(self):
+        """A progress callback that sends whole percents only (llama.cpp calls it per tensor)."""
+        last = [-1]
+
+        def report(fraction: float) -> None:
+            percent = int(fraction * 100)
+            if percent != last[0]:
+                last[0] = percent
+                self.fraction.emit(percent / 100)
+        return report
 
     def _chat(self, job: _Job):
         engine = self._need_engine()
@@ -177,6 +189,7 @@ class EngineWorker(QObject):
     """GUI-thread handle of the worker thread. Every method returns at once."""
 
     progress = Signal(str)  # a loading stage, for the status bar
+    fraction = Signal(float)  # how much of the model file being loaded is read, 0..1
     loaded = Signal(object)  # ModelInfo: what is loaded now
     stream = Signal(object)  # jobs.StreamBatch
     partial = Signal(object)  # (job_id, jobs.SweepPoint)
@@ -197,6 +210,7 @@ class EngineWorker(QObject):
         self._runner.moveToThread(self._thread)
         self._submit.connect(self._runner.run, Qt.QueuedConnection)
         self._runner.progress.connect(self.progress, Qt.QueuedConnection)
+        self._runner.fraction.connect(self.fraction, Qt.QueuedConnection)
         self._runner.stream.connect(self._on_stream, Qt.QueuedConnection)
         self._runner.partial.connect(self._on_partial, Qt.QueuedConnection)
         self._runner.loaded.connect(self._on_loaded, Qt.QueuedConnection)

@@ -12,7 +12,7 @@ import threading
 from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Optional, Sequence
 
 import numpy as np
 
@@ -93,7 +93,9 @@ class VocabInfo:
 class GgufModel:
     """A loaded GGUF model: weights, vocabulary, tokenizer."""
 
-    def __init__(self, path: str | os.PathLike, n_gpu_layers: int = 0, load_mtp: bool = False):
+    def __init__(self, path: str | os.PathLike, n_gpu_layers: int = 0, load_mtp: bool = False,
+                 progress: Optional[Callable[[float], None]] = None):
+        """progress(fraction) is called from this thread while the weights load."""
         self.path = check_gguf_file(path)
         _check_gguf_complete(self.path)
         lib = llama_lib()
@@ -102,6 +104,15 @@ class GgufModel:
         params.n_gpu_layers = n_gpu_layers
         params.load_mtp = load_mtp  # NextN layers, for an MTP drafter context over this model
         self.load_mtp = load_mtp
+        if progress is not None:
+            def on_progress(fraction, user_data):
+                try:
+                    progress(float(fraction))
+                except Exception:  # an exception must not unwind through C
+                    pass
+                return True  # keep loading
+            callback = lib.llama_progress_callback(on_progress)
+            params.progress_callback = callback  # referenced by `callback` until the load returns
         _recent_errors.clear()
         self._model = lib.llama_model_load_from_file(str(self.path).encode(), params)
         if not self._model:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import threading
 import time
-from typing import Iterator, Optional
+from typing import Callable, Iterator, Optional
 
 import numpy as np
 
@@ -34,13 +34,13 @@ class LlamaEngine:
     name = "llama.cpp"
 
     def __init__(self, target_path: str | os.PathLike, n_ctx: int = 0, n_threads: Optional[int] = None,
-                 n_batch: int = 512):
+                 n_batch: int = 512, progress: Optional[Callable[[float], None]] = None):
         self.n_threads = n_threads or default_threads()
         if self.n_threads < 1:
             raise SpecDeskError(f"threads = {self.n_threads} is out of range: use 1 or more")
         from .mtp import nextn_layers
 
-        self.target = GgufModel(target_path, load_mtp=nextn_layers(target_path) > 0)
+        self.target = GgufModel(target_path, load_mtp=nextn_layers(target_path) > 0, progress=progress)
         self.n_ctx = n_ctx or min(self.target.n_ctx_train or 4096, 4096)
         self.context = GgufContext(self.target, self.n_ctx, self.n_threads, n_batch)
         self._drafts: dict[str, GgufContext] = {}
@@ -50,11 +50,12 @@ class LlamaEngine:
         self.last_proposer = None
 
     # --- models -----------------------------------------------------------
-    def load_draft(self, path: str | os.PathLike) -> GgufContext:
+    def load_draft(self, path: str | os.PathLike,
+                   progress: Optional[Callable[[float], None]] = None) -> GgufContext:
         """Load (once) and check a draft model; refusals say which property differed."""
         key = os.path.abspath(path)
         if key not in self._drafts:
-            draft = GgufModel(path)
+            draft = GgufModel(path, progress=progress)
             reasons = incompatibilities(self.target, draft)
             if reasons:
                 draft.close()
