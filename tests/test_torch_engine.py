@@ -1,0 +1,247 @@
+"""The PyTorch engine on the small demo family: llama.cpp agreement, losslessness for every
+method, rollback, the event contract, compatibility and context limits."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import threading
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from scipy import stats as scipy_stats  # noqa: E402
+
+from specdesk.app.compare import load_prompts  # noqa: E402
+from specdesk.app.paths import assets_dir  # noqa: E402
+from specdesk.engines.torch.context import TorchContext, TorchModel  # noqa: E402
+from specdesk.engines.torch.engine import TorchEngine, supported_methods  # noqa: E402
+from specdesk.engines.types import GenerationRequest, SamplingParams, SpecConfig, SpecDeskError  # noqa: E402
+
+PROMPTS = load_prompts(assets_dir() / "prompts" / "code.jsonl")
+METHODS = ("ngram", "ngram-pool", "draft", "mtp", "dflash")
+
+
+def spec_for(method: str, k: int, family: dict) -> SpecConfig:
+    path = {"draft": family["draft_hf"], "dflash": family["dflash_hf"]}.get(method)
+    return SpecConfig(method=method, k=k, draft_path=path)
+
+
+def generate_tokens(engine, prompt_tokens, spec: SpecConfig, sampling: SamplingParams = SamplingParams(),
+                    max_tokens: int = 32, stop_at_eos: bool = True) -> list[int]:
+    request = GenerationRequest(tuple(prompt_tokens), max_tokens=max_tokens, sampling=sampling, spec=spec,
+                                stop_at_eos=stop_at_eos)
+    return [t for event in engine.generate(request, threading.Event()) for t in event.tokens]
+
+
+@pytest.fixture(scope="module")
+def engine(demo_family):
+    engine = TorchEngine(demo_family["target_hf"], n_ctx=256, device="cpu", n_threads=1)
+    engine.load_draft(demo_family["draft_hf"])
+    yield engine
+    engine.close()
+
+
+def test_logits_match_llama_cpp(demo_family):
+    """Same weights (the HF folder and its F16 GGUF export), same tokens: the same logits up to
+    llama.cpp's f16 keys/values and summation order."""
+    from specdesk.engines.llama.binding import GgufContext, GgufModel
+
+    gguf = GgufModel(demo_family["target_gguf"])
+    model = TorchModel(demo_family["target_hf"], "cpu", torch.float32)
+    for prompt in PROMPTS[:4]:
+        tokens = model.tokenize(prompt)
+        assert tokens == gguf.tokenize(prompt)
+        reference = GgufContext(gguf, 256, 1).decode(tokens)  # (T, V)
+        ours = TorchContext(model, 256).decode(tokens).logits.numpy()
+        scale = np.abs(reference).max()
+        np.testing.assert_allclose(ours, reference, rtol=0, atol=2e-3 * scale)
+        # Where the argmax differs, the two top logits are within the tolerance (a near tie).
+        rows = np.arange(len(tokens))
+        gap = reference.max(1) - reference[rows, ours.argmax(1)]
+        assert (gap <= 4e-3 * scale).all()
+    gguf.close()
+
+
+def test_tokenizer_and_template_match_llama_cpp(demo_family):
+    from specdesk.app.templates import render_chat
+    from specdesk.engines.llama.binding import GgufModel
+
+    gguf = GgufModel(demo_family["target_gguf"])
+    model = TorchModel(demo_family["target_hf"], "cpu", torch.float32)
+    text = "caf\u00e9 = {'\u00fc': 1}  # \u2603\n" + PROMPTS[3]
+    tokens = model.tokenize(text)
+    assert tokens == gguf.tokenize(text)
+    assert model.detokenize(tokens) == gguf.detokenize(tokens)
+    assert [model.token_bytes(t) for t in tokens] == [gguf.token_bytes(t) for t in tokens]
+    assert model.vocab.bos == gguf.vocab.bos and model.vocab.eos == gguf.vocab.eos
+    assert model.is_eog(model.vocab.eos) and not model.is_eog(tokens[-1])
+    messages = [{"role": "user", "content": "sort a list\nin place"}]
+    ours = render_chat(model.chat_template(), messages, model.token_text(model.vocab.bos),
+                       model.token_text(model.vocab.eos))
+    theirs = render_chat(gguf.chat_template(), messages, gguf.token_text(gguf.vocab.bos),
+                         gguf.token_text(gguf.vocab.eos))
+    assert ours == theirs
+    assert model.tokenize(ours, add_bos=False, parse_special=True) == gguf.tokenize(ours, add_bos=False,
+                                                                                     parse_special=True)
+    gguf.close()
+
+
+@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize("k", [1, 4])
+def test_greedy_speculative_equals_baseline(engine, demo_family, method, k):
+    spec = spec_for(method, k, demo_family)
+    drafted = 0
+    for prompt in PROMPTS[:12]:
+        tokens = engine.tokenize(prompt)
+        baseline = generate_tokens(engine, tokens, SpecConfig(), max_tokens=40)
+        speculative = generate_tokens(engine, tokens, spec, max_tokens=40)
+        assert speculative == baseline, f"{method} k={k} diverged on prompt {prompt[:40]!r}"
+        drafted += engine.last_proposer.stats()["drafted"]
+    assert drafted > 0, "the method never drafted, so the test proved nothing"
+
+
+def test_events_follow_the_contract(engine, demo_family):
+    for method in ("mtp", "dflash"):
+        request = GenerationRequest(tuple(engine.tokenize(PROMPTS[0])), max_tokens=30,
+                                    spec=spec_for(method, 4, demo_family))
+        events = list(engine.generate(request, threading.Event()))
+        assert sum(len(e.tokens) for e in events) == 30
+        for event in events:
+            assert len(event.tokens) >= 1
+            assert len(event.from_draft) == len(event.tokens)
+            assert len(event.position_accepted) == event.drafted
+            assert sum(event.position_accepted) == event.accepted
+            assert event.draft_s >= 0 and event.verify_s > 0
+        assert events[-1].finished and events[-1].finish_reason == "length"
+        assert "".join(e.text for e in events) == engine.detokenize([t for e in events for t in e.tokens])
+
+
+def test_cancel_stops_between_steps(engine):
+    cancel = threading.Event()
+    seen = 0
+    for _ in engine.generate(GenerationRequest(tuple(engine.tokenize(PROMPTS[1])), max_tokens=100), cancel):
+        seen += 1
+        cancel.set()
+    assert seen == 1
+
+
+def test_logits_after_rejected_draft_equal_fresh_evaluation(demo_family):
+    model = TorchModel(demo_family["target_hf"], "cpu", torch.float32)
+    tokens = model.tokenize(PROMPTS[4])
+    rolled = TorchContext(model, 256)
+    rolled.decode(tokens[:-1])
+    n_past = rolled.n_past
+    rolled.decode([tokens[-1], 5, 6, 7, 8])  # a draft, all rejected
+    rolled.rollback(n_past + 1)
+    after_rollback = rolled.decode([42]).logits[-1].numpy().copy()
+    rolled.rollback(n_past)
+    rolled.decode([tokens[-1], 11, 12, 13, 14])  # two accepted, the rest rejected
+    rolled.rollback(n_past + 3)
+    partial = rolled.decode([42]).logits[-1].numpy().copy()
+    fresh = TorchModel(demo_family["target_hf"], "cpu", torch.float32)
+    np.testing.assert_allclose(after_rollback, TorchContext(fresh, 256).decode(tokens + [42]).logits[-1].numpy(),
+                               rtol=0, atol=1e-4)
+    np.testing.assert_allclose(partial, TorchContext(fresh, 256).decode(tokens + [11, 12, 42]).logits[-1].numpy(),
+                               rtol=0, atol=1e-4)
+
+
+def _token_counts(engine, prompt_tokens, spec, sampling, runs, positions):
+    counts = {p: Counter() for p in positions}
+    accepted = 0
+    for seed in range(runs):
+        seeded = SamplingParams(sampling.temperature, sampling.top_p, sampling.top_k, seed)
+        request = GenerationRequest(tuple(prompt_tokens), max_tokens=max(positions) + 1, sampling=seeded,
+                                    spec=spec, stop_at_eos=False)
+        out = []
+        for event in engine.generate(request, threading.Event()):
+            out.extend(event.tokens)
+            accepted += event.accepted
+        for p in positions:
+            counts[p][out[p]] += 1
+    return counts, accepted
+
+
+def _chi_square_same(a: Counter, b: Counter, min_expected: float = 5.0) -> float:
+    n_a, n_b = sum(a.values()), sum(b.values())
+    categories = sorted(set(a) | set(b), key=lambda t: -(a[t] + b[t]))
+    common = [t for t in categories if (a[t] + b[t]) * min(n_a, n_b) / (n_a + n_b) >= min_expected]
+    rare = [t for t in categories if t not in common]
+    table = np.array([[a[t] for t in common] + [sum(a[t] for t in rare)],
+                      [b[t] for t in common] + [sum(b[t] for t in rare)]])
+    table = table[:, table.sum(axis=0) > 0]
+    return scipy_stats.chi2_contingency(table)[1]
+
+
+SAMPLING = SamplingParams(temperature=0.8, top_p=0.95)
+RUNS, POSITIONS = 4000, (0, 2)
+
+
+@pytest.fixture(scope="module")
+def plain_counts(engine):
+    prompt = engine.tokenize(PROMPTS[0])
+    return prompt, _token_counts(engine, prompt, SpecConfig(), SAMPLING, RUNS, POSITIONS)[0]
+
+
+@pytest.mark.parametrize("method", ["draft", "mtp", "dflash"])
+def test_sampling_distribution_matches_plain_sampling(engine, demo_family, plain_counts, method):
+    """At T=0.8, top-p 0.95 the tokens at positions 0 and 2 follow plain sampling, with the
+    draft's q (draft model, MTP, DFlash) in the acceptance ratio. 4000 runs per arm; the power
+    check: the same test rejects the speculative sample with 6% of it moved to one token."""
+    prompt, plain = plain_counts
+    speculative, accepted = _token_counts(engine, prompt, spec_for(method, 3, demo_family), SAMPLING, RUNS,
+                                          POSITIONS)
+    assert accepted >= 50, f"only {accepted} draft tokens accepted: the test would not exercise acceptance"
+    for position in POSITIONS:
+        p_value = _chi_square_same(plain[position], speculative[position])
+        assert p_value > 0.01, (f"{method} position {position}: p = {p_value:.4g}\n"
+                                f"{plain[position].most_common(8)}\n{speculative[position].most_common(8)}")
+    draws = np.array(list(speculative[0].elements()))
+    np.random.default_rng(0).shuffle(draws)
+    draws[: RUNS * 6 // 100] = plain[0].most_common(5)[-1][0]
+    assert _chi_square_same(plain[0], Counter(draws.tolist())) < 0.01, "the sample is too small to detect a shift"
+
+
+def test_incompatible_draft_is_refused(engine, demo_family, tmp_path):
+    bad = tmp_path / "draft-other-eos"
+    shutil.copytree(demo_family["draft_hf"], bad)
+    config_path = bad / "tokenizer_config.json"
+    config = json.loads(config_path.read_text())
+    config["eos_token"] = config["bos_token"]
+    config_path.write_text(json.dumps(config))
+    with pytest.raises(SpecDeskError, match="not compatible.*EOS id"):
+        engine.load_draft(bad)
+
+
+def test_prompt_longer_than_context_is_refused(demo_family):
+    engine = TorchEngine(demo_family["target_hf"], n_ctx=32, device="cpu")
+    request = GenerationRequest(tuple(engine.tokenize(PROMPTS[4] * 4)), max_tokens=8)
+    with pytest.raises(SpecDeskError, match="context holds 32"):
+        list(engine.generate(request, threading.Event()))
+
+
+@pytest.mark.parametrize("method", ["ngram", "mtp", "dflash"])
+def test_generation_stops_at_context_end(demo_family, method):
+    engine = TorchEngine(demo_family["target_hf"], n_ctx=64, device="cpu")
+    prompt = engine.tokenize(PROMPTS[0])
+    request = GenerationRequest(tuple(prompt), max_tokens=500, spec=spec_for(method, 8, demo_family),
+                                stop_at_eos=False)
+    events = list(engine.generate(request, threading.Event()))
+    assert len(prompt) + sum(len(e.tokens) for e in events) == 64
+    assert events[-1].finish_reason == "context"
+
+
+def test_supported_methods_say_why_not(demo_family):
+    target = supported_methods(demo_family["target_hf"], demo_family["dflash_hf"])
+    assert all(target[m] is None for m in ("none", "ngram", "ngram-pool", "draft", "mtp", "dflash"))
+    assert "EAGLE-3" in target["eagle3"]
+    plain = supported_methods(demo_family["draft_hf"])
+    assert "no MTP layers" in plain["mtp"] and "num_nextn_predict_layers" in plain["mtp"]
+    assert "DFlash drafter folder" in plain["dflash"]
+    mismatched = supported_methods(demo_family["draft_hf"], demo_family["dflash_hf"])
+    assert "hidden_size" in mismatched["dflash"]
+    assert "not a folder" in supported_methods(Path(demo_family["target_gguf"]))["none"]
