@@ -327,9 +327,10 @@ def demo_family_paths(root: Optional[Path] = None) -> list[Path]:
     for build in sorted(root.iterdir()):
         if not (build / MANIFEST).is_file():
             continue
-        for unit in ("target_gguf", "draft_gguf", "target_hf", "draft_hf"):
-            if (build / UNIT_PATHS[unit]).exists():
-                found.append(build / UNIT_PATHS[unit])
+        for unit, rel in UNIT_PATHS.items():
+            # Models only (GGUF files, checkpoint folders); core-hf is the training input, not a model to run.
+            if unit.endswith(("_gguf", "_hf")) and unit != "core_hf" and (build / rel).exists():
+                found.append(build / rel)
     return found
 
 
