@@ -98,7 +98,8 @@ def check_speculative(state: dict) -> str:
     from specdesk.engines.types import GenerationRequest, SamplingParams, SpecConfig
 
     paths = state["paths"]
-    engine = LlamaEngine(paths["target_gguf"], n_ctx=SELFTEST_CTX, n_threads=min(os.cpu_count() or 1, 4))
+    # One thread: the result does not depend on it, and a busy CI machine slows many threads down.
+    engine = LlamaEngine(paths["target_gguf"], n_ctx=SELFTEST_CTX, n_threads=1)
     try:
         engine.load_draft(paths["draft_gguf"])
         prompt = tuple(engine.tokenize(state["prompt"]))

@@ -50,6 +50,13 @@ if [ "$flavour" = gguf ] && [ -e "$bundle/_internal/torch" ]; then
     echo "build_linux: torch is in the GGUF-only bundle ($bundle/_internal/torch)" >&2
     exit 1
 fi
+for lib in libxcb-cursor.so.0 libxcb-icccm.so.4 libxcb-keysyms.so.1; do
+    if [ ! -e "$bundle/_internal/$lib" ]; then
+        echo "build_linux: $lib is not in the bundle, so Qt's xcb plugin would not start on desktops" \
+             "without it: apt-get install libxcb-cursor0 libxcb-icccm4 libxcb-keysyms1 and build again" >&2
+        exit 1
+    fi
+done
 # Paths of this machine (the checkout, the venv, the interpreter's prefix, pip's build
 # folders) are compiled into some libraries: rewrite them, then prove none is left.
 "$PYTHON" packaging/bundle_paths.py scrub "$bundle"
