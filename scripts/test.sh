@@ -1,7 +1,12 @@
 #!/usr/bin/env bash
-# The test command: sets up .venv if needed, then runs the whole suite.
+# The test command: sets up .venv if needed, then runs the whole suite. With no arguments it
+# also builds and self-tests the Linux bundle when packaging/ or the dependencies changed
+# (scripts/bundle_check.sh; silent and instant otherwise).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 export QT_QPA_PLATFORM=offscreen
+if [ $# -eq 0 ]; then
+    bash scripts/bundle_check.sh
+fi
 exec .venv/bin/python -m pytest -q "$@"
