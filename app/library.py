@@ -11,6 +11,7 @@ listed with its error.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import struct
 import sys
@@ -19,6 +20,8 @@ from pathlib import Path
 from typing import Callable, Iterable, Iterator, Optional
 
 from .paths import assets_dir, cache_dir
+
+log = logging.getLogger(__name__)
 
 GGUF_MAGIC = b"GGUF"
 MAX_FOLDER_DEPTH = 5  # user folders are walked this deep, no deeper
@@ -367,8 +370,16 @@ def platform_key() -> str:
 
 
 def load_sources(path: Optional[Path] = None) -> dict:
+    """The table of other apps' model folders; empty (with a log line) when it is missing or broken,
+    so a damaged install still lists the models it can."""
     path = Path(path) if path is not None else assets_dir() / "model_sources.json"
-    return json.loads(path.read_text(encoding="utf-8"))["sources"]
+    try:
+        sources = json.loads(path.read_text(encoding="utf-8"))["sources"]
+        if isinstance(sources, dict):
+            return sources
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        log.warning("%s: cannot read the model sources table (%s)", path, e)
+    return {}
 
 
 def expand_location(location: str, env: Optional[dict] = None) -> Optional[Path]:

@@ -11,6 +11,7 @@ a-priori acceptance rate and the draft/target cost ratio taken from their weight
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import subprocess
@@ -23,6 +24,8 @@ from specdesk.engines.types import SpecDeskError
 
 from .library import ModelEntry, Shape, find_entry, read_model
 from .paths import assets_dir
+
+log = logging.getLogger(__name__)
 
 # Memory model of a llama.cpp process (CPU backend, f16 KV cache, n_ubatch 512, flash
 # attention as llama.cpp chooses it by default). Measured once on Linux x86-64 with
@@ -291,8 +294,15 @@ def check_draft(target: ModelEntry, draft: ModelEntry, target_vocab: Optional[Vo
 
 # --- native drafters ---------------------------------------------------------------------
 def load_drafter_table(path: Optional[Path] = None) -> list[dict]:
+    """Known targets and their drafter repositories; empty when the table is missing or broken."""
     path = Path(path) if path is not None else assets_dir() / "native_drafters.json"
-    return json.loads(path.read_text(encoding="utf-8"))["targets"]
+    try:
+        table = json.loads(path.read_text(encoding="utf-8"))["targets"]
+        if isinstance(table, list):
+            return table
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        log.warning("%s: cannot read the native drafters table (%s)", path, e)
+    return []
 
 
 def known_target(entry: ModelEntry, table: Optional[list] = None) -> Optional[dict]:

@@ -216,3 +216,11 @@ def test_models_list_json(demo_family, tmp_path, monkeypatch, capsys):
     assert listed[str(tmp_path / "bad.gguf")]["error"]
     assert main(["models", "list", "--no-hf-cache", "--path", str(folder)]) == 0
     assert demo_family["draft_gguf"] in capsys.readouterr().out
+
+
+def test_a_missing_sources_table_still_lists_the_rest(demo_family, tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECDESK_ASSETS_DIR", str(tmp_path / "no-assets"))
+    assert load_sources() == {}
+    entries = scan_library(LibraryConfig(include_hf_cache=False, include_demo=False,
+                                         user_paths=[demo_family["draft_gguf"]], env=no_apps(tmp_path)))
+    assert [e.path for e in entries] == [demo_family["draft_gguf"]]

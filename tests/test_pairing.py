@@ -245,3 +245,12 @@ def test_models_pair_json(demo_family, variants, tmp_path, monkeypatch, capsys):
     assert "fits" in capsys.readouterr().out
     assert main(args[:3] + [variants["corrupt"], "--no-apps", "--no-hf-cache"]) == 2
     assert "corrupt or truncated" in capsys.readouterr().err
+
+
+def test_a_missing_drafter_table_means_no_suggestions(tmp_path, monkeypatch):
+    from specdesk.app.pairing import load_drafter_table
+
+    monkeypatch.setenv("SPECDESK_ASSETS_DIR", str(tmp_path / "no-assets"))
+    assert load_drafter_table() == []
+    qwen = ModelEntry(path="Qwen3-8B-Q4_K_M.gguf", format="gguf", source="user", name="x")
+    assert native_drafters(qwen, []) == []
