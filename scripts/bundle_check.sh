@@ -16,6 +16,10 @@ if ! "$PYTHON" -c 'import PyInstaller' 2>/dev/null || ! "$PYTHON" -c 'import shu
     echo "bundle_check: installing the packaging extra" >&2
     "$PYTHON" -m pip install --quiet $("$PYTHON" -c 'import tomllib; print(" ".join(tomllib.load(open("pyproject.toml", "rb"))["project"]["optional-dependencies"]["packaging"]))')
 fi
+# One check at a time (others may run the test command in this checkout): wait, then decide.
+mkdir -p build
+exec 9>build/bundle-check.lock
+flock 9
 # The key covers the installed distributions, so it is taken once the extra is in.
 key="$("$PYTHON" packaging/bundle_key.py)"
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$key" ]; then
