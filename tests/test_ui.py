@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -12,7 +13,7 @@ pytest.importorskip("PySide6")
 pytest.importorskip("pyqtgraph")
 pytest.importorskip("pytestqt")
 
-from PySide6.QtCore import QTimer  # noqa: E402
+from PySide6.QtCore import Qt, QTimer  # noqa: E402
 from PySide6.QtWidgets import QApplication, QMessageBox  # noqa: E402
 
 from specdesk.app.history import History  # noqa: E402
@@ -282,6 +283,24 @@ def test_errors_become_dialogs_and_the_window_keeps_working(qtbot, open_window, 
     window.controls.method_combo.setCurrentIndex(window.controls.method_combo.findData("ngram"))
     result = send(qtbot, window, "def parse_args(argv):")
     assert result.stats.tokens > 0 and result.finish_reason != "cancelled"
+
+
+def test_draft_picker_lists_only_compatible_drafts_and_says_why(qtbot, open_window, tmp_path, demo_family):
+    from llama_helpers import rewrite_gguf
+
+    other_eos = rewrite_gguf(demo_family["draft_gguf"], tmp_path / "other-eos.gguf", eos_id=7)
+    bigger_vocab = rewrite_gguf(demo_family["draft_gguf"], tmp_path / "bigger-vocab.gguf", extra_tokens=512)
+    same = tmp_path / "same-vocab.gguf"
+    same.write_bytes(Path(demo_family["draft_gguf"]).read_bytes())
+    window = open_window(recent_drafts=[str(other_eos), str(bigger_vocab), str(same)])
+    combo = window.controls.draft_combo
+    choices = [combo.itemData(i) for i in range(combo.count()) if combo.model().item(i).isEnabled()]
+    assert str(same) in choices and demo_family["draft_gguf"] in choices
+    assert str(other_eos) not in choices and str(bigger_vocab) not in choices
+    hidden = [i for i in range(combo.count()) if not combo.model().item(i).isEnabled()]
+    assert len(hidden) == 1 and combo.itemText(hidden[0]) == "2 incompatible drafts hidden"
+    why = combo.itemData(hidden[0], Qt.ToolTipRole)
+    assert "other-eos.gguf: EOS id" in why and "bigger-vocab.gguf: vocab size" in why
 
 
 def test_compare_tab_verdict_and_sweep(qtbot, open_window):

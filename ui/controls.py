@@ -14,6 +14,7 @@ from specdesk.app.settings import DEMO, Settings
 from specdesk.engines.types import MAX_DRAFT_TOKENS, METHODS, SamplingParams, SpecConfig, SpecDeskError
 
 BROWSE = "\0browse"  # combo item data of "Open GGUF file…"
+HIDDEN = "\0hidden"  # combo item data of the "N incompatible hidden" line
 
 METHOD_LABELS = {
     "none": "none (baseline)",
@@ -55,6 +56,7 @@ class ControlsPanel(QScrollArea):
         self._supported: tuple[str, ...] = tuple(METHODS)
         self._engine_name = "the engine"
         self._previous: dict[str, int] = {}
+        self._draft_verdicts: dict[str, tuple[str, ...]] = {}  # draft choice -> why it cannot serve the target
 
         models = QGroupBox("Models", body)
         form = QFormLayout(models)
@@ -185,10 +187,43 @@ class ControlsPanel(QScrollArea):
         if current not in [combo.itemData(i) for i in range(combo.count())]:
             combo.addItem(Path(current).name, current)
             combo.setItemData(combo.count() - 1, current, Qt.ToolTipRole)
+        if combo is self.draft_combo:
+            self._hide_incompatible(current)
         combo.addItem("Open GGUF file…", BROWSE)
         combo.setCurrentIndex([combo.itemData(i) for i in range(combo.count())].index(current))
         combo.blockSignals(False)
         self._previous[combo.objectName()] = combo.currentIndex()
+
+    def _hide_incompatible(self, current) -> None:
+        """Only drafts that can serve the loaded target stay pickable; one disabled line says
+        how many were left out, and its tooltip says why for each."""
+        combo = self.draft_combo
+        hidden = []
+        for i in range(combo.count() - 1, -1, -1):
+            choice = combo.itemData(i)
+            reasons = self._draft_verdicts.get(choice)
+            if reasons and choice != current:
+                hidden.append(f"{combo.itemText(i)}: {'; '.join(reasons)}")
+                combo.removeItem(i)
+        if hidden:
+            combo.addItem(f"{len(hidden)} incompatible draft{'s' * (len(hidden) != 1)} hidden", HIDDEN)
+            index = combo.count() - 1
+            combo.model().item(index).setEnabled(False)
+            combo.setItemData(index, "Not compatible with this target (target vs draft):\n" + "\n".join(reversed(hidden)),
+                              Qt.ToolTipRole)
+
+    def draft_choices(self) -> list:
+        """Every draft the picker knows of (paths or DEMO), for a compatibility check."""
+        s = self._settings
+        choices = [DEMO, *s.recent_drafts]
+        if s.draft_path not in choices and s.draft_path is not None:
+            choices.append(s.draft_path)
+        return choices
+
+    def set_draft_verdicts(self, verdicts: dict) -> None:
+        self._draft_verdicts = {choice: tuple(reasons) for choice, reasons in verdicts.items() if reasons}
+        self._fill_models(self.draft_combo, [("No draft model", None), ("Demo draft (built in)", DEMO)],
+                          self._settings.recent_drafts, self.draft_combo.currentData())
 
     def _model_picked(self, combo: QComboBox, role: str) -> None:
         key = combo.objectName()

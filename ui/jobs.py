@@ -37,6 +37,7 @@ class ModelInfo:
     size_bytes: int
     chat_template: bool  # whether the model file has its own chat template
     unavailable: tuple[tuple[str, str], ...] = ()  # (method, why not) for the engine's other methods
+    draft_verdicts: tuple[tuple[str, tuple[str, ...]], ...] = ()  # (draft choice, why it cannot serve; () fits)
 
 
 @dataclass(frozen=True)
@@ -137,13 +138,34 @@ def same_file(a, b) -> bool:
     return os.path.abspath(a) == os.path.abspath(b)
 
 
-def describe_engine(engine, draft_path: Optional[str]) -> ModelInfo:
+def draft_verdicts(engine, choices, resolve: Callable[[str], str]) -> tuple[tuple[str, tuple[str, ...]], ...]:
+    """For each draft choice (a path or DEMO): the reasons it cannot serve the loaded target,
+    from a vocabulary-only read of the file (no weights are loaded)."""
+    from specdesk.engines.llama.binding import GgufModel
+    from specdesk.engines.llama.compat import incompatibilities
+
+    verdicts = []
+    for choice in choices:
+        try:
+            draft = GgufModel(resolve(choice), vocab_only=True)
+        except SpecDeskError as e:
+            verdicts.append((choice, (str(e),)))
+            continue
+        try:
+            verdicts.append((choice, tuple(incompatibilities(engine.target, draft))))
+        finally:
+            draft.close()
+    return tuple(verdicts)
+
+
+def describe_engine(engine, draft_path: Optional[str], verdicts=()) -> ModelInfo:
     model = engine.target
     availability = engine.method_availability()
     supported = tuple(m for m, why in availability.items() if why is None)
     unavailable = tuple((m, why) for m, why in availability.items() if why is not None)
     return ModelInfo(str(model.path), draft_path, engine.name, supported, engine.n_ctx, engine.n_threads,
-                     int(model.n_params), int(model.size_bytes), model.chat_template() is not None, unavailable)
+                     int(model.n_params), int(model.size_bytes), model.chat_template() is not None, unavailable,
+                     tuple(verdicts))
 
 
 # --- chat ----------------------------------------------------------------------

@@ -160,13 +160,15 @@ class MainWindow(QMainWindow):
         self.controls.mark_loaded()
         self._on_progress(f"loading {'the demo target' if s.target_path == DEMO else file_label(s.target_path)}…")
         self._requested_choice = (s.target_path, s.draft_path)
-        self._load_job = self.worker.load(s.target_path, s.draft_path, s.demo_size, s.n_ctx, s.threads)
+        self._load_job = self.worker.load(s.target_path, s.draft_path, s.demo_size, s.n_ctx, s.threads,
+                                          drafts=self.controls.draft_choices())
         self._update_actions()
         return self._load_job
 
     def _on_loaded(self, info: ModelInfo) -> None:
         self.info = info
         self.controls.set_supported_methods(info.supported_methods, info.engine, dict(info.unavailable))
+        self.controls.set_draft_verdicts(dict(info.draft_verdicts))
         self.setWindowTitle(f"SpecDesk — {file_label(info.target_path)}")
         self._show_model_status()
 

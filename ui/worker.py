@@ -20,6 +20,7 @@ from typing import Any, Optional
 
 from PySide6.QtCore import QObject, QThread, Qt, Signal, Slot
 
+from specdesk.app.settings import DEMO
 from specdesk.engines.types import SamplingParams, SpecConfig, SpecDeskError
 
 from . import jobs
@@ -132,7 +133,16 @@ class _Runner(QObject):
             except SpecDeskError as e:
                 draft_error = str(e)
                 self.draft_path = previous
-        info = jobs.describe_engine(engine, self.draft_path)
+        def resolve(choice: str) -> str:
+            if choice != DEMO:
+                return choice
+            return jobs.resolve_demo(DEMO, DEMO, a["demo_size"], self.progress.emit)[1]
+
+        # The demo draft is checked only when the demo family is in use (so, built): a check
+        # must never start a build.
+        demo_in_use = DEMO in (a["target"], a["draft"])
+        choices = [c for c in a.get("drafts", ()) if c and (c != DEMO or demo_in_use)]
+        info = jobs.describe_engine(engine, self.draft_path, jobs.draft_verdicts(engine, choices, resolve))
         self.loaded.emit(JobResult(job.job_id, "load", info))
         if draft_error is not None:
             raise _DraftRefused(draft_error)
@@ -242,9 +252,11 @@ class EngineWorker(QObject):
         return job.job_id
 
     def load(self, target: str, draft: Optional[str], demo_size: str = "full", n_ctx: int = 0,
-             threads: int = 0) -> int:
-        """Load a target (a GGUF path or settings.DEMO) and optionally a draft model."""
-        return self._queue("load", target=target, draft=draft, demo_size=demo_size, n_ctx=n_ctx, threads=threads)
+             threads: int = 0, drafts=()) -> int:
+        """Load a target (a GGUF path or settings.DEMO) and optionally a draft model; check
+        which of `drafts` (paths or DEMO) could serve the target."""
+        return self._queue("load", target=target, draft=draft, demo_size=demo_size, n_ctx=n_ctx, threads=threads,
+                           drafts=tuple(drafts))
 
     def chat(self, messages: list[dict], spec: SpecConfig, sampling: SamplingParams, max_tokens: int) -> int:
         return self._queue("chat", messages=[dict(m) for m in messages], spec=spec, sampling=sampling,

@@ -94,8 +94,9 @@ class GgufModel:
     """A loaded GGUF model: weights, vocabulary, tokenizer."""
 
     def __init__(self, path: str | os.PathLike, n_gpu_layers: int = 0, load_mtp: bool = False,
-                 progress: Optional[Callable[[float], None]] = None):
-        """progress(fraction) is called from this thread while the weights load."""
+                 progress: Optional[Callable[[float], None]] = None, vocab_only: bool = False):
+        """progress(fraction) is called from this thread while the weights load; vocab_only
+        reads the vocabulary and metadata without the weights (for compatibility checks)."""
         self.path = check_gguf_file(path)
         _check_gguf_complete(self.path)
         lib = llama_lib()
@@ -103,6 +104,7 @@ class GgufModel:
         params = lib.llama_model_default_params()
         params.n_gpu_layers = n_gpu_layers
         params.load_mtp = load_mtp  # NextN layers, for an MTP drafter context over this model
+        params.vocab_only = vocab_only
         self.load_mtp = load_mtp
         if progress is not None:
             def on_progress(fraction, user_data):
