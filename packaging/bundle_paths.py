@@ -73,17 +73,24 @@ def patterns(roots: Iterable[str] | None = None) -> re.Pattern:
     return re.compile(_START + rb"(?:" + rb"|".join(alternatives) + rb")")
 
 
+_PIP_FOLDER = re.compile(rb"pip-[a-z-]+-[a-z0-9_]+")
+
+
 def _head_length(path: bytes) -> int:
-    """How much of a matched path to overwrite: its first component ("/root", "/work", "/tmp").
+    """How much of a matched path to overwrite: its first component ("/root", "/work").
 
     Compilers merge a string literal into the tail of a longer one ("3.11.7" into
     "/root/.pyenv/versions/3.11.7"), so overwriting a whole path can corrupt an unrelated
     string. No literal starts inside a path's first component, and once it is gone the
-    rest ("./././.pyenv/versions/3.11.7") no longer names a folder. A Windows path keeps
-    its user and temporary folders after the drive, so there all but the last component go.
+    rest ("./././.pyenv/versions/3.11.7") no longer names a folder. pip's temporary build
+    folder goes entirely (its name is this machine's); a Windows path keeps its user and
+    temporary folders after the drive, so there all but the last component go.
     """
     if path[1:2] == b":":
         return max(path.rfind(b"\\"), path.rfind(b"/"), 2)
+    pip = _PIP_FOLDER.search(path)
+    if pip:
+        return pip.end()
     second = path.find(b"/", 1)
     return second if second > 0 else len(path)
 
