@@ -66,10 +66,19 @@ def _read_config(folder: Path) -> dict:
 
 
 def _weights(folder: Path) -> dict[str, np.ndarray]:
-    path = folder / "model.safetensors"
-    if not path.is_file():
-        raise SpecDeskError(f"{folder}: no model.safetensors")
-    return load_file(str(path))
+    """Every tensor of the folder: model.safetensors and any further shards (an MTP layer may
+    live in its own shard, named by model.safetensors.index.json)."""
+    index = folder / "model.safetensors.index.json"
+    if index.is_file():
+        shards = sorted(set(json.loads(index.read_text(encoding="utf-8"))["weight_map"].values()))
+    else:
+        shards = ["model.safetensors"]
+    weights: dict[str, np.ndarray] = {}
+    for shard in shards:
+        if not (folder / shard).is_file():
+            raise SpecDeskError(f"{folder}: no {shard}")
+        weights.update(load_file(str(folder / shard)))
+    return weights
 
 
 def _add(writer: gguf.GGUFWriter, name: str, data: np.ndarray) -> None:
@@ -242,44 +251,82 @@ def _write_block(writer: gguf.GGUFWriter, i: int, block: Mapping[str, np.ndarray
 
 
 # --- DFlash ------------------------------------------------------------------------------
-def initial_dflash_folder(target_config: dict, seed: int = 0, block_size: int = DEFAULT_BLOCK_SIZE,
+def _common_token(target_hf: Path) -> int:
+    """The most frequent token of the sample code prompts under the target's tokenizer."""
+    from collections import Counter
+
+    from tokenizers import Tokenizer
+
+    from ..paths import assets_dir
+
+    tokenizer = Tokenizer.from_file(str(target_hf / "tokenizer.json"))
+    counts: Counter = Counter()
+    for line in (assets_dir() / "prompts" / "code.jsonl").read_text(encoding="utf-8").splitlines():
+        if line.strip():
+            counts.update(tokenizer.encode(json.loads(line)["prompt"], add_special_tokens=False).ids)
+    return counts.most_common(1)[0][0]
+
+
+def initial_dflash_folder(target_hf: Path, seed: int = 0, block_size: int = DEFAULT_BLOCK_SIZE,
                           n_layers: int = 1) -> tuple[dict, dict[str, np.ndarray]]:
-    """(config, weights) of a seeded z-lab-format drafter for `target_config`: one Qwen3
-    layer the target's width, reading the target's first and last layer outputs."""
+    """(config, weights) of a seeded z-lab-format drafter for the target in `target_hf`: one
+    Qwen3 layer the target's width, reading the outputs of the target's first and
+    second-to-last layers.
+
+    Untrained, it still drafts something the target often says: it carries its own copy of
+    the target's embeddings and head, with the mask token's embedding set (least squares) so
+    that the head maps it to the sample prompts' most frequent token, and the layer's
+    attention and MLP outputs scaled down so that the mask rows stay near that embedding."""
+    target_hf = Path(target_hf)
+    target_config = _read_config(target_hf)
+    target = _weights(target_hf)
     d = target_config["hidden_size"]
     n_head = target_config["num_attention_heads"]
     head_dim = target_config.get("head_dim") or d // n_head
     n_target = target_config["num_hidden_layers"]
-    layer_ids = sorted({0, n_target - 1})
+    vocab = target_config["vocab_size"]
+    layer_ids = sorted({0, max(0, n_target - 2)})
     ffn = target_config["intermediate_size"]
+    mask_id = vocab - 1
     config = {
         "architectures": ["DFlashDraftModel"], "model_type": "qwen3", "hidden_size": d,
         "num_hidden_layers": n_layers, "num_attention_heads": n_head, "num_key_value_heads": n_head,
         "head_dim": head_dim, "intermediate_size": ffn, "rms_norm_eps": target_config.get("rms_norm_eps", 1e-5),
-        "rope_theta": target_config.get("rope_theta", 10000.0), "vocab_size": target_config["vocab_size"],
+        "rope_theta": target_config.get("rope_theta", 10000.0), "vocab_size": vocab,
         "max_position_embeddings": target_config.get("max_position_embeddings", 2048),
         "num_target_layers": n_target, "block_size": block_size,
-        "dflash_config": {"mask_token_id": target_config["vocab_size"] - 1, "target_layer_ids": layer_ids},
+        "dflash_config": {"mask_token_id": mask_id, "target_layer_ids": layer_ids},
     }
     rng = _rng(seed, "dflash")
     inner = n_head * head_dim
 
-    def mat(rows: int, cols: int) -> np.ndarray:
-        return (rng.standard_normal((rows, cols)) / np.sqrt(cols)).astype(np.float32)
+    def mat(rows: int, cols: int, scale: float = 1.0) -> np.ndarray:
+        return (rng.standard_normal((rows, cols)) * (scale / np.sqrt(cols))).astype(np.float32)
+
+    head = np.asarray(target.get("lm_head.weight", target["model.embed_tokens.weight"]), np.float32)
+    embed = np.asarray(target["model.embed_tokens.weight"], np.float32).copy()
+    common = _common_token(target_hf)
+    goal = np.full(vocab, -1.0, np.float32)
+    goal[common] = 8.0
+    mask_vector = np.linalg.lstsq(head, goal, rcond=None)[0].astype(np.float32)
+    mask_vector /= np.sqrt(np.mean(mask_vector ** 2))
+    if int(np.argmax(head @ mask_vector)) != common:  # pragma: no cover - depends on the weights
+        raise SpecDeskError("could not place the seeded DFlash drafter's mask embedding")
+    embed[mask_id] = mask_vector
 
     weights = {"fc.weight": mat(d, len(layer_ids) * d), "hidden_norm.weight": np.ones(d, np.float32),
-               "norm.weight": np.ones(d, np.float32)}
+               "norm.weight": np.ones(d, np.float32), "embed_tokens.weight": embed, "lm_head.weight": head}
     for i in range(n_layers):
         p = f"layers.{i}."
         weights.update({
             p + "input_layernorm.weight": np.ones(d, np.float32),
             p + "post_attention_layernorm.weight": np.ones(d, np.float32),
             p + "self_attn.q_proj.weight": mat(inner, d), p + "self_attn.k_proj.weight": mat(inner, d),
-            p + "self_attn.v_proj.weight": mat(inner, d), p + "self_attn.o_proj.weight": mat(d, inner) * 0.5,
+            p + "self_attn.v_proj.weight": mat(inner, d), p + "self_attn.o_proj.weight": mat(d, inner, 0.1),
             p + "self_attn.q_norm.weight": np.ones(head_dim, np.float32),
             p + "self_attn.k_norm.weight": np.ones(head_dim, np.float32),
             p + "mlp.gate_proj.weight": mat(ffn, d), p + "mlp.up_proj.weight": mat(ffn, d),
-            p + "mlp.down_proj.weight": mat(d, ffn) * 0.5,
+            p + "mlp.down_proj.weight": mat(d, ffn, 0.1),
         })
     return config, weights
 
@@ -324,6 +371,9 @@ def export_dflash(config: dict, weights: Mapping[str, np.ndarray], target_gguf: 
         _add(writer, "fc.weight", weights["fc.weight"])
         _add(writer, "enc.output_norm.weight", weights["hidden_norm.weight"])
         _add(writer, "output_norm.weight", weights["norm.weight"])
+        if "embed_tokens.weight" in weights:  # a drafter with its own embeddings carries its own head too
+            _add(writer, "token_embd.weight", weights["embed_tokens.weight"])
+            _add(writer, "output.weight", weights["lm_head.weight"])
         names = {
             "input_layernorm.weight": "attn_norm.weight", "self_attn.q_proj.weight": "attn_q.weight",
             "self_attn.k_proj.weight": "attn_k.weight", "self_attn.v_proj.weight": "attn_v.weight",
@@ -375,7 +425,7 @@ def build_native(family: Mapping[str, str], out_dir: Optional[Path] = None, seed
         if dflash_hf is not None:
             export_dflash_folder(dflash_hf, target_gguf, dflash_path)
         else:
-            config, weights = initial_dflash_folder(_read_config(target_hf), seed)
+            config, weights = initial_dflash_folder(target_hf, seed)
             export_dflash(config, weights, target_gguf, dflash_path, name="specdesk-demo-dflash-init")
     return {"mtp_gguf": str(mtp_path.resolve()), "dflash_gguf": str(dflash_path.resolve())}
 

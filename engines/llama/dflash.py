@@ -1,0 +1,207 @@
+"""DFlash and DSpark on GGUF targets: a dflash-architecture drafter GGUF, driven as
+common/speculative.cpp's draft-dflash drives it.
+
+The target outputs the *input* embeddings of the drafter's target layers
+(llama_set/get_embeddings_layer_inp; the GGUF's `dflash.target_layers` are z-lab's
+target_layer_ids + 1). After every target decode those rows, concatenated per position, go
+into the drafter as embedding rows at the same positions: its graph projects them (fc,
+hidden_norm) and writes them into its KV cache as context. A draft is one non-causal pass
+over the block [last token, mask x n] at the next positions; rows 1..n give the drafts
+(DSpark with sample_from_anchor reads rows 0..n-1 of an anchor-first block). The block's
+rows are removed right after, and rejected context rows after verification, so the
+drafter's cache always mirrors the target's. Drafts are top-1 tokens: q is one-hot and
+verification stays exact at any temperature.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Sequence
+
+import numpy as np
+
+from ..types import Draft, SpecDeskError
+from .binding import GgufContext, GgufModel, check_gguf_file
+from .compat import describe, incompatibilities
+from .ext import Entry, NativeContext, ext, gguf_metadata, rows
+from .mtp import top1_prob
+
+# Target architectures whose llama.cpp graph records layer inputs (res->t_layer_inp); on
+# others llama.cpp aborts when asked for them.
+LAYER_INPUT_ARCHS = ("llama", "qwen3moe", "qwen3next", "gpt-oss", "lfm2")
+
+
+def check_drafter(path: str | os.PathLike, target: GgufModel) -> dict:
+    """Refuse a file that is not a DFlash drafter for this target, before llama.cpp loads it."""
+    p = check_gguf_file(path)
+    meta = gguf_metadata(p)
+    arch = meta.get("general.architecture")
+    if arch != "dflash":
+        raise SpecDeskError(f"{p}: not a DFlash drafter (its architecture is {arch!r}, a DFlash drafter's is 'dflash')")
+    target_meta = gguf_metadata(target.path)
+    target_arch = target_meta.get("general.architecture")
+    if target_arch not in LAYER_INPUT_ARCHS:
+        raise SpecDeskError(f"{target.path}: llama.cpp cannot hand out layer inputs of a {target_arch!r} model, "
+                            f"so DFlash cannot run on it (it can on {', '.join(LAYER_INPUT_ARCHS)})")
+    n_layer = int(target_meta.get(f"{target_arch}.block_count", 0)) - int(
+        target_meta.get(f"{target_arch}.nextn_predict_layers", 0) or 0)
+    layers = [int(i) for i in (meta.get("dflash.target_layers") or [])]
+    if not layers:
+        raise SpecDeskError(f"{p}: no dflash.target_layers, so it does not say which target layers it reads")
+    bad = [i for i in layers if not 0 <= i < n_layer]
+    if bad:
+        raise SpecDeskError(f"{p}: reads the inputs of target layers {layers} but {target.path.name} has "
+                            f"{n_layer} layers (0..{n_layer - 1}): it is a drafter for a different target")
+    width = int(meta.get("dflash.embedding_length", 0))
+    fc = meta["__tensors__"].get("fc.weight")
+    fc_in = fc[0] if fc else None
+    if width != target.n_embd or fc_in != len(layers) * target.n_embd:
+        raise SpecDeskError(f"{p}: made for a target with hidden size {width} (fc takes {fc_in} = "
+                            f"{len(layers)} layers x hidden), but {target.path.name} has hidden size "
+                            f"{target.n_embd}: it is a drafter for a different target")
+    return meta
+
+
+class DFlashDrafter:
+    """A DFlash / DSpark drafter context over one target context; lives as long as the engine."""
+
+    def __init__(self, path: str | os.PathLike, target: GgufModel, target_ctx: GgufContext, n_threads: int):
+        self.ext = ext().require("dflash")
+        meta = check_drafter(path, target)
+        self.model = GgufModel(path)
+        try:
+            reasons = incompatibilities(target, self.model)
+            if reasons:
+                raise SpecDeskError(describe(target, self.model, reasons))
+            if self.ext.llama_model_dflash_selector_top_k(self.model._model) > 0:
+                raise SpecDeskError(f"{self.model.path}: a DFlash2 selector drafter; only DFlash and DSpark drafters are supported")
+            n_ids = self.ext.llama_model_target_layer_ids_n(self.model._model)
+            ids = self.ext.llama_model_target_layer_ids(self.model._model)
+            self.layer_ids = [int(ids[i]) for i in range(n_ids)]
+            self.block_size = int(meta.get("dflash.block_size", 16))
+            self.causal = bool(meta.get("dflash.attention.causal", False))
+            self.is_dspark = "markov_w1.weight" in meta["__tensors__"]
+            self.from_anchor = self.is_dspark and bool(meta.get("dflash.sample_from_anchor", True))
+            self.mask_token = self.model._lib.llama_vocab_mask(self.model._vocab)
+            if self.mask_token < 0:
+                raise SpecDeskError(f"{self.model.path}: no mask token (tokenizer.ggml.mask_token_id)")
+            self.max_draft = self.block_size if self.from_anchor else self.block_size - 1
+            self.context = NativeContext(self.model, target_ctx.n_ctx, n_threads, target_ctx.n_batch,
+                                         ctx_other=target_ctx._ctx, n_outputs_max=self.block_size)
+        except Exception:
+            self.model.close()
+            raise
+        self.ext.llama_set_embeddings_nextn(self.context.handle, True, True)
+        self.model._lib.llama_set_causal_attn(self.context.handle, self.causal)
+        self.target, self.target_ctx = target, target_ctx
+        self.n_embd = target.n_embd
+        self.n_vocab = target.n_vocab
+        self.cached: list[int] = []  # tokens whose features are in the drafter's cache
+        self.last_batch = (0, 0)  # (first position, length) of the last observed target batch
+
+    # --- hooks the engine calls -------------------------------------------------------------
+    def attach(self) -> None:
+        for lid in self.layer_ids:
+            self.ext.llama_set_embeddings_layer_inp(self.target_ctx._ctx, lid, True)
+        self.target_ctx.on_decode = self.observe
+
+    def detach(self) -> None:
+        for lid in self.layer_ids:
+            self.ext.llama_set_embeddings_layer_inp(self.target_ctx._ctx, lid, False)
+        self.target_ctx.on_decode = None
+
+    def valid_prefix(self, tokens: Sequence[int]) -> int:
+        n = 0
+        limit = min(len(self.cached), len(tokens))
+        while n < limit and self.cached[n] == tokens[n]:
+            n += 1
+        self.rollback(n)
+        return n
+
+    def rollback(self, n_keep: int) -> None:
+        if n_keep < len(self.cached):
+            self.context.remove_from(n_keep)
+            del self.cached[n_keep:]
+
+    def observe(self, tokens: Sequence[int], pos0: int) -> None:
+        """Inject the target's features for the batch just decoded at pos0.. into the drafter's cache."""
+        n = len(tokens)
+        self.rollback(pos0)
+        if len(self.cached) != pos0:
+            raise SpecDeskError(f"DFlash context out of step: it holds {len(self.cached)} positions, the target batch starts at {pos0}")
+        features = np.concatenate(
+            [rows(self.ext.llama_get_embeddings_layer_inp(self.target_ctx._ctx, lid), n, self.n_embd)
+             for lid in self.layer_ids], axis=1)  # (n, L * n_embd)
+        for start in range(0, n, self.context.n_batch):
+            chunk = features[start:start + self.context.n_batch]
+            self.context.process([Entry(pos=pos0 + start + j, embd=row) for j, row in enumerate(chunk)])
+        self.cached.extend(int(t) for t in tokens)
+        self.last_batch = (pos0, n)
+
+    def draft(self, context: Sequence[int], k: int, p_min: float = 0.0) -> list[int]:
+        pos0 = len(context) - 1
+        self.rollback(pos0)
+        if len(self.cached) != pos0:
+            raise SpecDeskError(f"DFlash context out of step: it holds {len(self.cached)} positions, drafting starts at {pos0}")
+        n_draft = min(k, self.max_draft)
+        n_block = n_draft if self.from_anchor else n_draft + 1
+        block = [int(context[-1])] + [self.mask_token] * (n_block - 1)
+        self.context.process([Entry(pos=pos0 + i, token=t, output=True) for i, t in enumerate(block)])
+        first = 0 if self.from_anchor else 1
+        out: list[int] = []
+        for i in range(first, n_block):
+            logits = self.context.logits(i, self.n_vocab)
+            if p_min > 0 and top1_prob(logits) < p_min:
+                break
+            out.append(int(np.argmax(logits)))
+        self.context.remove_from(pos0)  # the block; the target's features for these positions come next
+        return out
+
+    def set_threads(self, n_threads: int) -> None:
+        self.context.set_threads(n_threads)
+
+    def close(self) -> None:
+        self.context.close()
+        self.model.close()
+
+
+class DFlashProposer:
+    """The proposer interface (begin / propose / accept) over a DFlashDrafter."""
+
+    needs_hidden_states = True
+
+    def __init__(self, drafter: DFlashDrafter, p_min: float = 0.0):
+        self.drafter = drafter
+        self.p_min = p_min
+        self.proposals = self.drafted = self.accepted = 0
+        self.seconds = 0.0
+
+    def attach(self) -> None:
+        self.drafter.attach()
+
+    def detach(self) -> None:
+        self.drafter.detach()
+
+    def valid_prefix(self, tokens: Sequence[int]) -> int:
+        return self.drafter.valid_prefix(tokens)
+
+    def begin(self, prompt: Sequence[int]) -> None:
+        pass
+
+    def propose(self, context: Sequence[int], k: int) -> Draft:
+        started = time.perf_counter()
+        tokens = self.drafter.draft(context, k, self.p_min)
+        self.proposals += 1
+        self.drafted += len(tokens)
+        self.seconds += time.perf_counter() - started
+        return Draft(tuple(tokens))
+
+    def accept(self, n_accepted: int, committed: Sequence[int]) -> None:
+        self.accepted += n_accepted
+        pos0, _ = self.drafter.last_batch  # the verification batch [last, d1..dk]
+        self.drafter.rollback(pos0 + 1 + n_accepted)
+
+    def stats(self) -> dict:
+        return {"proposals": self.proposals, "drafted": self.drafted, "accepted": self.accepted,
+                "seconds": round(self.seconds, 4)}

@@ -1,0 +1,211 @@
+"""llama.cpp's native drafters (MTP, DFlash) driven from SpecDesk on the small demo family:
+symbol binding, GGUF export, losslessness, and the errors a user can act on."""
+
+from __future__ import annotations
+
+import ctypes
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from specdesk.app.compare import load_prompts
+from specdesk.app.demo.export_native_gguf import build_native, export_dflash, initial_dflash_folder
+from specdesk.app.paths import assets_dir
+from specdesk.engines.llama.binding import GgufContext, GgufModel, llama_lib
+from specdesk.engines.llama.engine import LlamaEngine
+from specdesk.engines.llama.ext import SYMBOLS, Ext, available_methods
+from specdesk.engines.types import SamplingParams, SpecConfig, SpecDeskError
+
+from llama_helpers import generate_tokens
+from test_llama_engine import _chi_square_same, _token_counts
+
+PROMPTS = load_prompts(assets_dir() / "prompts" / "code.jsonl")
+
+
+@pytest.fixture(scope="module")
+def native(demo_family, demo_cache_dir):
+    """mtp_gguf (the target as glm4moe with one NextN layer) and dflash_gguf."""
+    return build_native(demo_family, demo_cache_dir / "native")
+
+
+@pytest.fixture(scope="module")
+def mtp_engine(native):
+    engine = LlamaEngine(native["mtp_gguf"], n_ctx=256, n_threads=2)
+    yield engine
+    engine.close()
+
+
+@pytest.fixture(scope="module")
+def dflash_engine(demo_family):
+    engine = LlamaEngine(demo_family["target_gguf"], n_ctx=256, n_threads=2)
+    yield engine
+    engine.close()
+
+
+def _spec(method: str, native: dict, k: int) -> SpecConfig:
+    return SpecConfig(method=method, k=k, draft_path=native["dflash_gguf"] if method == "dflash" else None)
+
+
+def _engine(method, mtp_engine, dflash_engine):
+    return mtp_engine if method == "mtp" else dflash_engine
+
+
+def copy_gguf(src, dst, edit: dict) -> Path:
+    """Copy a GGUF file with some metadata values replaced."""
+    from gguf import GGUFReader, GGUFValueType, GGUFWriter
+
+    reader = GGUFReader(str(src))
+    writer = GGUFWriter(str(dst), reader.fields["general.architecture"].contents())
+    for name, field in reader.fields.items():
+        if name.startswith("GGUF.") or name == "general.architecture":
+            continue
+        main_type = field.types[0]
+        sub_type = field.types[-1] if main_type == GGUFValueType.ARRAY else None
+        writer.add_key_value(name, edit.get(name, field.contents()), main_type, sub_type=sub_type)
+    for tensor in reader.tensors:
+        data = np.asarray(tensor.data)
+        writer.add_tensor(tensor.name, data, raw_shape=list(data.shape), raw_dtype=tensor.tensor_type)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return Path(dst)
+
+
+# --- binding -----------------------------------------------------------------------------
+def test_every_hidden_state_symbol_resolves_in_the_pinned_libllama():
+    assert available_methods() == {"mtp": [], "dflash": [], "eagle3": []}
+
+
+def test_a_missing_symbol_disables_its_method_with_a_clear_message():
+    lib = llama_lib().llama_cpp._lib
+    renamed = dict(SYMBOLS)
+    mangled, restype, argtypes = renamed["llama_get_embeddings_nextn_ith"]
+    renamed["llama_get_embeddings_nextn_ith"] = (mangled + "_gone", restype, argtypes)
+    resolved = Ext(lib, renamed)
+    assert resolved.missing == ["llama_get_embeddings_nextn_ith"]
+    assert resolved.unavailable("dflash") == []
+    resolved.require("dflash")
+    with pytest.raises(SpecDeskError, match="method 'mtp' is disabled: .*llama_get_embeddings_nextn_ith"):
+        resolved.require("mtp")
+
+
+def test_layer_inputs_read_through_the_bound_symbols_are_the_layer_inputs(demo_family):
+    """Layer 0's input is the token embedding row, exactly (llama.cpp keeps it in F32)."""
+    from gguf import GGUFReader
+
+    model = GgufModel(demo_family["target_gguf"])
+    ctx = GgufContext(model, 64, 1)
+    from specdesk.engines.llama.ext import ext, rows
+
+    bound = ext()
+    bound.llama_set_embeddings_layer_inp(ctx._ctx, 0, True)
+    tokens = model.tokenize(PROMPTS[0])[:8]
+    ctx.decode(tokens, all_logits=False)
+    got = rows(bound.llama_get_embeddings_layer_inp(ctx._ctx, 0), len(tokens), model.n_embd)
+    embedding = next(t for t in GGUFReader(demo_family["target_gguf"]).tensors if t.name == "token_embd.weight")
+    table = np.asarray(embedding.data, dtype=np.float32).reshape(-1, model.n_embd)
+    np.testing.assert_allclose(got, table[tokens], rtol=0, atol=1e-6)
+    ctx.close(), model.close()
+
+
+# --- export ------------------------------------------------------------------------------
+def test_mtp_export_computes_the_same_target(demo_family, native):
+    """The glm4moe trunk with all-dense layers is the llama target: same logits."""
+    plain, with_mtp = GgufModel(demo_family["target_gguf"]), GgufModel(native["mtp_gguf"], load_mtp=True)
+    assert plain._lib.llama_model_n_layer_nextn(with_mtp._model) == 1
+    tokens = plain.tokenize(PROMPTS[3])
+    a, b = GgufContext(plain, 128, 2), GgufContext(with_mtp, 128, 2)
+    np.testing.assert_allclose(a.decode(tokens), b.decode(tokens), rtol=0, atol=1e-3)
+    a.close(), b.close(), plain.close(), with_mtp.close()
+
+
+# --- losslessness ------------------------------------------------------------------------
+@pytest.mark.parametrize("method", ["mtp", "dflash"])
+@pytest.mark.parametrize("k", [1, 3, 7])
+def test_greedy_native_method_equals_baseline(mtp_engine, dflash_engine, native, method, k):
+    engine = _engine(method, mtp_engine, dflash_engine)
+    drafted = accepted = 0
+    for prompt in PROMPTS:
+        tokens = engine.tokenize(prompt)
+        baseline = generate_tokens(engine, tokens, SpecConfig(), max_tokens=40)
+        speculative = generate_tokens(engine, tokens, _spec(method, native, k), max_tokens=40)
+        assert speculative == baseline, f"{method} k={k} diverged on prompt {prompt[:40]!r}"
+        stats = engine.last_proposer.stats()
+        drafted, accepted = drafted + stats["drafted"], accepted + stats["accepted"]
+    assert drafted > 0 and accepted > 0, f"{method}: {accepted} of {drafted} drafts accepted, the test proved nothing"
+
+
+@pytest.mark.parametrize("method", ["mtp", "dflash"])
+def test_chat_turns_and_method_switches_stay_identical(mtp_engine, dflash_engine, native, method):
+    """The drafter's cache follows the target's prefix reuse, also after turns without it."""
+    engine = _engine(method, mtp_engine, dflash_engine)
+    history = engine.tokenize(PROMPTS[5])
+    for turn, spec in enumerate([_spec(method, native, 4), SpecConfig(), SpecConfig(method="ngram"),
+                                 _spec(method, native, 5)]):
+        reference = generate_tokens(engine, history, SpecConfig(), max_tokens=24)
+        assert generate_tokens(engine, history, spec, max_tokens=24) == reference, f"turn {turn}"
+        history = history + reference + engine.tokenize("\n\n# next\ndef ", add_bos=False)
+
+
+@pytest.mark.parametrize("method", ["mtp", "dflash"])
+def test_native_sampling_distribution_matches_plain_sampling(mtp_engine, dflash_engine, native, method):
+    """T=0.8, top-p 0.95: positions 0 and 2 follow plain sampling (6000 runs per arm), with
+    the same power check as the core engine test."""
+    engine = _engine(method, mtp_engine, dflash_engine)
+    sampling = SamplingParams(temperature=0.8, top_p=0.95)
+    text = "def f(a, b):\n    return g(a, b)\n\n\ndef h(x):\n    return g(x, x)\n\n\ndef k(y):\n    return g("
+    prompt = engine.tokenize(text)
+    runs, positions = 6000, (0, 2)
+    plain, _ = _token_counts(engine, prompt, SpecConfig(), sampling, runs, positions)
+    speculative, accepted = _token_counts(engine, prompt, _spec(method, native, 4), sampling, runs, positions)
+    assert accepted >= 50, f"only {accepted} draft tokens accepted: the test would not exercise acceptance"
+    rng = np.random.default_rng(0)
+    for position in positions:
+        p_value = _chi_square_same(plain[position], speculative[position])
+        assert p_value > 0.01, (f"{method} position {position}: p = {p_value:.4g}\n"
+                                f"{plain[position].most_common(8)}\n{speculative[position].most_common(8)}")
+        if position != 0:
+            continue
+        draws = np.array(list(speculative[position].elements()))
+        rng.shuffle(draws)
+        draws[: runs // 20] = plain[position].most_common(5)[-1][0]
+        from collections import Counter
+
+        assert _chi_square_same(plain[position], Counter(draws.tolist())) < 0.01, "the sample is too small"
+
+
+# --- errors ------------------------------------------------------------------------------
+def test_mtp_on_a_gguf_without_nextn_layers_is_refused(dflash_engine):
+    with pytest.raises(SpecDeskError, match="has no MTP \\(NextN\\) layers"):
+        generate_tokens(dflash_engine, dflash_engine.tokenize(PROMPTS[0]), SpecConfig(method="mtp"), max_tokens=4)
+
+
+def test_dflash_needs_a_drafter_path(dflash_engine):
+    with pytest.raises(SpecDeskError, match="needs a DFlash drafter GGUF"):
+        generate_tokens(dflash_engine, dflash_engine.tokenize(PROMPTS[0]), SpecConfig(method="dflash"), max_tokens=4)
+
+
+def test_dflash_refuses_a_file_that_is_not_a_dflash_drafter(dflash_engine, demo_family):
+    with pytest.raises(SpecDeskError, match="not a DFlash drafter \\(its architecture is 'llama'"):
+        dflash_engine.load_native("dflash", demo_family["draft_gguf"])
+
+
+def test_dflash_refuses_a_drafter_with_other_layer_ids(dflash_engine, native, tmp_path):
+    bad = copy_gguf(native["dflash_gguf"], tmp_path / "layers.gguf", {"dflash.target_layers": [1, 9]})
+    with pytest.raises(SpecDeskError, match="reads the inputs of target layers \\[1, 9\\] .* different target"):
+        dflash_engine.load_native("dflash", bad)
+
+
+def test_dflash_refuses_a_drafter_with_another_hidden_size(dflash_engine, demo_family, tmp_path):
+    """A drafter made for the (narrower) draft model of the family."""
+    config, weights = initial_dflash_folder(Path(demo_family["draft_hf"]))
+    bad = export_dflash(config, weights, Path(demo_family["draft_gguf"]), tmp_path / "narrow.gguf")
+    with pytest.raises(SpecDeskError, match="hidden size .* different target"):
+        dflash_engine.load_native("dflash", bad)
+
+
+def test_dflash_refuses_a_target_without_layer_inputs(mtp_engine, native):
+    with pytest.raises(SpecDeskError, match="cannot hand out layer inputs of a 'glm4moe' model"):
+        mtp_engine.load_native("dflash", native["dflash_gguf"])
