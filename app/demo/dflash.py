@@ -42,6 +42,8 @@ class DFlashTraining:
     peak_lr: float = 2e-3
     warmup_steps: int = 30
     seed: int = 999
+    position_decay: float = 2.0  # loss weight exp(-i / decay) for block position i
+    init_from_core: bool = True  # start the draft layers from the core's last layers (same shapes)
 
 
 def drafter_config(spec: DFlashSpec, hidden_size: int, rms_norm_eps: float, qk_norm_eps: float, core: ModelConfig):
@@ -76,6 +78,26 @@ def core_features(core_model, tokens, layer_ids):
     return __import__("torch").cat([taps[i + 1] for i in layer_ids], dim=-1), logits
 
 
+def _copy_core_layers(drafter, core_model, core: ModelConfig) -> None:
+    """Start each draft layer from one of the core's last layers, where the shapes agree: they
+    already know which positions to attend to, which a drafter learns slowly from scratch."""
+    import torch
+
+    layers = drafter.layers
+    first = core.num_hidden_layers - len(layers)
+    with torch.no_grad():
+        for i, layer in enumerate(layers):
+            source = dict(core_model.model.layers[first + i].named_parameters())
+            for name, param in layer.named_parameters():
+                if name in source and source[name].shape == param.shape:
+                    param.copy_(source[name])
+        # fc starts as a pass-through of the deepest tapped layer, so context rows begin in the
+        # space the copied layers' key and value projections were trained on.
+        d = core.hidden_size
+        drafter.fc.weight.zero_()
+        drafter.fc.weight[:, -d:] = torch.eye(d)
+
+
 def train_dflash(core_model, core: ModelConfig, spec: DFlashSpec, settings: DFlashTraining, wide_hidden: int,
                  train_tokens: np.ndarray, held_out_tokens: np.ndarray, log=print) -> tuple[dict, dict]:
     """Returns (tensors by checkpoint name at the core's size, info)."""
@@ -101,6 +123,8 @@ def train_dflash(core_model, core: ModelConfig, spec: DFlashSpec, settings: DFla
                 std = 0.02 / math.sqrt(2 * spec.num_layers) if name.endswith(("o_proj.weight", "down_proj.weight")) \
                     else 0.02
                 param.copy_(torch.randn(param.shape, generator=generator) * std)
+    if settings.init_from_core:
+        _copy_core_layers(drafter, core_model, core)
     core_model.eval()
     for p in core_model.parameters():
         p.requires_grad_(False)
@@ -131,8 +155,10 @@ def train_dflash(core_model, core: ModelConfig, spec: DFlashSpec, settings: DFla
         student = F.log_softmax(core_model.lm_head(rows).float(), dim=-1)  # (Bt, n_blocks, B-1, V)
         target_positions = torch.as_tensor(anchors[:, None] + np.arange(B - 1)[None, :])  # row i predicts x_{a+i+1}
         target = teacher[:, target_positions]  # (Bt, n_blocks, B-1, V)
-        V = student.shape[-1]
-        kl = F.kl_div(student.reshape(-1, V), target.reshape(-1, V), log_target=True, reduction="batchmean")
+        # Early block positions decide most of the accepted length: weight them more, as DFlash does.
+        weights = torch.exp(-torch.arange(B - 1, dtype=torch.float32) / settings.position_decay)
+        per_row = (target.exp() * (target - student)).sum(-1)  # (Bt, n_blocks, B-1) KL(core || drafter)
+        kl = (per_row * weights).sum(-1).mean() / weights.sum()
         agree = (student.argmax(-1) == target.argmax(-1)).float().mean(dim=(0, 1))  # (B-1,) per block position
         return kl, agree
 
