@@ -125,6 +125,16 @@ def check_speculative(state: dict) -> str:
             f"{stats.mean_accepted_length:.2f} tokens per pass")
 
 
+def check_torch(state: dict) -> str:
+    """Full flavour only: PyTorch's libraries load and compute (training runs on them)."""
+    import torch
+
+    product = torch.ones(2, 3) @ torch.ones(3, 2)
+    if product.sum().item() != 12.0:
+        raise SelftestFailure(f"torch computed {product.tolist()} for ones(2,3) @ ones(3,2)")
+    return f"torch {torch.__version__}"
+
+
 CHECKS: tuple[tuple[str, Callable[[dict], str]], ...] = (
     ("assets", check_assets),
     ("qt", check_qt),
@@ -133,11 +143,15 @@ CHECKS: tuple[tuple[str, Callable[[dict], str]], ...] = (
 )
 
 
-def run_checks(work: Path, out: Callable[[str], None]) -> list[CheckResult]:
+def checks_for(flavour_name: str) -> tuple[tuple[str, Callable[[dict], str]], ...]:
+    return CHECKS + ((("torch", check_torch),) if flavour_name == "full" else ())
+
+
+def run_checks(work: Path, out: Callable[[str], None], checks=CHECKS) -> list[CheckResult]:
     """Run the checks in order; a failed check stops the ones that depend on it (all later ones)."""
     state: dict = {"work": work}
     results = []
-    for name, check in CHECKS:
+    for name, check in checks:
         started = time.perf_counter()
         try:
             detail = check(state) + f"; {time.perf_counter() - started:.1f} s"
@@ -160,6 +174,7 @@ def run_selftest(out: Optional[Callable[[str], None]] = None) -> int:
     # Offscreen whatever the desktop: the selftest must run on CI machines with no display.
     os.environ["QT_QPA_PLATFORM"] = "offscreen"
     frozen = "bundle" if getattr(sys, "frozen", False) else "source"
+    checks = checks_for(flavour())
     out(f"selftest: SpecDesk {_version()} from {frozen}, {flavour()} flavour, "
         f"Python {platform.python_version()} on {platform.system()} {platform.machine()}")
     work = Path(tempfile.mkdtemp(prefix="specdesk-selftest-"))
@@ -168,7 +183,7 @@ def run_selftest(out: Optional[Callable[[str], None]] = None) -> int:
         os.environ[key] = str(work / sub)
     started = time.perf_counter()
     try:
-        results = run_checks(work, out)
+        results = run_checks(work, out, checks)
     finally:
         for key, value in saved.items():
             if value is None:
@@ -177,8 +192,8 @@ def run_selftest(out: Optional[Callable[[str], None]] = None) -> int:
                 os.environ[key] = value
         shutil.rmtree(work, ignore_errors=True)
     failed = [r for r in results if not r.ok]
-    if failed or len(results) != len(CHECKS):
-        skipped = [name for name, _ in CHECKS[len(results):]]
+    if failed or len(results) != len(checks):
+        skipped = [name for name, _ in checks[len(results):]]
         out(f"selftest: FAILED: {failed[0].name}: {failed[0].detail}"
             + (f" (not run: {', '.join(skipped)})" if skipped else ""))
         return 1
