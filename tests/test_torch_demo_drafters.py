@@ -1,0 +1,77 @@
+"""The demo family's MTP layer and DFlash drafter: trained at the core's size, widened with
+the target. Widening must not change what they compute, and the exported folders must be
+what the engine's loaders read."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from safetensors.numpy import load_file, save_file  # noqa: E402
+
+from specdesk.app.demo.dflash import DFlashSpec, dflash_hf_config  # noqa: E402
+from specdesk.app.demo.config import ModelConfig  # noqa: E402
+from specdesk.app.demo.recipe import SMALL  # noqa: E402
+from specdesk.engines.torch.context import TorchContext, TorchModel  # noqa: E402
+from specdesk.engines.torch.dflash import DFlashDrafter  # noqa: E402
+from specdesk.engines.torch.mtp import MtpHead  # noqa: E402
+
+from test_torch_loader import write_checkpoint  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def trained(demo_family, demo_cache_dir) -> Path:
+    return demo_cache_dir / "demo-train" / SMALL.key()
+
+
+def _tokens(model: TorchModel) -> list[int]:
+    return model.tokenize("def read_config(path):\n    options = {}\n    with open(path) as f:\n")
+
+
+def test_card_reports_the_native_drafters(demo_family):
+    card = json.loads(Path(demo_family["card"]).read_text())
+    assert card["mtp"]["style"] == "mimo" and 0 < card["mtp"]["held_out_top1_agreement"] <= 1
+    assert card["dflash"]["spec"]["block_size"] >= 2
+    assert {"mtp.safetensors", "dflash.safetensors"} <= set(card["files"])
+
+
+def test_widened_mtp_layer_computes_what_it_did_on_the_core(demo_family, trained, tmp_path):
+    mtp = {k: v for k, v in load_file(str(trained / "mtp.safetensors")).items()}
+    core_folder = write_checkpoint(Path(demo_family["core_hf"]), tmp_path / "core-mtp", edit=lambda t: {**t, **mtp},
+                                   config_edit=lambda c: c.update(num_nextn_predict_layers=1))
+    results = []
+    for folder in (core_folder, Path(demo_family["target_hf"])):
+        model = TorchModel(folder, "cpu", torch.float32)
+        tokens = _tokens(model)
+        hidden = TorchContext(model, 128).decode(tokens).hidden
+        _, logits = MtpHead.from_target(model, 128).step(hidden[:-1], tokens[1:], 0)
+        results.append(logits.numpy())
+    core, wide = results
+    np.testing.assert_allclose(wide, core, rtol=0, atol=2e-3 * np.abs(core).max())  # fp16 rounding of the rescaled norms
+    assert wide.argmax() == core.argmax()
+
+
+def test_widened_dflash_drafter_computes_what_it_did_on_the_core(demo_family, trained, tmp_path):
+    card = json.loads(Path(demo_family["card"]).read_text())
+    core = ModelConfig(**card["core"]["config"])
+    spec = DFlashSpec(**{**card["dflash"]["spec"], "target_layer_ids": tuple(card["dflash"]["spec"]["target_layer_ids"])})
+    folder = tmp_path / "dflash-core"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(dflash_hf_config(spec, core, core.hidden_size, core.rms_norm_eps)))
+    save_file(load_file(str(trained / "dflash.safetensors")), str(folder / "model.safetensors"))
+    results = []
+    for target, drafter_folder in ((demo_family["core_hf"], folder), (demo_family["target_hf"], demo_family["dflash_hf"])):
+        model = TorchModel(target, "cpu", torch.float32)
+        drafter = DFlashDrafter.from_folder(drafter_folder, model, 128)
+        tokens = _tokens(model)
+        out = TorchContext(model, 128).decode(tokens[:-1], taps=drafter.taps)
+        features = torch.cat([out.taps[t] for t in drafter.taps], dim=-1)
+        results.append(drafter.draft_logits(features, 0, tokens[-1]).numpy())
+    core_logits, wide_logits = results
+    np.testing.assert_allclose(wide_logits, core_logits, rtol=0, atol=2e-3 * np.abs(core_logits).max())
+    assert (wide_logits.argmax(1) == core_logits.argmax(1)).mean() >= 0.8
