@@ -29,16 +29,18 @@ def native(demo_family, demo_cache_dir):
     return build_native(demo_family, demo_cache_dir / "native")
 
 
+# One thread: these models are tiny, and a two-thread pool on a loaded two-core machine
+# spends far longer waking up than computing.
 @pytest.fixture(scope="module")
 def mtp_engine(native):
-    engine = LlamaEngine(native["mtp_gguf"], n_ctx=256, n_threads=2)
+    engine = LlamaEngine(native["mtp_gguf"], n_ctx=256, n_threads=1)
     yield engine
     engine.close()
 
 
 @pytest.fixture(scope="module")
 def dflash_engine(demo_family):
-    engine = LlamaEngine(demo_family["target_gguf"], n_ctx=256, n_threads=2)
+    engine = LlamaEngine(demo_family["target_gguf"], n_ctx=256, n_threads=1)
     yield engine
     engine.close()
 
@@ -116,7 +118,7 @@ def test_mtp_export_computes_the_same_target(demo_family, native):
     plain, with_mtp = GgufModel(demo_family["target_gguf"]), GgufModel(native["mtp_gguf"], load_mtp=True)
     assert plain._lib.llama_model_n_layer_nextn(with_mtp._model) == 1
     tokens = plain.tokenize(PROMPTS[3])
-    a, b = GgufContext(plain, 128, 2), GgufContext(with_mtp, 128, 2)
+    a, b = GgufContext(plain, 128, 1), GgufContext(with_mtp, 128, 1)
     np.testing.assert_allclose(a.decode(tokens), b.decode(tokens), rtol=0, atol=1e-3)
     a.close(), b.close(), plain.close(), with_mtp.close()
 

@@ -410,24 +410,47 @@ def _digest(paths: list[Path], extra: str) -> str:
 
 
 def build_native(family: Mapping[str, str], out_dir: Optional[Path] = None, seed: int = 0) -> dict[str, str]:
-    """mtp_gguf and dflash_gguf for a demo family (roles from build_family), cached by input
-    fingerprint. The DFlash drafter is the family's `dflash_hf` folder when it has one."""
+    """mtp_gguf and dflash_gguf for a demo family (roles from build_family), cached under
+    out_dir/<fingerprint of the inputs>. The DFlash drafter is the family's `dflash_hf`
+    folder when it has one, else a seeded one."""
     target_hf, target_gguf = Path(family["target_hf"]), Path(family["target_gguf"])
     dflash_hf = Path(family["dflash_hf"]) if family.get("dflash_hf") else None
     inputs = [target_hf, target_gguf] + ([dflash_hf] if dflash_hf else [])
     key = _digest(inputs, f"seed={seed}")
-    out_dir = Path(out_dir) if out_dir is not None else target_gguf.parent / "native" / key
+    out_dir = (Path(out_dir) if out_dir is not None else target_gguf.parent / "native") / key
     mtp_path = out_dir / "specdesk-demo-target-mtp-F16.gguf"
     dflash_path = out_dir / "specdesk-demo-dflash-F16.gguf"
     if not mtp_path.is_file():
         export_mtp_target(target_hf, target_gguf, mtp_path, seed)
+    unusable = dflash_problem(dflash_hf, target_hf) if dflash_hf is not None else "the family has no DFlash drafter"
     if not dflash_path.is_file():
-        if dflash_hf is not None:
+        if not unusable:
             export_dflash_folder(dflash_hf, target_gguf, dflash_path)
         else:
             config, weights = initial_dflash_folder(target_hf, seed)
             export_dflash(config, weights, target_gguf, dflash_path, name="specdesk-demo-dflash-init")
-    return {"mtp_gguf": str(mtp_path.resolve()), "dflash_gguf": str(dflash_path.resolve())}
+    return {"mtp_gguf": str(mtp_path.resolve()), "dflash_gguf": str(dflash_path.resolve()),
+            "mtp_source": "trained" if _has_mtp(target_hf) else "seeded (the checkpoint has no MTP layer)",
+            "dflash_source": "trained" if not unusable else f"seeded ({unusable})"}
+
+
+def _has_mtp(target_hf: Path) -> bool:
+    config = _read_config(target_hf)
+    return find_mtp_layer(_weights(target_hf), config["num_hidden_layers"]) is not None
+
+
+def dflash_problem(dflash_hf: Path, target_hf: Path) -> str:
+    """Why llama.cpp cannot run this z-lab drafter on this target, or '' when it can.
+
+    llama.cpp hands out the *inputs* of the target's layers, so the output of the last layer
+    (target_layer_ids = num_hidden_layers - 1) is out of its reach."""
+    config, target = _read_config(dflash_hf), _read_config(target_hf)
+    ids = config.get("dflash_config", {}).get("target_layer_ids", config.get("target_layer_ids", []))
+    n_layer = target["num_hidden_layers"]
+    if any(int(i) + 1 >= n_layer for i in ids):
+        return (f"the trained drafter reads layer outputs {list(ids)} of a {n_layer}-layer target; llama.cpp "
+                f"can hand out layers 0..{n_layer - 2} only")
+    return ""
 
 
 if __name__ == "__main__":
