@@ -4,6 +4,7 @@ method, rollback, the event contract, compatibility and context limits."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import threading
 from collections import Counter
@@ -23,6 +24,8 @@ from specdesk.engines.torch.engine import TorchEngine, supported_methods  # noqa
 from specdesk.engines.types import GenerationRequest, SamplingParams, SpecConfig, SpecDeskError  # noqa: E402
 
 PROMPTS = load_prompts(assets_dir() / "prompts" / "code.jsonl")
+# benchmarks/device_cuda.sh runs these tests on a GPU; float32 keeps greedy ties rare there too.
+DEVICE = os.environ.get("SPECDESK_TORCH_TEST_DEVICE", "cpu")
 METHODS = ("ngram", "ngram-pool", "draft", "mtp", "dflash")
 
 
@@ -40,7 +43,7 @@ def generate_tokens(engine, prompt_tokens, spec: SpecConfig, sampling: SamplingP
 
 @pytest.fixture(scope="module")
 def engine(demo_family):
-    engine = TorchEngine(demo_family["target_hf"], n_ctx=256, device="cpu", n_threads=1)
+    engine = TorchEngine(demo_family["target_hf"], n_ctx=256, device=DEVICE, dtype="float32", n_threads=1)
     engine.load_draft(demo_family["draft_hf"])
     yield engine
     engine.close()
@@ -49,15 +52,16 @@ def engine(demo_family):
 def test_logits_match_llama_cpp(demo_family):
     """Same weights (the HF folder and its F16 GGUF export), same tokens: the same logits up to
     llama.cpp's f16 keys/values and summation order."""
+    pytest.importorskip("llama_cpp")
     from specdesk.engines.llama.binding import GgufContext, GgufModel
 
     gguf = GgufModel(demo_family["target_gguf"])
-    model = TorchModel(demo_family["target_hf"], "cpu", torch.float32)
+    model = TorchModel(demo_family["target_hf"], DEVICE, torch.float32)
     for prompt in PROMPTS[:4]:
         tokens = model.tokenize(prompt)
         assert tokens == gguf.tokenize(prompt)
         reference = GgufContext(gguf, 256, 1).decode(tokens)  # (T, V)
-        ours = TorchContext(model, 256).decode(tokens).logits.numpy()
+        ours = TorchContext(model, 256).decode(tokens).logits.cpu().numpy()
         scale = np.abs(reference).max()
         np.testing.assert_allclose(ours, reference, rtol=0, atol=2e-3 * scale)
         # Where the argmax differs, the two top logits are within the tolerance (a near tie).
@@ -68,11 +72,12 @@ def test_logits_match_llama_cpp(demo_family):
 
 
 def test_tokenizer_and_template_match_llama_cpp(demo_family):
+    pytest.importorskip("llama_cpp")
     from specdesk.app.templates import render_chat
     from specdesk.engines.llama.binding import GgufModel
 
     gguf = GgufModel(demo_family["target_gguf"])
-    model = TorchModel(demo_family["target_hf"], "cpu", torch.float32)
+    model = TorchModel(demo_family["target_hf"], DEVICE, torch.float32)
     text = "caf\u00e9 = {'\u00fc': 1}  # \u2603\n" + PROMPTS[3]
     tokens = model.tokenize(text)
     assert tokens == gguf.tokenize(text)
@@ -131,22 +136,22 @@ def test_cancel_stops_between_steps(engine):
 
 
 def test_logits_after_rejected_draft_equal_fresh_evaluation(demo_family):
-    model = TorchModel(demo_family["target_hf"], "cpu", torch.float32)
+    model = TorchModel(demo_family["target_hf"], DEVICE, torch.float32)
     tokens = model.tokenize(PROMPTS[4])
     rolled = TorchContext(model, 256)
     rolled.decode(tokens[:-1])
     n_past = rolled.n_past
     rolled.decode([tokens[-1], 5, 6, 7, 8])  # a draft, all rejected
     rolled.rollback(n_past + 1)
-    after_rollback = rolled.decode([42]).logits[-1].numpy().copy()
+    after_rollback = rolled.decode([42]).logits[-1].cpu().numpy().copy()
     rolled.rollback(n_past)
     rolled.decode([tokens[-1], 11, 12, 13, 14])  # two accepted, the rest rejected
     rolled.rollback(n_past + 3)
-    partial = rolled.decode([42]).logits[-1].numpy().copy()
-    fresh = TorchModel(demo_family["target_hf"], "cpu", torch.float32)
-    np.testing.assert_allclose(after_rollback, TorchContext(fresh, 256).decode(tokens + [42]).logits[-1].numpy(),
+    partial = rolled.decode([42]).logits[-1].cpu().numpy().copy()
+    fresh = TorchModel(demo_family["target_hf"], DEVICE, torch.float32)
+    np.testing.assert_allclose(after_rollback, TorchContext(fresh, 256).decode(tokens + [42]).logits[-1].cpu().numpy(),
                                rtol=0, atol=1e-4)
-    np.testing.assert_allclose(partial, TorchContext(fresh, 256).decode(tokens + [11, 12, 42]).logits[-1].numpy(),
+    np.testing.assert_allclose(partial, TorchContext(fresh, 256).decode(tokens + [11, 12, 42]).logits[-1].cpu().numpy(),
                                rtol=0, atol=1e-4)
 
 
@@ -218,7 +223,7 @@ def test_incompatible_draft_is_refused(engine, demo_family, tmp_path):
 
 
 def test_prompt_longer_than_context_is_refused(demo_family):
-    engine = TorchEngine(demo_family["target_hf"], n_ctx=32, device="cpu")
+    engine = TorchEngine(demo_family["target_hf"], n_ctx=32, device=DEVICE, dtype="float32")
     request = GenerationRequest(tuple(engine.tokenize(PROMPTS[4] * 4)), max_tokens=8)
     with pytest.raises(SpecDeskError, match="context holds 32"):
         list(engine.generate(request, threading.Event()))
@@ -226,7 +231,7 @@ def test_prompt_longer_than_context_is_refused(demo_family):
 
 @pytest.mark.parametrize("method", ["ngram", "mtp", "dflash"])
 def test_generation_stops_at_context_end(demo_family, method):
-    engine = TorchEngine(demo_family["target_hf"], n_ctx=64, device="cpu")
+    engine = TorchEngine(demo_family["target_hf"], n_ctx=64, device=DEVICE, dtype="float32")
     prompt = engine.tokenize(PROMPTS[0])
     request = GenerationRequest(tuple(prompt), max_tokens=500, spec=spec_for(method, 8, demo_family),
                                 stop_at_eos=False)
