@@ -11,7 +11,7 @@ Two real formats, both loaded by tensor name from the target's own safetensors:
 
 Row p of the MTP layer reads (h_p, x_{p+1}) and predicts x_{p+2}; h_p is the target's hidden
 state after its final norm. k draft tokens are chained by feeding the layer's own output
-(before its final norm) back as h_prev. The layer keeps a static KV cache of committed rows;
+back as h_prev (see `MtpLayer.feedback`). The layer keeps a static KV cache of committed rows;
 chained rows are written past them and dropped by position, like the target's.
 """
 
@@ -93,6 +93,16 @@ class MtpLayer(DecoderLayer):
             start: int, mask: torch.Tensor) -> torch.Tensor:
         """(B, T, d) hidden and token embeddings -> the layer's output before its final norm."""
         return self(self.fuse(hidden, embedded), cos, sin, start, mask)
+
+    def feedback(self, out: torch.Tensor) -> torch.Tensor:
+        """The h_prev for the next chained step.
+
+        DeepSeek feeds the block's output back before its head norm (DeepSeek-V3, section
+        2.2). A MiMo layer reads the target's final-normed hidden state, and its own
+        final_layernorm output is what the shared lm_head reads, i.e. the same space: feeding
+        that back keeps later steps in the distribution the layer was trained on.
+        """
+        return self.final_layernorm(out) if self.style == "mimo" else out
 
     def head_logits(self, out: torch.Tensor, lm_head: nn.Module) -> torch.Tensor:
         if self.style == "mimo":
@@ -182,14 +192,15 @@ class MtpProposer:
         position = start + hidden.shape[0]
         drafted: list[int] = []
         probs: list[np.ndarray] = []
-        previous = out[-1:]
+        previous = self.head.layer.feedback(out[-1:])
         for i in range(k):
             token, q = self._choose(logits)
             drafted.append(token)
             if q is not None:
                 probs.append(q)
             if i + 1 < k and position < self.head.n_ctx:
-                previous, logits = self.head.step(previous, [token], position)
+                out, logits = self.head.step(previous, [token], position)
+                previous = self.head.layer.feedback(out)
                 position += 1
             elif i + 1 < k:
                 break
