@@ -32,15 +32,14 @@ def supported_methods(folder: str | os.PathLike, dflash_folder: Optional[str | o
 
     Reads config.json and the tensor index only (no weights), so a UI can ask cheaply.
     """
-    from .dflash import dflash_problem
-    from .mtp import mtp_problem
-
     reasons: dict[str, Optional[str]] = {m: None for m in SUPPORTED_METHODS}
     try:
         require_torch()
     except SpecDeskError as e:
-        return {m: str(e) for m in SUPPORTED_METHODS}
+        return {m: str(e) for m in (*SUPPORTED_METHODS, "eagle3")}
+    from .dflash import dflash_problem
     from .loader import open_checkpoint
+    from .mtp import mtp_problem
 
     try:
         checkpoint = open_checkpoint(folder)
