@@ -30,8 +30,8 @@ def verify_on_device(draft_tokens: Sequence[int], draft_probs: Optional[np.ndarr
     target_argmax = torch.argmax(target_logits, dim=1)  # (k+1,)
     if k:
         proposed = torch.as_tensor(list(draft_tokens), device=target_logits.device)
-        mismatched = (proposed != target_argmax[:k]).to(torch.int8)
-        accepted = int(k if not mismatched.any() else torch.argmax(mismatched))
+        matches = (proposed == target_argmax[:k]).to(torch.int32)  # (k,)
+        accepted = int(torch.cumprod(matches, dim=0).sum())  # length of the matching prefix
     else:
         accepted = 0
     return VerifyResult(accepted, int(target_argmax[accepted]))
