@@ -11,7 +11,7 @@ decoded greedily by both on the same GGUF files, the same k and the same thread 
           acceptance is printed beside the speed
   mtp     draft-mtp on the demo target exported as glm4moe with its MTP layer
   dflash  draft-dflash, the demo target + the demo DFlash drafter GGUF
-  none    no speculation (the native driver with --spec-type none)
+(the driver refuses --spec-type none, so there is no baseline row).
 
 Speeds are decode-only on both sides: llama.cpp's "decoded N tokens in S seconds" line
 (timed after the prompt is evaluated) and SpecDesk's wall time of a generation whose prompt
@@ -43,7 +43,7 @@ from specdesk.engines.llama.engine import LlamaEngine
 from specdesk.engines.types import GenerationRequest, SpecConfig
 
 TARGET = "llama-speculative-simple"
-NATIVE_TYPES = {"none": "none", "draft": "draft-simple", "ngram": "ngram-simple", "mtp": "draft-mtp",
+NATIVE_TYPES = {"draft": "draft-simple", "ngram": "ngram-simple", "mtp": "draft-mtp",
                 "dflash": "draft-dflash"}
 
 
@@ -111,9 +111,12 @@ def run_native(binary: Path, method: str, files: dict, prompt: str, k: int, max_
         args += ["-md", files["dflash_gguf"]]
     if method == "ngram":
         args += ["--spec-ngram-simple-size-n", "3", "--spec-ngram-simple-size-m", str(k)]
-    done = subprocess.run(args, capture_output=True, text=True, errors="replace")
-    out = done.stdout + done.stderr
-    match = DECODED.search(out)
+    for _ in range(3):  # llama.cpp logs from a worker thread and can exit before the last lines are out
+        done = subprocess.run(args, capture_output=True, text=True, errors="replace")
+        out = done.stdout + done.stderr
+        match = DECODED.search(out)
+        if match or done.returncode != 0:
+            break
     if done.returncode != 0 or not match:
         tail = "\n".join(out.strip().splitlines()[-8:])
         raise RuntimeError(f"{TARGET} failed for {method} (exit {done.returncode}):\n{tail}")
@@ -124,7 +127,7 @@ def run_native(binary: Path, method: str, files: dict, prompt: str, k: int, max_
 
 def run_specdesk(engine: LlamaEngine, method: str, files: dict, prompt: str, k: int, max_tokens: int) -> dict:
     draft_path = {"draft": files["draft_gguf"], "dflash": files["dflash_gguf"]}.get(method)
-    spec = SpecConfig() if method == "none" else SpecConfig(method=method, k=k, draft_path=draft_path)
+    spec = SpecConfig(method=method, k=k, draft_path=draft_path)
     tokens = tuple(engine.tokenize(prompt))
     for _ in engine.generate(GenerationRequest(tokens, max_tokens=1, spec=spec), threading.Event()):
         pass  # warm-up: the prompt is now in the target's (and the drafter's) cache
