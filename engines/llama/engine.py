@@ -85,6 +85,11 @@ class LlamaEngine:
         if "dflash" in reasons and not any(key.startswith("dflash:") for key in self._native):
             reasons["dflash"] = ("needs a DFlash drafter GGUF made for this target "
                                  "(specdesk compare --method dflash --draft FILE)")
+        from .ext import available_methods  # resolves the llama-ext.h symbols once
+
+        for method, missing in available_methods().items():
+            if method in reasons and missing:
+                reasons[method] = f"disabled: this libllama does not export {', '.join(missing)}"
         return reasons
 
     def set_threads(self, n_threads: int) -> None:
