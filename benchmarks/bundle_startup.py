@@ -42,10 +42,16 @@ def start_xvfb() -> tuple[subprocess.Popen, str]:
     os.close(write_fd)
     with os.fdopen(read_fd) as f:
         number = f.readline().strip()
-    if not number:
-        xvfb.kill()
-        raise SystemExit("bundle_startup: Xvfb did not start")
-    return xvfb, f":{number}"
+    display = f":{number}"
+    # Ready means a client can connect: probe before timing anything.
+    env = {**os.environ, "DISPLAY": display}
+    deadline = time.monotonic() + 10
+    while number and time.monotonic() < deadline:
+        if subprocess.run(["xdotool", "getdisplaygeometry"], env=env, capture_output=True).returncode == 0:
+            return xvfb, display
+        time.sleep(0.1)
+    xvfb.kill()
+    raise SystemExit("bundle_startup: Xvfb did not start")
 
 
 def window_shown(pid: int, env: dict) -> bool:
