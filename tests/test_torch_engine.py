@@ -71,6 +71,27 @@ def test_logits_match_llama_cpp(demo_family):
     gguf.close()
 
 
+def test_logits_match_llama_cpp_on_the_demo_target(demo_cache_dir, monkeypatch):
+    """The shipped demo target (d=768, 12 layers): HF folder on torch vs its F16 GGUF on llama.cpp."""
+    pytest.importorskip("llama_cpp")
+    from specdesk.app.demo.install import build_family
+    from specdesk.engines.llama.binding import GgufContext, GgufModel
+
+    monkeypatch.setenv("SPECDESK_CACHE_DIR", str(demo_cache_dir))
+    family = build_family()
+    gguf = GgufModel(family["target_gguf"])
+    model = TorchModel(family["target_hf"], DEVICE, torch.float32)
+    tokens = model.tokenize(PROMPTS[2])
+    assert tokens == gguf.tokenize(PROMPTS[2])
+    reference = GgufContext(gguf, 256, 2).decode(tokens)
+    ours = TorchContext(model, 256).decode(tokens).logits.cpu().numpy()
+    scale = np.abs(reference).max()
+    np.testing.assert_allclose(ours, reference, rtol=0, atol=2e-3 * scale)
+    gap = reference.max(1) - reference[np.arange(len(tokens)), ours.argmax(1)]
+    assert (gap <= 4e-3 * scale).all()
+    gguf.close()
+
+
 def test_tokenizer_and_template_match_llama_cpp(demo_family):
     pytest.importorskip("llama_cpp")
     from specdesk.app.templates import render_chat
