@@ -32,6 +32,7 @@ def add_model_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--target", help="target model: a GGUF file, or an HF folder with --engine torch "
                                          "(default: the demo target)")
     parser.add_argument("--draft", help="draft model for --method draft, DFlash drafter folder for --method dflash "
+                                        "(a DFlash / EAGLE-3 drafter GGUF with a GGUF target) "
                                         "(default with the demo target: the demo's)")
     parser.add_argument("--method", choices=[m for m in METHODS], default="draft",
                         help="speculation method (default: draft)")
@@ -70,7 +71,7 @@ def build_configs(args, draft: Optional[str]) -> tuple[SpecConfig, SamplingParam
         raise SpecDeskError(f"--max-tokens {args.max_tokens} is out of range: use at least 1")
     if args.threads is not None and args.threads < 1:
         raise SpecDeskError(f"--threads {args.threads} is out of range: use 1 or more")
-    spec = SpecConfig(method=args.method, k=args.k, draft_path=draft if args.method in ("draft", "dflash") else None,
+    spec = SpecConfig(method=args.method, k=args.k, draft_path=draft if args.method in ("draft", "dflash", "eagle3") else None,
                       draft_p_min=args.draft_p_min)
     sampling = SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, seed=args.seed)
     return spec, sampling

@@ -1,4 +1,4 @@
-"""llama.cpp's native drafters (MTP, DFlash) driven from SpecDesk on the small demo family:
+"""llama.cpp's native drafters (MTP, DFlash, EAGLE-3) driven from SpecDesk on the small demo family:
 symbol binding, GGUF export, losslessness, and the errors a user can act on."""
 
 from __future__ import annotations
@@ -21,11 +21,12 @@ from llama_helpers import generate_tokens
 from test_llama_engine import _chi_square_same, _token_counts
 
 PROMPTS = load_prompts(assets_dir() / "prompts" / "code.jsonl")
+METHODS = ["mtp", "dflash", "eagle3"]
 
 
 @pytest.fixture(scope="module")
 def native(demo_family, demo_cache_dir):
-    """mtp_gguf (the target as glm4moe with one NextN layer) and dflash_gguf."""
+    """mtp_gguf (the target as glm4moe with one NextN layer), dflash_gguf, eagle3_gguf."""
     return build_native(demo_family, demo_cache_dir / "native")
 
 
@@ -46,7 +47,7 @@ def dflash_engine(demo_family):
 
 
 def _spec(method: str, native: dict, k: int) -> SpecConfig:
-    return SpecConfig(method=method, k=k, draft_path=native["dflash_gguf"] if method == "dflash" else None)
+    return SpecConfig(method=method, k=k, draft_path=native.get(f"{method}_gguf") if method != "mtp" else None)
 
 
 def _engine(method, mtp_engine, dflash_engine):
@@ -76,7 +77,8 @@ def copy_gguf(src, dst, edit: dict) -> Path:
 
 
 # --- binding -----------------------------------------------------------------------------
-def test_every_hidden_state_symbol_resolves_in_the_pinned_libllama():
+def test_every_hidden_state_symbol_resolves_in_the_pinned_libllama(dflash_engine):
+    assert not any((reason or "").startswith("disabled") for reason in dflash_engine.method_availability().values())
     assert available_methods() == {"mtp": [], "dflash": [], "eagle3": []}
 
 
@@ -124,7 +126,7 @@ def test_mtp_export_computes_the_same_target(demo_family, native):
 
 
 # --- losslessness ------------------------------------------------------------------------
-@pytest.mark.parametrize("method", ["mtp", "dflash"])
+@pytest.mark.parametrize("method", METHODS)
 @pytest.mark.parametrize("k", [1, 3, 7])
 def test_greedy_native_method_equals_baseline(mtp_engine, dflash_engine, native, method, k):
     engine = _engine(method, mtp_engine, dflash_engine)
@@ -139,7 +141,7 @@ def test_greedy_native_method_equals_baseline(mtp_engine, dflash_engine, native,
     assert drafted > 0 and accepted > 0, f"{method}: {accepted} of {drafted} drafts accepted, the test proved nothing"
 
 
-@pytest.mark.parametrize("method", ["mtp", "dflash"])
+@pytest.mark.parametrize("method", METHODS)
 def test_chat_turns_and_method_switches_stay_identical(mtp_engine, dflash_engine, native, method):
     """The drafter's cache follows the target's prefix reuse, also after turns without it."""
     engine = _engine(method, mtp_engine, dflash_engine)
@@ -151,13 +153,16 @@ def test_chat_turns_and_method_switches_stay_identical(mtp_engine, dflash_engine
         history = history + reference + engine.tokenize("\n\n# next\ndef ", add_bos=False)
 
 
-@pytest.mark.parametrize("method", ["mtp", "dflash"])
+@pytest.mark.parametrize("method", METHODS)
 def test_native_sampling_distribution_matches_plain_sampling(mtp_engine, dflash_engine, native, method):
     """T=0.8, top-p 0.95: positions 0 and 2 follow plain sampling (6000 runs per arm), with
     the same power check as the core engine test."""
     engine = _engine(method, mtp_engine, dflash_engine)
     sampling = SamplingParams(temperature=0.8, top_p=0.95)
-    text = "def f(a, b):\n    return g(a, b)\n\n\ndef h(x):\n    return g(x, x)\n\n\ndef k(y):\n    return g("
+    if method == "eagle3":  # where the seeded EAGLE-3 head agrees with the target often enough
+        text = PROMPTS[0]
+    else:
+        text = "def f(a, b):\n    return g(a, b)\n\n\ndef h(x):\n    return g(x, x)\n\n\ndef k(y):\n    return g("
     prompt = engine.tokenize(text)
     runs, positions = 6000, (0, 2)
     plain, _ = _token_counts(engine, prompt, SpecConfig(), sampling, runs, positions)
@@ -211,3 +216,18 @@ def test_dflash_refuses_a_drafter_with_another_hidden_size(dflash_engine, demo_f
 def test_dflash_refuses_a_target_without_layer_inputs(mtp_engine, native):
     with pytest.raises(SpecDeskError, match="cannot hand out layer inputs of a 'glm4moe' model"):
         mtp_engine.load_native("dflash", native["dflash_gguf"])
+
+
+def test_eagle3_refuses_a_file_that_is_not_an_eagle3_drafter(dflash_engine, native):
+    with pytest.raises(SpecDeskError, match="not an EAGLE-3 drafter \\(its architecture is 'dflash'"):
+        dflash_engine.load_native("eagle3", native["dflash_gguf"])
+
+
+@pytest.mark.parametrize("edit, message", [
+    ({"eagle3.target_layers": [0, 1, 9]}, "reads target layers \\[0, 1, 9\\] .* different target"),
+    ({"eagle3.target_hidden_size": 4096}, "hidden size 4096, .* different target"),
+])
+def test_eagle3_refuses_a_drafter_for_another_target(dflash_engine, native, tmp_path, edit, message):
+    bad = copy_gguf(native["eagle3_gguf"], tmp_path / "bad.gguf", edit)
+    with pytest.raises(SpecDeskError, match=message):
+        dflash_engine.load_native("eagle3", bad)

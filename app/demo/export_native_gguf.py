@@ -410,7 +410,7 @@ def _digest(paths: list[Path], extra: str) -> str:
 
 
 def build_native(family: Mapping[str, str], out_dir: Optional[Path] = None, seed: int = 0) -> dict[str, str]:
-    """mtp_gguf and dflash_gguf for a demo family (roles from build_family), cached under
+    """mtp_gguf, dflash_gguf and eagle3_gguf for a demo family (roles from build_family), cached under
     out_dir/<fingerprint of the inputs>. The DFlash drafter is the family's `dflash_hf`
     folder when it has one, else a seeded one."""
     target_hf, target_gguf = Path(family["target_hf"]), Path(family["target_gguf"])
@@ -429,7 +429,11 @@ def build_native(family: Mapping[str, str], out_dir: Optional[Path] = None, seed
         else:
             config, weights = initial_dflash_folder(target_hf, seed)
             export_dflash(config, weights, target_gguf, dflash_path, name="specdesk-demo-dflash-init")
+    eagle3_path = out_dir / "specdesk-demo-eagle3-F16.gguf"
+    if not eagle3_path.is_file():
+        export_eagle3_seeded(target_hf, target_gguf, eagle3_path, seed)
     return {"mtp_gguf": str(mtp_path.resolve()), "dflash_gguf": str(dflash_path.resolve()),
+            "eagle3_gguf": str(eagle3_path.resolve()),
             "mtp_source": "trained" if _has_mtp(target_hf) else "seeded (the checkpoint has no MTP layer)",
             "dflash_source": "trained" if not unusable else f"seeded ({unusable})"}
 
@@ -467,3 +471,63 @@ if __name__ == "__main__":
         print(json.dumps(build_native(build_family(small=args.small), args.out), indent=2))
     except SpecDeskError as e:
         sys.exit(f"error: {e}")
+
+
+# --- EAGLE-3 -----------------------------------------------------------------------------
+def export_eagle3_seeded(target_hf: Path, target_gguf: Path, out_path: Path, seed: int = 0) -> Path:
+    """A seeded eagle3 GGUF for the target in `target_hf` (no trained EAGLE-3 head exists for
+    the demo family): one decoder layer the target's width reading the inputs of layers
+    (2, L//2, L-3) clamped to the target (vLLM's default), its fc passing the deepest of them,
+    attention and MLP outputs scaled down, and the target's final norm, so that it drafts
+    the target's logit-lens guess; embeddings and lm head are the target's, shared at run time."""
+    target_hf = Path(target_hf)
+    config = _read_config(target_hf)
+    weights = _weights(target_hf)
+    d, n_head = config["hidden_size"], config["num_attention_heads"]
+    head_dim = config.get("head_dim") or d // n_head
+    n_layer, ffn = config["num_hidden_layers"], config["intermediate_size"]
+    layer_ids = sorted([min(2, n_layer - 1), n_layer // 2, max(0, n_layer - 3)])
+    inner = n_head * head_dim
+    rng = _rng(seed, "eagle3")
+
+    def mat(rows: int, cols: int, scale: float = 1.0) -> np.ndarray:
+        return (rng.standard_normal((rows, cols)) * (scale / np.sqrt(cols))).astype(np.float32)
+
+    fc = np.zeros((d, 3 * d), np.float32)
+    fc[:, 2 * d:] = np.eye(d, dtype=np.float32)
+    with atomic_path(Path(out_path)) as tmp:
+        writer = gguf.GGUFWriter(tmp, "eagle3")
+        writer.add_type(gguf.GGUFType.MODEL)
+        writer.add_name("specdesk-demo-eagle3-init")
+        writer.add_block_count(1)
+        writer.add_context_length(config.get("max_position_embeddings", 2048))
+        writer.add_embedding_length(d)
+        writer.add_feed_forward_length(ffn)
+        writer.add_head_count(n_head)
+        writer.add_head_count_kv(n_head)
+        writer.add_key_length(head_dim)
+        writer.add_value_length(head_dim)
+        writer.add_rope_dimension_count(head_dim)
+        writer.add_rope_freq_base(config.get("rope_theta", 10000.0))
+        writer.add_layer_norm_rms_eps(config.get("rms_norm_eps", 1e-5))
+        writer.add_array("eagle3.target_layers", layer_ids)
+        writer.add_uint32("eagle3.target_hidden_size", d)
+        writer.add_file_type(gguf.LlamaFileType.MOSTLY_F16)
+        writer.add_vocab_size(config["vocab_size"])
+        writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
+        _copy_vocab(writer, Path(target_gguf))
+        _add(writer, "fc.weight", fc)
+        _add(writer, "output_norm.weight", weights["model.norm.weight"])
+        b = "blk.0."
+        _add(writer, b + "attn_norm.weight", np.ones(d, np.float32))
+        _add(writer, b + "attn_norm_2.weight", np.ones(d, np.float32))
+        _add(writer, b + "attn_q.weight", mat(inner, 2 * d))
+        _add(writer, b + "attn_k.weight", mat(inner, 2 * d))
+        _add(writer, b + "attn_v.weight", mat(inner, 2 * d))
+        _add(writer, b + "attn_output.weight", mat(d, inner, 0.05))
+        _add(writer, b + "ffn_norm.weight", np.ones(d, np.float32))
+        _add(writer, b + "ffn_gate.weight", mat(ffn, d))
+        _add(writer, b + "ffn_up.weight", mat(ffn, d))
+        _add(writer, b + "ffn_down.weight", mat(d, ffn, 0.05))
+        _finish(writer)
+    return Path(out_path)

@@ -23,7 +23,7 @@ from .binding import GgufContext, GgufModel
 from .compat import describe, incompatibilities
 from .draft import DraftModelProposer
 
-SUPPORTED_METHODS = ("none", "ngram", "ngram-pool", "draft", "mtp", "dflash")
+SUPPORTED_METHODS = ("none", "ngram", "ngram-pool", "draft", "mtp", "dflash", "eagle3")
 
 
 def default_threads() -> int:
@@ -71,6 +71,10 @@ class LlamaEngine:
                 from .mtp import MtpDrafter
 
                 self._native[key] = MtpDrafter(self.target, self.context, self.n_threads)
+            elif method == "eagle3":
+                from .eagle3 import Eagle3Drafter
+
+                self._native[key] = Eagle3Drafter(path, self.target, self.context, self.n_threads)
             else:
                 from .dflash import DFlashDrafter
 
@@ -85,6 +89,9 @@ class LlamaEngine:
         if "dflash" in reasons and not any(key.startswith("dflash:") for key in self._native):
             reasons["dflash"] = ("needs a DFlash drafter GGUF made for this target "
                                  "(specdesk compare --method dflash --draft FILE)")
+        if "eagle3" in reasons and not any(key.startswith("eagle3:") for key in self._native):
+            reasons["eagle3"] = ("needs an EAGLE-3 drafter GGUF made for this target "
+                                 "(specdesk compare --method eagle3 --draft FILE)")
         from .ext import available_methods  # resolves the llama-ext.h symbols once
 
         for method, missing in available_methods().items():
@@ -138,6 +145,12 @@ class LlamaEngine:
             from .dflash import DFlashProposer
 
             return DFlashProposer(self.load_native("dflash", spec.draft_path), spec.draft_p_min)
+        if spec.method == "eagle3":
+            if not spec.draft_path:
+                raise SpecDeskError("method 'eagle3' needs an EAGLE-3 drafter GGUF: pass --draft PATH")
+            from .eagle3 import Eagle3Proposer
+
+            return Eagle3Proposer(self.load_native("eagle3", spec.draft_path), spec.draft_p_min)
         raise SpecDeskError(
             f"method {spec.method!r} is not available for GGUF targets yet: use one of {', '.join(SUPPORTED_METHODS)}"
         )

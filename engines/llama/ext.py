@@ -188,8 +188,9 @@ class NativeContext:
     def pos_max(self) -> int:
         return self._lib.llama_memory_seq_pos_max(self._memory, 0)
 
-    def process(self, entries: Sequence[Entry]) -> None:
-        """One llama_process call (the caller keeps len(entries) <= n_batch)."""
+    def process(self, entries: Sequence[Entry], encode: bool = False) -> None:
+        """One llama_process call (the caller keeps len(entries) <= n_batch); `encode` runs
+        the model's encoder graph (EAGLE-3's feature fusion) instead of its decoder."""
         lib, batch = self._lib, self._batch
         lib.llama_batch_ext_clear(batch)
         self._keep = []
@@ -212,7 +213,7 @@ class NativeContext:
             lib.llama_batch_ext_set_pos(batch, idx, ctypes.byref(pos))
             if entry.output:
                 lib.llama_batch_ext_set_output_logits(batch, idx, True)
-        status = lib.llama_process(self._ctx, 1, batch)  # LLAMA_PROCESS_TYPE_DECODE
+        status = lib.llama_process(self._ctx, 0 if encode else 1, batch)  # LLAMA_PROCESS_TYPE_ENCODE / _DECODE
         if status != 0:
             raise SpecDeskError(f"{self.model.path}: the drafter's llama_process failed with status {status}")
 

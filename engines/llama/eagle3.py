@@ -1,0 +1,206 @@
+"""EAGLE-3 on GGUF targets: an eagle3-architecture drafter GGUF, driven as
+common/speculative.cpp's draft-eagle3 drives it.
+
+The target outputs the inputs of three of its layers (`eagle3.target_layers`, low, middle,
+high). After every target decode the drafter's encoder graph fuses them per position,
+g_P = fc(cat3) (llama_get_embeddings_nextn of the drafter). Its one decoder layer then
+takes, at position P, the pair (token x_{P+1}, g_P) and predicts x_{P+2}; so row P can be
+written once x_{P+1} is known, and the row for the last committed position waits for the
+token the target picked. Drafting writes that row with the newest token, then feeds each
+draft token back with the layer's pre-norm output in place of g. Drafts are the top-1
+token: q is one-hot and verification stays exact at any temperature.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Sequence
+
+import numpy as np
+
+from ..types import Draft, SpecDeskError
+from .binding import GgufContext, GgufModel, check_gguf_file
+from .compat import describe, incompatibilities
+from .dflash import LAYER_INPUT_ARCHS
+from .ext import Entry, NativeContext, ext, gguf_metadata, rows
+from .mtp import top1_prob
+
+
+def check_drafter(path: str | os.PathLike, target: GgufModel) -> dict:
+    """Refuse a file that is not an EAGLE-3 drafter for this target, before llama.cpp loads it."""
+    p = check_gguf_file(path)
+    meta = gguf_metadata(p)
+    arch = meta.get("general.architecture")
+    if arch != "eagle3":
+        raise SpecDeskError(f"{p}: not an EAGLE-3 drafter (its architecture is {arch!r}, an EAGLE-3 drafter's is 'eagle3')")
+    target_meta = gguf_metadata(target.path)
+    target_arch = target_meta.get("general.architecture")
+    if target_arch not in LAYER_INPUT_ARCHS:
+        raise SpecDeskError(f"{target.path}: llama.cpp cannot hand out layer inputs of a {target_arch!r} model, "
+                            f"so EAGLE-3 cannot run on it (it can on {', '.join(LAYER_INPUT_ARCHS)})")
+    n_layer = int(target_meta.get(f"{target_arch}.block_count", 0))
+    layers = [int(i) for i in (meta.get("eagle3.target_layers") or [])]
+    if len(layers) != 3 or not all(0 <= i < n_layer for i in layers):
+        raise SpecDeskError(f"{p}: reads target layers {layers} but {target.path.name} has {n_layer} layers "
+                            f"(0..{n_layer - 1}, three needed): it is a drafter for a different target")
+    width = int(meta.get("eagle3.target_hidden_size", 0))
+    if width != target.n_embd:
+        raise SpecDeskError(f"{p}: made for a target with hidden size {width}, but {target.path.name} has hidden size "
+                            f"{target.n_embd}: it is a drafter for a different target")
+    return meta
+
+
+class Eagle3Drafter:
+    """An EAGLE-3 drafter context over one target context; lives as long as the engine."""
+
+    def __init__(self, path: str | os.PathLike, target: GgufModel, target_ctx: GgufContext, n_threads: int):
+        self.ext = ext().require("eagle3")
+        check_drafter(path, target)
+        self.model = GgufModel(path)
+        try:
+            reasons = incompatibilities(target, self.model)
+            if reasons:
+                raise SpecDeskError(describe(target, self.model, reasons))
+            n_ids = self.ext.llama_model_target_layer_ids_n(self.model._model)
+            ids = self.ext.llama_model_target_layer_ids(self.model._model)
+            self.layer_ids = [int(ids[i]) for i in range(n_ids)]
+            self.context = NativeContext(self.model, target_ctx.n_ctx, n_threads, target_ctx.n_batch,
+                                         ctx_other=target_ctx._ctx)
+        except Exception:
+            self.model.close()
+            raise
+        self.ext.llama_set_embeddings_nextn(self.context.handle, True, True)
+        self.target, self.target_ctx = target, target_ctx
+        self.n_embd_tgt = target.n_embd
+        self.n_embd = self.model.n_embd
+        self.n_vocab = target.n_vocab
+        self.g_hist = np.zeros((target_ctx.n_ctx + 1, self.n_embd), dtype=np.float32)  # g_P by position
+        self.tokens: list[int] = []  # the target's tokens by position, as observed
+        self.n_rows = 0  # decoder rows 0..n_rows-1 are in the drafter's cache
+        self.last_batch = (0, 0)
+
+    # --- hooks the engine calls -------------------------------------------------------------
+    def attach(self) -> None:
+        for lid in self.layer_ids:
+            self.ext.llama_set_embeddings_layer_inp(self.target_ctx._ctx, lid, True)
+        self.target_ctx.on_decode = self.observe
+
+    def detach(self) -> None:
+        for lid in self.layer_ids:
+            self.ext.llama_set_embeddings_layer_inp(self.target_ctx._ctx, lid, False)
+        self.target_ctx.on_decode = None
+
+    def valid_prefix(self, tokens: Sequence[int]) -> int:
+        n = 0
+        limit = min(len(self.tokens), len(tokens))
+        while n < limit and self.tokens[n] == tokens[n]:
+            n += 1
+        self.rollback(n)
+        return n
+
+    def rollback(self, n_keep: int) -> None:
+        """Keep the first n_keep target positions; row P needs x_{P+1}, so rows < n_keep - 1 stay."""
+        del self.tokens[n_keep:]
+        rows_keep = max(0, n_keep - 1)
+        if self.n_rows > rows_keep:
+            self.context.remove_from(rows_keep)
+            self.n_rows = rows_keep
+
+    def observe(self, tokens: Sequence[int], pos0: int) -> None:
+        n = len(tokens)
+        self.rollback(pos0)
+        if len(self.tokens) != pos0:
+            raise SpecDeskError(f"EAGLE-3 context out of step: it holds {len(self.tokens)} positions, the target batch starts at {pos0}")
+        features = np.concatenate(
+            [rows(self.ext.llama_get_embeddings_layer_inp(self.target_ctx._ctx, lid), n, self.n_embd_tgt)
+             for lid in self.layer_ids], axis=1)  # (n, 3 * n_embd_tgt)
+        step = self.context.n_batch
+        for start in range(0, n, step):
+            chunk = features[start:start + step]
+            first = self.context.pos_max() + 1  # the encoder ignores positions; llama.cpp wants them to follow the cache
+            self.context.process([Entry(pos=first + j, embd=row, output=True) for j, row in enumerate(chunk)],
+                                 encode=True)
+            self.g_hist[pos0 + start:pos0 + start + len(chunk)] = rows(
+                self.ext.llama_get_embeddings_nextn(self.context.handle), len(chunk), self.n_embd)
+        self.tokens.extend(int(t) for t in tokens)
+        self._fill_rows(len(self.tokens) - 1)
+        self.last_batch = (pos0, n)
+
+    def _fill_rows(self, upto: int) -> None:
+        """Decoder rows (x_{P+1}, g_P) for P in [n_rows, upto)."""
+        for start in range(self.n_rows, upto, self.context.n_batch):
+            stop = min(upto, start + self.context.n_batch)
+            self.context.process([Entry(pos=p, token=self.tokens[p + 1], embd=self.g_hist[p].copy())
+                                  for p in range(start, stop)])
+        self.n_rows = max(self.n_rows, upto)
+
+    def draft(self, context: Sequence[int], k: int, p_min: float = 0.0) -> list[int]:
+        pos0 = len(context) - 1
+        self.rollback(pos0)
+        if len(self.tokens) != pos0:
+            raise SpecDeskError(f"EAGLE-3 context out of step: it holds {len(self.tokens)} positions, drafting starts at {pos0}")
+        if pos0 == 0:
+            return []  # no target features yet
+        entry = Entry(pos=pos0 - 1, token=int(context[-1]), embd=self.g_hist[pos0 - 1].copy(), output=True)
+        out: list[int] = []
+        for i in range(k):
+            self.context.process([entry])
+            logits = self.context.logits(0, self.n_vocab)
+            token = int(np.argmax(logits))
+            if p_min > 0 and top1_prob(logits) < p_min:
+                break
+            out.append(token)
+            prenorm = rows(self.ext.llama_get_embeddings_nextn_ith(self.context.handle, 0), 1, self.n_embd)[0].copy()
+            entry = Entry(pos=pos0 + i, token=token, embd=prenorm, output=True)
+        self.context.remove_from(pos0 - 1)  # the newest row is rewritten from the target's batch
+        self.n_rows = min(self.n_rows, pos0 - 1)
+        return out
+
+    def set_threads(self, n_threads: int) -> None:
+        self.context.set_threads(n_threads)
+
+    def close(self) -> None:
+        self.context.close()
+        self.model.close()
+
+
+class Eagle3Proposer:
+    """The proposer interface (begin / propose / accept) over an Eagle3Drafter."""
+
+    needs_hidden_states = True
+
+    def __init__(self, drafter: Eagle3Drafter, p_min: float = 0.0):
+        self.drafter = drafter
+        self.p_min = p_min
+        self.proposals = self.drafted = self.accepted = 0
+        self.seconds = 0.0
+
+    def attach(self) -> None:
+        self.drafter.attach()
+
+    def detach(self) -> None:
+        self.drafter.detach()
+
+    def valid_prefix(self, tokens: Sequence[int]) -> int:
+        return self.drafter.valid_prefix(tokens)
+
+    def begin(self, prompt: Sequence[int]) -> None:
+        pass
+
+    def propose(self, context: Sequence[int], k: int) -> Draft:
+        started = time.perf_counter()
+        tokens = self.drafter.draft(context, k, self.p_min)
+        self.proposals += 1
+        self.drafted += len(tokens)
+        self.seconds += time.perf_counter() - started
+        return Draft(tuple(tokens))
+
+    def accept(self, n_accepted: int, committed: Sequence[int]) -> None:
+        self.accepted += n_accepted
+        pos0, _ = self.drafter.last_batch
+        self.drafter.rollback(pos0 + 1 + n_accepted)
+
+    def stats(self) -> dict:
+        return {"proposals": self.proposals, "drafted": self.drafted, "accepted": self.accepted,
+                "seconds": round(self.seconds, 4)}
