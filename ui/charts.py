@@ -11,7 +11,7 @@ from typing import Optional
 
 import numpy as np
 import pyqtgraph as pg
-from PySide6.QtWidgets import QApplication, QLabel, QSizePolicy, QVBoxLayout, QWidget
+from PySide6.QtWidgets import QApplication, QGraphicsItem, QLabel, QSizePolicy, QVBoxLayout, QWidget
 
 from specdesk.engines.spec.stats import StatsAccumulator
 from specdesk.engines.types import RunStats
@@ -19,7 +19,24 @@ from specdesk.engines.types import RunStats
 from . import theme
 from .series import RunSeries
 
-pg.setConfigOptions(antialias=True)
+pg.setConfigOptions(antialias=False)  # smoothing costs more CPU than it adds at 30 Hz
+
+NICE_STEPS = (1, 2, 2.5, 5, 10)
+CURVE_EVERY = 2  # curves redraw on every second refresh call (~15 Hz)
+BAR_EVERY = 6  # bars and numbers on every sixth (~5 Hz), and always for a run's final numbers
+
+
+def nice_ceiling(value: float, minimum: float = 1.0) -> float:
+    """The next "round" number at or above value (1, 2, 2.5, 5 x 10^n), at least minimum.
+
+    Axis ranges only move to such numbers and only grow during a run, so the axes (whose
+    repainting costs far more than the curves') are redrawn a few times per run, not per frame."""
+    value = max(value, minimum)
+    scale = 10 ** np.floor(np.log10(value))
+    for step in NICE_STEPS:
+        if step * scale >= value:
+            return float(step * scale)
+    return float(10 * scale)
 
 
 def make_plot(title: str, x_label: str, parent: Optional[QWidget] = None) -> pg.PlotWidget:
@@ -33,7 +50,11 @@ def make_plot(title: str, x_label: str, parent: Optional[QWidget] = None) -> pg.
         plot.getAxis(axis).setTextPen(text)
         plot.getAxis(axis).setPen(text)
         plot.getAxis(axis).enableAutoSIPrefix(False)  # "seconds (x0.001)" reads worse than 0.05
+        # Axes are repainted whenever a curve next to them changes; drawn from a cached pixmap,
+        # that costs a copy instead of laying out every tick label again at 30 Hz.
+        plot.getAxis(axis).setCacheMode(QGraphicsItem.DeviceCoordinateCache)
     plot.setMouseEnabled(False, False)
+    plot.disableAutoRange()  # ranges are set by ChartPanel in round steps (see nice_ceiling)
     plot.hideButtons()
     plot.setMenuEnabled(False)
     plot.showGrid(x=False, y=True, alpha=0.25)
@@ -68,6 +89,8 @@ class ChartPanel(QWidget):
         self._accumulator: Optional[StatsAccumulator] = None
         self._final: Optional[RunStats] = None
         self._dirty = False
+        self._ranges: dict[str, tuple] = {}  # what each plot's axes show now
+        self._ticks = 0
         self.repaints = 0  # refreshes that drew something (tests and the stall probe read it)
 
         self.setMinimumWidth(300)
@@ -95,11 +118,15 @@ class ChartPanel(QWidget):
         self.status = QLabel("no run yet", self)
         self.status.setWordWrap(True)
         self.status.setObjectName("statusLine")
+        # A fixed two-line box: new numbers never make the layout re-measure the plots above.
+        self.status.setSizePolicy(QSizePolicy.Ignored, QSizePolicy.Fixed)
+        self.status.setFixedHeight(self.status.fontMetrics().lineSpacing() * 2 + 6)
         layout.addWidget(self.status)
 
     # --- data in (cheap) --------------------------------------------------------
     def start_run(self, k: int) -> None:
         self.k = k
+        self._ranges.clear()
         self.series.reset()
         self._accumulator = StatsAccumulator(k)
         self._final = None
@@ -128,7 +155,14 @@ class ChartPanel(QWidget):
 
     # --- drawing (timer) ----------------------------------------------------------
     def refresh(self) -> bool:
+        """Draw what arrived. Called at ~30 Hz; on a busy machine every repaint takes CPU from
+        the model, so curves redraw at half that rate and the bars and the numbers at a sixth
+        (the final numbers of a run always show at once)."""
         if not self._dirty:
+            return False
+        self._ticks += 1
+        final = self._final is not None
+        if not final and self._ticks % CURVE_EVERY:
             return False
         self._dirty = False
         t, rate, acceptance = self.series.window_rates()
@@ -137,16 +171,41 @@ class ChartPanel(QWidget):
             self.acceptance_curve.setData(t, acceptance)
         else:
             self.acceptance_curve.setData([], [])
+        t_max = nice_ceiling(float(t[-1]) if len(t) else 0.0, minimum=1.0)
+        finite = rate[np.isfinite(rate)] if len(rate) else rate
+        y_max = nice_ceiling(1.1 * float(finite.max()) if len(finite) else 0.0, minimum=10.0)
+        self._set_range("rate", self.rate_plot, (0, self._grown("rate_t", t_max)), (0, self._grown("rate_y", y_max)))
+        self._set_range("acceptance", self.acceptance_plot, (0, self._grown("rate_t", t_max)), (0, 1.05))
         stats = self.current_stats()
-        if stats is not None:
+        slow = final or self._ticks % BAR_EVERY == 0
+        if stats is not None and slow:
             positions = np.arange(1, len(stats.per_position_drafted) + 1)
             self.position_bars.setOpts(x=positions, height=np.array(stats.per_position_acceptance), width=0.6)
-            self.position_plot.setXRange(0.4, max(1, len(positions)) + 0.6, padding=0)
-            integer_ticks(self.position_plot, positions.tolist())
+            if self._set_range("position", self.position_plot, (0.4, max(1, len(positions)) + 0.6), (0, 1.05)):
+                integer_ticks(self.position_plot, positions.tolist())
             histogram = np.array(stats.accepted_length_histogram, dtype=float)
             self.histogram_bars.setOpts(x=np.arange(len(histogram)), height=histogram, width=0.6)
-            self.histogram_plot.setXRange(-0.6, max(0, len(histogram) - 1) + 0.6, padding=0)
-            integer_ticks(self.histogram_plot, list(range(len(histogram))))
-            self.status.setText(format_status(stats, self.k))
+            top = nice_ceiling(float(histogram.max()) * 1.05 if len(histogram) else 0.0, minimum=5.0)
+            if self._set_range("histogram", self.histogram_plot, (-0.6, max(0, len(histogram) - 1) + 0.6),
+                               (0, self._grown("histogram_y", top))):
+                integer_ticks(self.histogram_plot, list(range(len(histogram))))
+            text = format_status(stats, self.k)
+            if text != self.status.text():
+                self.status.setText(text)
         self.repaints += 1
+        return True
+
+    def _grown(self, key: str, value: float) -> float:
+        """A range end that only grows during a run."""
+        value = max(value, self._ranges.get(key, value))
+        self._ranges[key] = value
+        return value
+
+    def _set_range(self, key: str, plot: pg.PlotWidget, x: tuple, y: tuple) -> bool:
+        """Move a plot's axes only when the range changed; True when it did."""
+        if self._ranges.get(key) == (x, y):
+            return False
+        self._ranges[key] = (x, y)
+        plot.setXRange(*x, padding=0)
+        plot.setYRange(*y, padding=0)
         return True

@@ -73,6 +73,26 @@ class _LiveReply:
     committed_blocks: int = 0  # blocks drawn that later text cannot change
     committed_pos: int = 0  # document position after them
     code: bool = False  # drawn as one bare-code block
+    drawn: Optional[markdown.Block] = None  # the last block as drawn (it ends the document)
+
+
+def _extension(old: markdown.Block, new: markdown.Block) -> Optional[list[markdown.Run]]:
+    """The runs to append when `new` is `old` with text added at its end; None otherwise."""
+    if (old.kind, old.level, old.marker, old.lang) != (new.kind, new.level, new.marker, new.lang):
+        return None
+    if not old.runs:
+        return list(new.runs)
+    n = len(old.runs)
+    if len(new.runs) < n or new.runs[: n - 1] != old.runs[: n - 1]:
+        return None
+    last_old, last_new = old.runs[-1], new.runs[n - 1]
+    same_style = (last_old.drafted, last_old.bold, last_old.italic, last_old.code, last_old.link) == (
+        last_new.drafted, last_new.bold, last_new.italic, last_new.code, last_new.link)
+    if not same_style or not last_new.text.startswith(last_old.text):
+        return None
+    tail = last_new.text[len(last_old.text):]
+    grown = [markdown.Run(tail, last_new.drafted, last_new.bold, last_new.italic, last_new.code, last_new.link)]
+    return ([grown[0]] if tail else []) + list(new.runs[n:])
 
 
 class ChatView(QWidget):
@@ -206,16 +226,24 @@ class ChatView(QWidget):
         blocks = markdown.parse(message.text, markdown.char_flags(message.pieces, message.from_draft))
         code = len(blocks) == 1 and blocks[0].kind == "code" and not blocks[0].lang and markdown.looks_like_code(
             message.text)
-        if code != live.code or live.committed_blocks > len(blocks):
-            live.committed_blocks, live.committed_pos, live.code = 0, live.body_start, code
-        cursor = QTextCursor(self.transcript.document())
-        cursor.setPosition(live.committed_pos)
-        cursor.movePosition(QTextCursor.End, QTextCursor.KeepAnchor)
-        cursor.removeSelectedText()
-        starts = self._render_blocks(cursor, blocks[live.committed_blocks:])
-        if len(blocks) > 1 and starts:
+        if code != live.code or live.committed_blocks >= len(blocks):
+            live.committed_blocks, live.committed_pos, live.code, live.drawn = 0, live.body_start, code, None
+        pending = blocks[live.committed_blocks:]
+        grown = _extension(live.drawn, pending[0]) if live.drawn is not None and pending else None
+        if grown is not None:  # the usual case: text was added to the last block
+            cursor = self._end_cursor()
+            self._insert_runs(cursor, pending[0], grown)
+            starts = [live.committed_pos] + self._render_blocks(cursor, pending[1:])
+        else:
+            cursor = QTextCursor(self.transcript.document())
+            cursor.setPosition(live.committed_pos)
+            cursor.movePosition(QTextCursor.End, QTextCursor.KeepAnchor)
+            cursor.removeSelectedText()
+            starts = self._render_blocks(cursor, pending)
+        if starts:
             live.committed_pos = starts[-1]
             live.committed_blocks = len(blocks) - 1
+            live.drawn = blocks[-1]
         self._pending = False
         if follow:
             self._scroll_to_end()
@@ -306,41 +334,61 @@ class ChatView(QWidget):
     def _render_blocks(self, cursor: QTextCursor, blocks: list[markdown.Block]) -> list[int]:
         """Draw Markdown blocks at the cursor; returns the document position each one starts at."""
         starts = []
-        palette = self.palette()
         for block in blocks:
             starts.append(cursor.position())
-            fmt = QTextBlockFormat()
-            fmt.setTopMargin(3)
-            fmt.setBottomMargin(3)
-            base = QTextCharFormat()
-            base.setForeground(palette.text().color())
-            if block.kind == "code":
-                fmt.setBackground(theme.code_background(palette))
-                fmt.setLeftMargin(6)
-                fmt.setRightMargin(6)
-                fmt.setNonBreakableLines(True)
-                base.setFont(self._mono)
-            elif block.kind == "heading":
-                base.setFontWeight(QFont.Bold)
-                base.setFontPointSize(self.font().pointSizeF() * HEADING_SCALE.get(block.level, 1.0))
-            elif block.kind == "item":
-                fmt.setLeftMargin(22 + 18 * block.level)
-                fmt.setTextIndent(-16 if block.marker == "•" else -22)
-                fmt.setTopMargin(0)
-                fmt.setBottomMargin(0)
-            elif block.kind == "quote":
-                fmt.setLeftMargin(18)
-                base.setForeground(theme.muted(palette))
-                base.setFontItalic(True)
-            elif block.kind == "rule":
-                fmt.setProperty(QTextFormat.BlockTrailingHorizontalRulerWidth,
-                                QTextLength(QTextLength.PercentageLength, 100))
+            fmt, base = self._block_formats(block)
             cursor.insertBlock(fmt, base)
             if block.kind == "item":
                 cursor.insertText(block.marker + " ", base)
-            for run in block.runs:
-                cursor.insertText(run.text.replace("\n", "\u2028"), self._run_format(base, run))
+            self._insert_runs(cursor, block, runs=block.runs, formats=(fmt, base))
         return starts
+
+    def _insert_runs(self, cursor: QTextCursor, block: markdown.Block, runs, formats=None) -> None:
+        """Code lines become document blocks of their own, so appending to a long listing lays
+        out only its last line; elsewhere a line break stays inside the paragraph."""
+        fmt, base = formats or self._block_formats(block)
+        for run in runs:
+            char_format = self._run_format(base, run)
+            if block.kind != "code":
+                cursor.insertText(run.text.replace("\n", "\u2028"), char_format)
+                continue
+            for n, line in enumerate(run.text.split("\n")):
+                if n:
+                    cursor.insertBlock(fmt, base)
+                if line:
+                    cursor.insertText(line, char_format)
+
+    def _block_formats(self, block: markdown.Block) -> tuple[QTextBlockFormat, QTextCharFormat]:
+        palette = self.palette()
+        fmt = QTextBlockFormat()
+        fmt.setTopMargin(3)
+        fmt.setBottomMargin(3)
+        base = QTextCharFormat()
+        base.setForeground(palette.text().color())
+        if block.kind == "code":  # one document block per line: no gaps between them
+            fmt.setTopMargin(0)
+            fmt.setBottomMargin(0)
+            fmt.setBackground(theme.code_background(palette))
+            fmt.setLeftMargin(6)
+            fmt.setRightMargin(6)
+            fmt.setNonBreakableLines(True)
+            base.setFont(self._mono)
+        elif block.kind == "heading":
+            base.setFontWeight(QFont.Bold)
+            base.setFontPointSize(self.font().pointSizeF() * HEADING_SCALE.get(block.level, 1.0))
+        elif block.kind == "item":
+            fmt.setLeftMargin(22 + 18 * block.level)
+            fmt.setTextIndent(-16 if block.marker == "•" else -22)
+            fmt.setTopMargin(0)
+            fmt.setBottomMargin(0)
+        elif block.kind == "quote":
+            fmt.setLeftMargin(18)
+            base.setForeground(theme.muted(palette))
+            base.setFontItalic(True)
+        elif block.kind == "rule":
+            fmt.setProperty(QTextFormat.BlockTrailingHorizontalRulerWidth,
+                            QTextLength(QTextLength.PercentageLength, 100))
+        return fmt, base
 
     def _run_format(self, base: QTextCharFormat, run: markdown.Run) -> QTextCharFormat:
         fmt = QTextCharFormat(base)

@@ -64,8 +64,18 @@ def check_gguf_file(path: str | os.PathLike) -> Path:
     return p
 
 
+_complete_files: set[tuple[str, int, int]] = set()  # (path, size, mtime) already checked
+
+
 def _check_gguf_complete(p: Path) -> None:
-    """A truncated GGUF parses its header fine; its tensors then run past the end."""
+    """A truncated GGUF parses its header fine; its tensors then run past the end.
+
+    Reading the header walks the whole vocabulary, so a file is checked once per
+    (size, modification time), not on every load."""
+    st = p.stat()
+    key = (str(p.resolve()), st.st_size, st.st_mtime_ns)
+    if key in _complete_files:
+        return
     try:
         from gguf import GGUFReader
 
@@ -79,6 +89,7 @@ def _check_gguf_complete(p: Path) -> None:
             raise SpecDeskError(
                 f"{p}: truncated GGUF file: tensor {tensor.name} ends at byte {end} but the file has {size} bytes"
             )
+    _complete_files.add(key)
 
 
 @dataclass(frozen=True)
@@ -98,7 +109,8 @@ class GgufModel:
         """progress(fraction) is called from this thread while the weights load; vocab_only
         reads the vocabulary and metadata without the weights (for compatibility checks)."""
         self.path = check_gguf_file(path)
-        _check_gguf_complete(self.path)
+        if not vocab_only:  # a vocabulary-only read never touches the tensors
+            _check_gguf_complete(self.path)
         lib = llama_lib()
         self._lib = lib
         params = lib.llama_model_default_params()
