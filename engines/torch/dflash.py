@@ -23,13 +23,12 @@ from typing import Optional, Sequence
 import numpy as np
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 
 from ..spec.stats import ProposerCounters
 from ..spec.verify import sample, sampling_probs
 from ..types import Draft, SamplingParams, SpecDeskError
 from .loader import Checkpoint, load_module, open_checkpoint
-from .model import FeedForward, KVCache, ModelConfig, RMSNorm, apply_rope, rope_tables
+from .model import FeedForward, KVCache, ModelConfig, RMSNorm, apply_rope, attend, rope_tables
 
 ARCHITECTURE = "DFlashDraftModel"
 
@@ -132,7 +131,7 @@ class DFlashAttention(nn.Module):
             k_ctx, v_ctx = self.cache.write(context_start, k_ctx, v_ctx)
         k = torch.cat([k_ctx, k_block], dim=2)  # (B, n_kv, C_all + Q, hd)
         v = torch.cat([v_ctx, v_block], dim=2)
-        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=self.n_kv != self.n_head)
+        y = attend(q, k, v, mask)  # (B, n_head, Q, head_dim)
         return self.o_proj(y.transpose(1, 2).reshape(B, Q, -1))
 
 

@@ -133,6 +133,15 @@ class KVCache(nn.Module):
         return self.k[:, :, :end], self.v[:, :, :end]
 
 
+def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Optional[torch.Tensor]) -> torch.Tensor:
+    """Scaled dot-product attention; grouped-query keys/values are repeated per query head
+    (torch's enable_gqa needs torch 2.5, the extra allows 2.2)."""
+    groups = q.shape[1] // k.shape[1]
+    if groups > 1:
+        k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+
+
 def causal_mask(start: int, rows: int, device) -> torch.Tensor:
     """(rows, start + rows) boolean: row i (at position start + i) sees keys 0..start + i."""
     keys = torch.arange(start + rows, device=device)
@@ -165,7 +174,7 @@ class Attention(nn.Module):
         k = apply_rope(k.transpose(1, 2), cos, sin)  # (B, n_kv, T, head_dim)
         if self.cache is not None:
             k, v = self.cache.write(start, k, v)  # (1, n_kv, start + T, head_dim)
-        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=self.n_kv != self.n_head)
+        y = attend(q, k, v, mask)  # (B, n_head, T, head_dim)
         return self.o_proj(y.transpose(1, 2).reshape(B, T, -1))
 
 
