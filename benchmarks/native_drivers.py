@@ -11,14 +11,16 @@ decoded greedily by both on the same GGUF files, the same k and the same thread 
           acceptance is printed beside the speed
   mtp     draft-mtp on the demo target exported as glm4moe with its MTP layer
   dflash  draft-dflash, the demo target + the demo DFlash drafter GGUF
+  eagle3  draft-eagle3, the demo target + the demo EAGLE-3 drafter GGUF
 (the driver refuses --spec-type none, so there is no baseline row).
 
 Speeds are decode-only on both sides: llama.cpp's "decoded N tokens in S seconds" line
 (timed after the prompt is evaluated) and SpecDesk's wall time of a generation whose prompt
-is already in the cache (a one-token warm-up run evaluates it). One JSON line per method:
+is already in the cache (a one-token warm-up run evaluates it); each prompt runs --repeat
+times on each side and the fastest run counts. One JSON line per method:
 {"method", "k", "specdesk_tok_s", "native_tok_s", "ratio", acceptance of both, tokens}.
-Usage: python benchmarks/native_drivers.py [--methods draft,ngram,mtp,dflash] [--k 4]
-       [--max-tokens 64] [--threads 2] [--small] [--prompts N]
+Usage: python benchmarks/native_drivers.py [--methods draft,ngram,mtp,dflash,eagle3] [--k 4]
+       [--max-tokens 64] [--threads 2] [--small] [--prompts N] [--repeat 3]
 """
 
 from __future__ import annotations
@@ -44,7 +46,7 @@ from specdesk.engines.types import GenerationRequest, SpecConfig
 
 TARGET = "llama-speculative-simple"
 NATIVE_TYPES = {"draft": "draft-simple", "ngram": "ngram-simple", "mtp": "draft-mtp",
-                "dflash": "draft-dflash"}
+                "dflash": "draft-dflash", "eagle3": "draft-eagle3"}
 
 
 # --- building llama.cpp's driver ---------------------------------------------------------
@@ -107,8 +109,8 @@ def run_native(binary: Path, method: str, files: dict, prompt: str, k: int, max_
             "--spec-draft-n-max", str(k), "--spec-draft-p-min", "0"]
     if method == "draft":
         args += ["-md", files["draft_gguf"]]
-    if method == "dflash":
-        args += ["-md", files["dflash_gguf"]]
+    if method in ("dflash", "eagle3"):
+        args += ["-md", files[f"{method}_gguf"]]
     if method == "ngram":
         args += ["--spec-ngram-simple-size-n", "3", "--spec-ngram-simple-size-m", str(k)]
     for _ in range(3):  # llama.cpp logs from a worker thread and can exit before the last lines are out
@@ -126,7 +128,7 @@ def run_native(binary: Path, method: str, files: dict, prompt: str, k: int, max_
 
 
 def run_specdesk(engine: LlamaEngine, method: str, files: dict, prompt: str, k: int, max_tokens: int) -> dict:
-    draft_path = {"draft": files["draft_gguf"], "dflash": files["dflash_gguf"]}.get(method)
+    draft_path = {"draft": files["draft_gguf"], "dflash": files["dflash_gguf"], "eagle3": files["eagle3_gguf"]}.get(method)
     spec = SpecConfig(method=method, k=k, draft_path=draft_path)
     tokens = tuple(engine.tokenize(prompt))
     for _ in engine.generate(GenerationRequest(tokens, max_tokens=1, spec=spec), threading.Event()):
@@ -159,12 +161,14 @@ def family_files(small: bool) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--methods", default="draft,ngram,mtp,dflash")
+    parser.add_argument("--methods", default="draft,ngram,mtp,dflash,eagle3")
     parser.add_argument("--k", type=int, default=4)
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--ctx", type=int, default=512)
     parser.add_argument("--prompts", type=int, default=0, help="use the first N prompts (0: all)")
+    parser.add_argument("--repeat", type=int, default=3,
+                        help="runs per prompt and side; the fastest counts (other load on the machine only slows runs)")
     parser.add_argument("--small", action="store_true", help="the small test family instead of the shipped one")
     parser.add_argument("--jobs", type=int, default=2, help="parallel compile jobs for the one-time build")
     args = parser.parse_args()
@@ -183,9 +187,12 @@ def main() -> None:
         engine = engines[target]
         native_runs, specdesk_runs = [], []
         for prompt in prompts:  # interleaved, so load changes on a shared machine hit both alike
-            native_runs.append(run_native(binary, method, files, prompt, args.k, args.max_tokens,
-                                          args.threads, args.ctx))
-            specdesk_runs.append(run_specdesk(engine, method, files, prompt, args.k, args.max_tokens))
+            theirs, ours = [], []
+            for _ in range(args.repeat):
+                theirs.append(run_native(binary, method, files, prompt, args.k, args.max_tokens, args.threads, args.ctx))
+                ours.append(run_specdesk(engine, method, files, prompt, args.k, args.max_tokens))
+            native_runs.append(min(theirs, key=lambda r: r["seconds"]))
+            specdesk_runs.append(min(ours, key=lambda r: r["seconds"]))
         ours, theirs = summarise(specdesk_runs), summarise(native_runs)
         print(json.dumps({
             "method": method, "native_type": NATIVE_TYPES[method], "k": args.k, "prompts": len(prompts),
@@ -193,7 +200,9 @@ def main() -> None:
             "ratio": round(ours["tok_s"] / theirs["tok_s"], 3) if theirs["tok_s"] else None,
             "specdesk_acceptance": round(ours["acceptance"], 3), "native_acceptance": round(theirs["acceptance"], 3),
             "specdesk_tokens": ours["tokens"], "native_tokens": theirs["tokens"], "threads": args.threads,
+            "repeat": args.repeat,
             "family": "small" if args.small else "shipped",
+            "drafter": files.get(f"{method}_source", "trained" if method == "draft" else "-"),
         }), flush=True)
     for engine in engines.values():
         engine.close()

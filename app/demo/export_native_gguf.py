@@ -435,7 +435,8 @@ def build_native(family: Mapping[str, str], out_dir: Optional[Path] = None, seed
     return {"mtp_gguf": str(mtp_path.resolve()), "dflash_gguf": str(dflash_path.resolve()),
             "eagle3_gguf": str(eagle3_path.resolve()),
             "mtp_source": "trained" if _has_mtp(target_hf) else "seeded (the checkpoint has no MTP layer)",
-            "dflash_source": "trained" if not unusable else f"seeded ({unusable})"}
+            "dflash_source": "trained" if not unusable else f"seeded ({unusable})",
+            "eagle3_source": "seeded (the demo family has no trained EAGLE-3 head)"}
 
 
 def _has_mtp(target_hf: Path) -> bool:

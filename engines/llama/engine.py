@@ -156,12 +156,17 @@ class LlamaEngine:
         )
 
     def _route_hidden_states(self, proposer) -> None:
-        """Only an active MTP / DFlash proposer makes the target output its hidden states."""
-        if self._observer is not None:
-            self._observer.detach()
-        self._observer = proposer if getattr(proposer, "needs_hidden_states", False) else None
-        if self._observer is not None:
-            self._observer.attach()
+        """Only an active MTP / DFlash / EAGLE-3 proposer makes the target output its hidden
+        states (switching costs llama.cpp a graph rebuild, so the same drafter stays attached)."""
+        wanted = proposer if getattr(proposer, "needs_hidden_states", False) else None
+        previous = self._observer
+        self._observer = wanted
+        if previous is not None and wanted is not None and previous.drafter is wanted.drafter:
+            return
+        if previous is not None:
+            previous.detach()
+        if wanted is not None:
+            wanted.attach()
 
     # --- generation -------------------------------------------------------
     def generate(self, request: GenerationRequest, cancel: threading.Event) -> Iterator[StepEvent]:
