@@ -18,12 +18,15 @@ import subprocess
 import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Iterable, Optional
+from typing import TYPE_CHECKING, Iterable, Optional
 
 from specdesk.engines.types import SpecDeskError
 
 from .library import ModelEntry, Shape, find_entry, read_model
 from .paths import assets_dir
+
+if TYPE_CHECKING:
+    from specdesk.engines.llama.binding import GgufModel
 
 log = logging.getLogger(__name__)
 
@@ -42,42 +45,12 @@ MAX_K = 8
 
 
 # --- vocabularies as llama.cpp sees them --------------------------------------------
-class VocabView:
-    """A vocab-only llama.cpp load: the `.vocab` and `.token_text` compat.py reads."""
+def vocab_view(path: str | os.PathLike):
+    """A vocabulary-only llama.cpp load (no weights): the `.vocab` and `.token_text` that
+    compat.py reads, as a context manager."""
+    from specdesk.engines.llama.binding import GgufModel
 
-    def __init__(self, path: str | os.PathLike):
-        from specdesk.engines.llama.binding import VOCAB_TYPE_NAMES, VocabInfo, check_gguf_file, llama_lib
-
-        self.path = check_gguf_file(path)
-        lib = llama_lib()
-        self._lib = lib
-        params = lib.llama_model_default_params()
-        params.vocab_only = True
-        self._model = lib.llama_model_load_from_file(str(self.path).encode(), params)
-        if not self._model:
-            raise SpecDeskError(f"{self.path}: llama.cpp cannot read its vocabulary")
-        self._vocab = lib.llama_model_get_vocab(self._model)
-        self.vocab = VocabInfo(
-            vocab_type=VOCAB_TYPE_NAMES.get(lib.llama_vocab_type(self._vocab), "unknown"),
-            n_tokens=lib.llama_vocab_n_tokens(self._vocab),
-            bos=lib.llama_vocab_bos(self._vocab), eos=lib.llama_vocab_eos(self._vocab),
-            add_bos=bool(lib.llama_vocab_get_add_bos(self._vocab)),
-        )
-
-    def token_text(self, token: int) -> str:
-        raw = self._lib.llama_vocab_get_text(self._vocab, token)
-        return raw.decode("utf-8", "replace") if raw else ""
-
-    def close(self) -> None:
-        if getattr(self, "_model", None):
-            self._lib.llama_model_free(self._model)
-            self._model = None
-
-    def __enter__(self) -> "VocabView":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
+    return GgufModel(path, vocab_only=True)
 
 
 # --- memory ----------------------------------------------------------------------------
@@ -266,7 +239,7 @@ def score_draft(target: ModelEntry, draft: ModelEntry) -> DraftVerdict:
     return DraftVerdict(draft.path, draft.name, True, round(speedup, 2), best_k, tuple(notes))
 
 
-def check_draft(target: ModelEntry, draft: ModelEntry, target_vocab: Optional[VocabView] = None) -> DraftVerdict:
+def check_draft(target: ModelEntry, draft: ModelEntry, target_vocab: Optional["GgufModel"] = None) -> DraftVerdict:
     """The engine's verdict on one pair; every refusal names what differs."""
     from specdesk.engines.llama.compat import incompatibilities
 
@@ -279,11 +252,11 @@ def check_draft(target: ModelEntry, draft: ModelEntry, target_vocab: Optional[Vo
         return DraftVerdict(draft.path, draft.name, False, reasons=(
             f"an HF checkpoint: the llama.cpp engine runs GGUF drafts (use a GGUF conversion of it)",))
     try:
-        with VocabView(draft.path) as draft_vocab:
+        with vocab_view(draft.path) as draft_vocab:
             if target_vocab is not None:
                 reasons = incompatibilities(target_vocab, draft_vocab)
             else:
-                with VocabView(target.path) as tv:
+                with vocab_view(target.path) as tv:
                     reasons = incompatibilities(tv, draft_vocab)
     except SpecDeskError as e:
         return DraftVerdict(draft.path, draft.name, False, reasons=(str(e),))
@@ -378,7 +351,7 @@ def pair(target_path: str | os.PathLike, entries: Iterable[ModelEntry], n_ctx: i
     if draft_path and not find_entry(candidates, draft_path):
         candidates.append(read_model(draft_path))
     compatible, incompatible = [], []
-    with VocabView(target.path) as target_vocab:
+    with vocab_view(target.path) as target_vocab:
         for entry in candidates:
             verdict = check_draft(target, entry, target_vocab)
             (compatible if verdict.compatible else incompatible).append(verdict)

@@ -230,6 +230,7 @@ def test_models_pair_json(demo_family, variants, tmp_path, monkeypatch, capsys):
     from specdesk.app.main import main
 
     monkeypatch.setenv("SPECDESK_CONFIG_DIR", str(tmp_path / "config"))
+    monkeypatch.setenv("SPECDESK_CACHE_DIR", str(tmp_path / "cache"))  # not this machine's demo family
     folder = str(Path(variants["bos"]).parent)
     args = ["models", "pair", "--target", demo_family["target_gguf"], "--path", demo_family["draft_gguf"],
             "--path", folder, "--no-apps", "--no-hf-cache", "--ctx", "128"]

@@ -158,6 +158,12 @@ class GgufModel:
         except Exception:
             pass
 
+    def __enter__(self) -> "GgufModel":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
     # --- vocabulary -------------------------------------------------------
     def tokenize(self, text: str, add_bos: bool | None = None, parse_special: bool = False) -> list[int]:
         data = text.encode("utf-8")
