@@ -252,6 +252,7 @@ def cmd_screenshot(args) -> int:
     except ValueError:
         raise SpecDeskError(f"--size {args.size!r} is not WIDTHxHEIGHT (for example 1280x800)") from None
     for path in take_screenshots(Path(args.out), (width, height), dark=args.dark, threads=args.threads or 0,
+                                 demo_size="full" if args.full_demo else "small",
                                  suffix=args.suffix, progress=_progress):
         print(path)
     return 0
@@ -292,6 +293,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dark", action="store_true", help="use a dark palette")
     p.add_argument("--suffix", default="", help="added to the file names, e.g. -dark")
     p.add_argument("--threads", type=int, default=None, help="CPU threads (default: automatic)")
+    p.add_argument("--full-demo", action="store_true",
+                   help="use the full demo family (real code replies) instead of the small test family")
     p.set_defaults(func=cmd_screenshot)
 
     from specdesk.app.models_cli import add_models_parser

@@ -1,4 +1,5 @@
-"""`specdesk screenshot --out DIR`: real runs on the small demo family, saved as PNGs.
+"""`specdesk screenshot --out DIR`: real runs on the small demo family (or, with
+`--full-demo`, the full one), saved as PNGs.
 
 Offscreen (no display needed): opens the main window, chats once with the draft model
 (sampled, so the tiny model writes something code-like), grabs the Chat tab; runs a greedy
@@ -41,7 +42,8 @@ def _wait(app, signal, accept: Callable[..., bool], timeout_s: float) -> tuple:
 
 
 def take_screenshots(out: Path, size: tuple[int, int] = (1280, 800), dark: bool = False, threads: int = 0,
-                     suffix: str = "", progress: Optional[Callable[[str], None]] = None) -> list[Path]:
+                     suffix: str = "", progress: Optional[Callable[[str], None]] = None,
+                     demo_size: str = "small") -> list[Path]:
     os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
     from specdesk.app.history import History
     from specdesk.app.settings import DEMO, Settings
@@ -54,7 +56,7 @@ def take_screenshots(out: Path, size: tuple[int, int] = (1280, 800), dark: bool 
     out.mkdir(parents=True, exist_ok=True)
     app = make_app([], dark=dark)
     scratch = Path(tempfile.mkdtemp(prefix="specdesk-screenshot-"))
-    settings = Settings(target_path=DEMO, draft_path=DEMO, demo_size="small", method="draft", k=4,
+    settings = Settings(target_path=DEMO, draft_path=DEMO, demo_size=demo_size, method="draft", k=4,
                         temperature=0.7, seed=1, max_tokens=160, threads=threads, n_ctx=1024,
                         compare_prompt=COMPARE_PROMPT)
     quit_on_close = app.quitOnLastWindowClosed()
