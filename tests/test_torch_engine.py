@@ -26,11 +26,11 @@ from specdesk.engines.types import GenerationRequest, SamplingParams, SpecConfig
 PROMPTS = load_prompts(assets_dir() / "prompts" / "code.jsonl")
 # benchmarks/device_cuda.sh runs these tests on a GPU; float32 keeps greedy ties rare there too.
 DEVICE = os.environ.get("SPECDESK_TORCH_TEST_DEVICE", "cpu")
-METHODS = ("ngram", "ngram-pool", "draft", "mtp", "dflash")
+METHODS = ("ngram", "ngram-pool", "draft", "mtp", "dflash", "eagle3")
 
 
 def spec_for(method: str, k: int, family: dict) -> SpecConfig:
-    path = {"draft": family["draft_hf"], "dflash": family["dflash_hf"]}.get(method)
+    path = {"draft": family["draft_hf"], "dflash": family["dflash_hf"], "eagle3": family.get("eagle3_hf")}.get(method)
     return SpecConfig(method=method, k=k, draft_path=path)
 
 
@@ -39,6 +39,15 @@ def generate_tokens(engine, prompt_tokens, spec: SpecConfig, sampling: SamplingP
     request = GenerationRequest(tuple(prompt_tokens), max_tokens=max_tokens, sampling=sampling, spec=spec,
                                 stop_at_eos=stop_at_eos)
     return [t for event in engine.generate(request, threading.Event()) for t in event.tokens]
+
+
+@pytest.fixture(scope="module")
+def family(demo_family, tmp_path_factory) -> dict:
+    """The small family plus a random-weight EAGLE-3 drafter (no demo EAGLE-3 is trained)."""
+    from torch_helpers import make_eagle3_checkpoint
+
+    eagle3 = make_eagle3_checkpoint(demo_family["target_hf"], tmp_path_factory.mktemp("eagle3") / "eagle3-hf")
+    return {**demo_family, "eagle3_hf": str(eagle3)}
 
 
 @pytest.fixture(scope="module")
@@ -119,8 +128,8 @@ def test_tokenizer_and_template_match_llama_cpp(demo_family):
 
 @pytest.mark.parametrize("method", METHODS)
 @pytest.mark.parametrize("k", [1, 4])
-def test_greedy_speculative_equals_baseline(engine, demo_family, method, k):
-    spec = spec_for(method, k, demo_family)
+def test_greedy_speculative_equals_baseline(engine, family, method, k):
+    spec = spec_for(method, k, family)
     drafted = 0
     for prompt in PROMPTS[:12]:
         tokens = engine.tokenize(prompt)
@@ -131,10 +140,10 @@ def test_greedy_speculative_equals_baseline(engine, demo_family, method, k):
     assert drafted > 0, "the method never drafted, so the test proved nothing"
 
 
-def test_events_follow_the_contract(engine, demo_family):
-    for method in ("mtp", "dflash"):
+def test_events_follow_the_contract(engine, family):
+    for method in ("mtp", "dflash", "eagle3"):
         request = GenerationRequest(tuple(engine.tokenize(PROMPTS[0])), max_tokens=30,
-                                    spec=spec_for(method, 4, demo_family))
+                                    spec=spec_for(method, 4, family))
         events = list(engine.generate(request, threading.Event()))
         assert sum(len(e.tokens) for e in events) == 30
         for event in events:
@@ -213,13 +222,13 @@ def plain_counts(engine):
     return prompt, _token_counts(engine, prompt, SpecConfig(), SAMPLING, RUNS, POSITIONS)[0]
 
 
-@pytest.mark.parametrize("method", ["draft", "mtp", "dflash"])
-def test_sampling_distribution_matches_plain_sampling(engine, demo_family, plain_counts, method):
+@pytest.mark.parametrize("method", ["draft", "mtp", "dflash", "eagle3"])
+def test_sampling_distribution_matches_plain_sampling(engine, family, plain_counts, method):
     """At T=0.8, top-p 0.95 the tokens at positions 0 and 2 follow plain sampling, with the
     draft's q (draft model, MTP, DFlash) in the acceptance ratio. 4000 runs per arm; the power
     check: the same test rejects the speculative sample with 6% of it moved to one token."""
     prompt, plain = plain_counts
-    speculative, accepted = _token_counts(engine, prompt, spec_for(method, 3, demo_family), SAMPLING, RUNS,
+    speculative, accepted = _token_counts(engine, prompt, spec_for(method, 3, family), SAMPLING, RUNS,
                                           POSITIONS)
     assert accepted >= 50, f"only {accepted} draft tokens accepted: the test would not exercise acceptance"
     for position in POSITIONS:
@@ -250,21 +259,22 @@ def test_prompt_longer_than_context_is_refused(demo_family):
         list(engine.generate(request, threading.Event()))
 
 
-@pytest.mark.parametrize("method", ["ngram", "mtp", "dflash"])
-def test_generation_stops_at_context_end(demo_family, method):
+@pytest.mark.parametrize("method", ["ngram", "mtp", "dflash", "eagle3"])
+def test_generation_stops_at_context_end(demo_family, family, method):
     engine = TorchEngine(demo_family["target_hf"], n_ctx=64, device=DEVICE, dtype="float32")
     prompt = engine.tokenize(PROMPTS[0])
-    request = GenerationRequest(tuple(prompt), max_tokens=500, spec=spec_for(method, 8, demo_family),
+    request = GenerationRequest(tuple(prompt), max_tokens=500, spec=spec_for(method, 8, family),
                                 stop_at_eos=False)
     events = list(engine.generate(request, threading.Event()))
     assert len(prompt) + sum(len(e.tokens) for e in events) == 64
     assert events[-1].finish_reason == "context"
 
 
-def test_supported_methods_say_why_not(demo_family):
+def test_supported_methods_say_why_not(demo_family, family):
+    assert supported_methods(demo_family["target_hf"], eagle3_folder=family["eagle3_hf"])["eagle3"] is None
     target = supported_methods(demo_family["target_hf"], demo_family["dflash_hf"])
     assert all(target[m] is None for m in ("none", "ngram", "ngram-pool", "draft", "mtp", "dflash"))
-    assert "EAGLE-3" in target["eagle3"]
+    assert "EAGLE-3 drafter folder" in target["eagle3"]
     plain = supported_methods(demo_family["draft_hf"])
     assert "no MTP layers" in plain["mtp"] and "num_nextn_predict_layers" in plain["mtp"]
     assert "DFlash drafter folder" in plain["dflash"]

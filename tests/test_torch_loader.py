@@ -297,3 +297,35 @@ def test_dflash_drafter_errors_name_the_problem(demo_family, target, tmp_path):
                                   model, 64)
     with pytest.raises(SpecDeskError, match="not \\['DFlashDraftModel'\\]: this is not a DFlash drafter"):
         DFlashDrafter.from_folder(target, model, 64)
+
+
+def test_eagle3_drafter_errors_name_the_problem(target, tmp_path):
+    from specdesk.engines.torch.eagle3 import Eagle3Head
+
+    from torch_helpers import make_eagle3_checkpoint
+
+    model = TorchModel(target, "cpu", torch.float32)
+    good = make_eagle3_checkpoint(target, tmp_path / "eagle3")
+    head = Eagle3Head.from_folder(good, model, 64)
+    assert head.taps == (0, 1, 1) and int(head.d2t_ids.max()) < model.config.vocab_size
+    hidden_rows = head.rows_from(TorchContext(model, 64).decode(TOKENS, taps=head.taps), len(TOKENS) - 1)
+    _, logits = head.step(hidden_rows, TOKENS[1:], 0)
+    assert torch.isinf(logits).sum() == model.config.vocab_size - 512  # only draft-vocabulary tokens
+    with pytest.raises(SpecDeskError, match="tensor d2t is missing \\(needed for a draft vocabulary of 512"):
+        Eagle3Head.from_folder(write_checkpoint(good, tmp_path / "no-d2t",
+                                                edit=lambda t: {k: v for k, v in t.items() if k != "d2t"}), model, 64)
+
+    def bad_fc(t):
+        t["fc.weight"] = t["fc.weight"][:, :-3]
+        return t
+
+    with pytest.raises(SpecDeskError, match="tensor fc.weight has shape"):
+        Eagle3Head.from_folder(write_checkpoint(good, tmp_path / "fc", edit=bad_fc), model, 64)
+    with pytest.raises(SpecDeskError, match="tensor midlayer.hidden_norm.weight is missing"):
+        Eagle3Head.from_folder(write_checkpoint(good, tmp_path / "no-norm", edit=lambda t: {
+            k: v for k, v in t.items() if k != "midlayer.hidden_norm.weight"}), model, 64)
+    defaults = make_eagle3_checkpoint(target, tmp_path / "default-layers", aux_layers=[])
+    with pytest.raises(SpecDeskError, match="auxiliary layers \\[2, -1\\] do not exist in a target of 2 layers"):
+        Eagle3Head.from_folder(defaults, model, 64)
+    with pytest.raises(SpecDeskError, match="not \\['LlamaForCausalLMEagle3'\\]"):
+        Eagle3Head.from_folder(target, model, 64)

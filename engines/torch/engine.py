@@ -3,7 +3,7 @@
 The same loop as the llama engine: propose up to k tokens -> one target pass over
 [last, d1..dk] -> accept a prefix (verify.py semantics) -> commit accepted + one target
 token -> drop the rejected tail by position. Proposers that read the target's hidden states
-(MTP, DFlash) name the taps they need and get each pass's committed rows through
+(MTP, DFlash, EAGLE-3) name the taps they need and get each pass's committed rows through
 `observe(output, rows, following_tokens)`.
 """
 
@@ -22,12 +22,12 @@ from ..text import IncrementalDetokenizer
 from ..types import Draft, GenerationRequest, SpecConfig, SpecDeskError, StepEvent
 from .device import choose_device, choose_dtype, device_name, require_torch
 
-SUPPORTED_METHODS = ("none", "ngram", "ngram-pool", "draft", "mtp", "dflash")
+SUPPORTED_METHODS = ("none", "ngram", "ngram-pool", "draft", "mtp", "dflash", "eagle3")
 MAX_DEFAULT_CONTEXT = 4096
 
 
-def supported_methods(folder: str | os.PathLike, dflash_folder: Optional[str | os.PathLike] = None
-                      ) -> dict[str, Optional[str]]:
+def supported_methods(folder: str | os.PathLike, dflash_folder: Optional[str | os.PathLike] = None,
+                      eagle3_folder: Optional[str | os.PathLike] = None) -> dict[str, Optional[str]]:
     """For an HF target folder: method -> None when it can run, else the reason it cannot.
 
     Reads config.json and the tensor index only (no weights), so a UI can ask cheaply.
@@ -36,8 +36,9 @@ def supported_methods(folder: str | os.PathLike, dflash_folder: Optional[str | o
     try:
         require_torch()
     except SpecDeskError as e:
-        return {m: str(e) for m in (*SUPPORTED_METHODS, "eagle3")}
+        return {m: str(e) for m in SUPPORTED_METHODS}
     from .dflash import dflash_problem
+    from .eagle3 import eagle3_problem
     from .loader import open_checkpoint
     from .mtp import mtp_problem
 
@@ -49,7 +50,8 @@ def supported_methods(folder: str | os.PathLike, dflash_folder: Optional[str | o
     reasons["mtp"] = mtp_problem(checkpoint)
     reasons["dflash"] = ("pick a DFlash drafter folder (z-lab DFlashDraftModel) for this target"
                          if dflash_folder is None else dflash_problem(dflash_folder, checkpoint))
-    reasons["eagle3"] = "EAGLE-3 is not implemented in the PyTorch engine yet"
+    reasons["eagle3"] = ("pick an EAGLE-3 drafter folder (LlamaForCausalLMEagle3) for this target"
+                         if eagle3_folder is None else eagle3_problem(eagle3_folder, checkpoint))
     return reasons
 
 
@@ -110,6 +112,14 @@ class TorchEngine:
             self._native[key] = DFlashDrafter.from_folder(path, self.target, self.n_ctx)
         return self._native[key]
 
+    def load_eagle3(self, path: str | os.PathLike):
+        from .eagle3 import Eagle3Head
+
+        key = "eagle3:" + os.path.abspath(path)
+        if key not in self._native:
+            self._native[key] = Eagle3Head.from_folder(path, self.target, self.n_ctx)
+        return self._native[key]
+
     def tokenize(self, text: str, add_bos: bool = True) -> list[int]:
         return self.target.tokenize(text, add_bos=add_bos and self.target.vocab.add_bos)
 
@@ -149,6 +159,12 @@ class TorchEngine:
             if not spec.draft_path:
                 raise SpecDeskError("method 'dflash' needs a DFlash drafter folder: pass --draft DIR")
             return DFlashProposer(self.load_dflash(spec.draft_path), request.sampling, rng)
+        if spec.method == "eagle3":
+            from .eagle3 import Eagle3Proposer
+
+            if not spec.draft_path:
+                raise SpecDeskError("method 'eagle3' needs an EAGLE-3 drafter folder: pass --draft DIR")
+            return Eagle3Proposer(self.load_eagle3(spec.draft_path), request.sampling, rng)
         raise SpecDeskError(f"method {spec.method!r} is not available in the PyTorch engine: "
                             f"use one of {', '.join(SUPPORTED_METHODS)}")
 

@@ -113,6 +113,8 @@ class MtpLayer(DecoderLayer):
 class MtpHead:
     """The target's MTP layer 0 with its KV cache; chains use it for every step."""
 
+    taps: tuple[int, ...] = ()  # reads the target's final-normed hidden state, no inner layers
+
     def __init__(self, layer: MtpLayer, target, n_ctx: int):
         self.layer = layer
         self.target = target
@@ -141,6 +143,10 @@ class MtpHead:
         load_module(layer, checkpoint, prefix=prefix, dtype=target.dtype, device=target.device)
         return cls(layer.eval(), target, n_ctx)
 
+    def rows_from(self, output, rows: int) -> torch.Tensor:
+        """The h_prev rows of a target pass: its final-normed hidden states."""
+        return output.hidden[:rows]
+
     @torch.inference_mode()
     def step(self, hidden: torch.Tensor, tokens: Sequence[int], start: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Rows (hidden (T, d), next tokens (T,)) at positions start.. -> (outputs (T, d), logits of the last row)."""
@@ -154,10 +160,14 @@ class MtpHead:
 
 
 class MtpProposer:
-    """Drafts k tokens from the target's MTP layer, chained on its own hidden state."""
+    """Drafts k tokens from the target's MTP layer, chained on its own hidden state.
+
+    Any head with `taps`, `rows_from`, `step`, `layer.feedback` and `n_ctx` drafts the
+    same way (EAGLE-3's is one)."""
 
     def __init__(self, head: MtpHead, sampling: SamplingParams, rng: np.random.Generator):
         self.head = head
+        self.taps = head.taps
         self.sampling = sampling
         self.rng = rng
         self.counters = ProposerCounters()
@@ -168,7 +178,7 @@ class MtpProposer:
 
     def observe(self, output, rows: int, following: Sequence[int], start: int) -> None:
         """The target's committed rows of one pass: hidden states and the tokens after them."""
-        hidden = output.hidden[:rows]
+        hidden = self.head.rows_from(output, rows)
         if self._pending is not None:  # not drafted in between (k was 0): keep all rows
             old_hidden, old_tokens, old_start = self._pending
             hidden = torch.cat([old_hidden, hidden])
