@@ -39,13 +39,12 @@ def check_drafter(path: str | os.PathLike, target: GgufModel) -> dict:
     arch = meta.get("general.architecture")
     if arch != "dflash":
         raise SpecDeskError(f"{p}: not a DFlash drafter (its architecture is {arch!r}, a DFlash drafter's is 'dflash')")
-    target_meta = gguf_metadata(target.path)
-    target_arch = target_meta.get("general.architecture")
+    target_arch = target.meta("general.architecture")
     if target_arch not in LAYER_INPUT_ARCHS:
         raise SpecDeskError(f"{target.path}: llama.cpp cannot hand out layer inputs of a {target_arch!r} model, "
                             f"so DFlash cannot run on it (it can on {', '.join(LAYER_INPUT_ARCHS)})")
-    n_layer = int(target_meta.get(f"{target_arch}.block_count", 0)) - int(
-        target_meta.get(f"{target_arch}.nextn_predict_layers", 0) or 0)
+    n_layer = int(target.meta(f"{target_arch}.block_count") or 0) - int(
+        target.meta(f"{target_arch}.nextn_predict_layers") or 0)
     layers = [int(i) for i in (meta.get("dflash.target_layers") or [])]
     if not layers:
         raise SpecDeskError(f"{p}: no dflash.target_layers, so it does not say which target layers it reads")

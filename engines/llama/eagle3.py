@@ -34,12 +34,12 @@ def check_drafter(path: str | os.PathLike, target: GgufModel) -> dict:
     arch = meta.get("general.architecture")
     if arch != "eagle3":
         raise SpecDeskError(f"{p}: not an EAGLE-3 drafter (its architecture is {arch!r}, an EAGLE-3 drafter's is 'eagle3')")
-    target_meta = gguf_metadata(target.path)
-    target_arch = target_meta.get("general.architecture")
+    target_arch = target.meta("general.architecture")
     if target_arch not in LAYER_INPUT_ARCHS:
         raise SpecDeskError(f"{target.path}: llama.cpp cannot hand out layer inputs of a {target_arch!r} model, "
                             f"so EAGLE-3 cannot run on it (it can on {', '.join(LAYER_INPUT_ARCHS)})")
-    n_layer = int(target_meta.get(f"{target_arch}.block_count", 0))
+    n_layer = int(target.meta(f"{target_arch}.block_count") or 0) - int(
+        target.meta(f"{target_arch}.nextn_predict_layers") or 0)
     layers = [int(i) for i in (meta.get("eagle3.target_layers") or [])]
     if len(layers) != 3 or not all(0 <= i < n_layer for i in layers):
         raise SpecDeskError(f"{p}: reads target layers {layers} but {target.path.name} has {n_layer} layers "

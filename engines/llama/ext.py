@@ -104,14 +104,14 @@ def available_methods() -> dict[str, list[str]]:
 
 
 def gguf_metadata(path) -> dict:
-    """Scalar and array metadata of a GGUF file, read without loading tensors."""
+    """Metadata (without the vocabulary) and tensor shapes of a GGUF file, read without
+    loading tensors, so a drafter can be refused before llama.cpp loads it."""
     from gguf import GGUFReader
 
     reader = GGUFReader(str(path))
     out = {}
     for name, field in reader.fields.items():
-        if name.startswith("GGUF.") or name.startswith("tokenizer.ggml.tokens") or name.startswith(
-                "tokenizer.ggml.merges") or name.startswith("tokenizer.ggml.token_type"):
+        if name.startswith(("GGUF.", "tokenizer.")):  # the vocabulary is large and read by llama.cpp anyway
             continue
         try:
             out[name] = field.contents()
