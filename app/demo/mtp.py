@@ -31,6 +31,7 @@ class MtpTraining:
     peak_lr: float = 2e-3
     warmup_steps: int = 30
     seed: int = 777
+    chained_weight: float = 0.5  # loss weight of the second, chained step (0: train the first step only)
 
 
 def engine_config(core: ModelConfig):
@@ -57,13 +58,44 @@ def _init_layer(layer, seed: int, n_layers: int) -> None:
                 param.copy_(torch.randn(param.shape, generator=generator) * std)
 
 
+def _chained_step(layer, out1, embedded_next, cos, sin):
+    """Second-step rows exactly as inference runs them: row i sits at position i + 1, reads
+    feedback(out1_i) and the embedding of x_{i+2}, and attends to the first-step rows at
+    positions 0..i (the committed rows in the cache) and to itself."""
+    import torch
+    import torch.nn.functional as F
+
+    from specdesk.engines.torch.model import apply_rope
+
+    attn = layer.self_attn
+    B, T, _ = embedded_next.shape
+    heads, head_dim = attn.n_head, attn.head_dim
+
+    def project(x, c, s_):
+        n = layer.input_layernorm(x)
+        q = apply_rope(attn.q_proj(n).view(B, -1, heads, head_dim).transpose(1, 2), c, s_)
+        k = apply_rope(attn.k_proj(n).view(B, -1, attn.n_kv, head_dim).transpose(1, 2), c, s_)
+        v = attn.v_proj(n).view(B, -1, attn.n_kv, head_dim).transpose(1, 2)
+        return q, k, v
+
+    x2 = layer.fuse(layer.feedback(out1["out"][:, :T]), embedded_next)  # (B, T, d)
+    q2, k2, v2 = project(x2, cos[1:T + 1], sin[1:T + 1])
+    keys = torch.cat([out1["k"][:, :, :T], k2], dim=2)  # (B, heads, 2T, head_dim)
+    values = torch.cat([out1["v"][:, :, :T], v2], dim=2)
+    rows = torch.arange(T)
+    mask = torch.cat([rows[None, :] <= rows[:, None], torch.eye(T, dtype=torch.bool)], dim=1)  # (T, 2T)
+    y = F.scaled_dot_product_attention(q2, keys, values, attn_mask=mask)
+    h = x2 + attn.o_proj(y.transpose(1, 2).reshape(B, T, -1))
+    return h + layer.mlp(layer.post_attention_layernorm(h))
+
+
 def train_mtp(core_model, core: ModelConfig, settings: MtpTraining, train_tokens: np.ndarray,
               held_out_tokens: np.ndarray, log=print) -> tuple[dict[str, np.ndarray], dict]:
     """Train one MiMo-style MTP layer against the frozen core; returns (tensors by checkpoint name, info)."""
     import torch
     import torch.nn.functional as F
 
-    from specdesk.engines.torch.model import causal_mask, rope_tables
+    from specdesk.engines.torch.model import apply_rope, causal_mask, rope_tables
     from specdesk.engines.torch.mtp import MtpLayer
 
     from .train import learning_rate, sample_batch, TrainConfig
@@ -89,36 +121,52 @@ def train_mtp(core_model, core: ModelConfig, settings: MtpTraining, train_tokens
             teacher = F.log_softmax(core_model.lm_head(hidden).float(), dim=-1)  # (B, T, V)
             embedded = core_model.model.embed_tokens(tokens)
         T = tokens.shape[1] - 1
-        out = layer.run(hidden[:, :T], embedded[:, 1:], cos[:T], sin[:T], 0, mask[:T, :T])  # row t -> x_{t+2}
+        x1 = layer.fuse(hidden[:, :T], embedded[:, 1:])
+        out = layer(x1, cos[:T], sin[:T], 0, mask[:T, :T])  # row t -> x_{t+2}
         logits = core_model.lm_head(layer.final_layernorm(out)).float()
         student = F.log_softmax(logits, dim=-1)
         target = teacher[:, 1:]  # the core's distribution for x_{t+2}
         kl = F.kl_div(student.reshape(-1, student.shape[-1]), target.reshape(-1, target.shape[-1]),
                       log_target=True, reduction="batchmean")
         agree = (student.argmax(-1) == target.argmax(-1)).float().mean()
-        return kl, agree
+        agree2 = torch.zeros(())
+        if settings.chained_weight > 0:
+            attn, n = layer.self_attn, layer.input_layernorm(x1)
+            k1 = apply_rope(attn.k_proj(n).view(*n.shape[:2], attn.n_kv, attn.head_dim).transpose(1, 2),
+                            cos[:T], sin[:T])
+            v1 = attn.v_proj(n).view(*n.shape[:2], attn.n_kv, attn.head_dim).transpose(1, 2)
+            out2 = _chained_step(layer, {"out": out, "k": k1, "v": v1}, embedded[:, 2:], cos, sin)  # row t -> x_{t+3}
+            student2 = F.log_softmax(core_model.lm_head(layer.final_layernorm(out2)).float(), dim=-1)
+            target2 = teacher[:, 2:]
+            kl2 = F.kl_div(student2.reshape(-1, student2.shape[-1]), target2.reshape(-1, target2.shape[-1]),
+                           log_target=True, reduction="batchmean")
+            kl = kl + settings.chained_weight * kl2
+            agree2 = (student2.argmax(-1) == target2.argmax(-1)).float().mean()
+        return kl, agree, agree2
 
     for step in range(settings.steps):
         for group in optimizer.param_groups:
             group["lr"] = learning_rate(step, schedule)
         tokens = sample_batch(train_tokens, settings.batch_size, settings.seq_len - 1, rng)  # (B, seq_len)
         with torch.autocast("cpu", dtype=torch.bfloat16):
-            loss, agree = batch_loss(tokens)
+            loss, agree, agree2 = batch_loss(tokens)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(layer.parameters(), 1.0)
         optimizer.step()
         if (step + 1) % 25 == 0 or step + 1 == settings.steps:
             log({"event": "step", "label": "mtp", "step": step + 1, "kl": round(loss.item(), 4),
-                 "top1_agreement": round(agree.item(), 4),
+                 "top1_agreement": round(agree.item(), 4), "step2_top1_agreement": round(agree2.item(), 4),
                  "s_per_step": round((time.time() - started) / (step + 1), 3)})
     with torch.no_grad():
         eval_rng = np.random.default_rng(0)
         agreements = []
         for _ in range(8):
             tokens = sample_batch(held_out_tokens, settings.batch_size, settings.seq_len - 1, eval_rng)
-            agreements.append(batch_loss(tokens)[1].item())
-    info = {"steps": settings.steps, "style": "mimo", "held_out_top1_agreement": round(float(np.mean(agreements)), 4),
+            agreements.append([a.item() for a in batch_loss(tokens)[1:]])
+    first, second = np.mean(agreements, axis=0)
+    info = {"steps": settings.steps, "style": "mimo", "held_out_top1_agreement": round(float(first), 4),
+            "held_out_step2_top1_agreement": round(float(second), 4), "chained_weight": settings.chained_weight,
             "train_seconds": round(time.time() - started, 1)}
     state = {PREFIX + name: t.detach().float().numpy() for name, t in layer.state_dict().items()}
     return state, info
