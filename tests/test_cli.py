@@ -117,4 +117,4 @@ def test_bad_input_exit_status_from_a_real_process(demo_family, tmp_path):
                              str(tmp_path / "missing.gguf"), "--method", "ngram"],
                             capture_output=True, text=True, timeout=60)
     assert result.returncode == 2
-    assert result.stderr.strip().splitlines() == [f"specdesk: error: {tmp_path / 'missing.gguf'}: no such file"]
+    assert result.stderr.strip().splitlines() == [f"specdesk: error: {tmp_path / 'missing.gguf'}: no such file (check the path, or choose another model)"]

@@ -54,13 +54,14 @@ def check_gguf_file(path: str | os.PathLike) -> Path:
     """Reject a missing, empty or non-GGUF file before llama.cpp sees it."""
     p = Path(path)
     if not p.exists():
-        raise SpecDeskError(f"{p}: no such file")
+        raise SpecDeskError(f"{p}: no such file (check the path, or choose another model)")
     if p.is_dir():
-        raise SpecDeskError(f"{p}: is a folder, not a GGUF file")
+        raise SpecDeskError(f"{p}: is a folder, not a GGUF file (choose the .gguf file inside it)")
     with open(p, "rb") as f:
         magic = f.read(4)
     if magic != GGUF_MAGIC:
-        raise SpecDeskError(f"{p}: not a GGUF file (it starts with {magic!r}, a GGUF file starts with b'GGUF')")
+        raise SpecDeskError(f"{p}: not a GGUF file (it starts with {magic!r}, a GGUF file starts with b'GGUF'); "
+                           "choose a .gguf model file")
     return p
 
 
@@ -220,6 +221,13 @@ class GgufModel:
         return buf.value.decode("utf-8", "replace") if n >= 0 else None
 
 
+DECODE_ERRORS = {  # llama_decode's documented return codes
+    1: "no room left in the context for this batch: use a larger context (--ctx) or a shorter prompt",
+    2: "decoding was aborted",
+    -1: "llama.cpp refused the batch (a token id outside the vocabulary?)",
+}
+
+
 class GgufContext:
     """One inference context (its own KV cache) over a GgufModel, for sequence 0.
 
@@ -299,7 +307,7 @@ class GgufContext:
             batch.logits[i] = want_logits[i]
         status = self._lib.llama_decode(self._ctx, batch)
         if status != 0:
-            raise SpecDeskError(f"{self.model.path}: llama_decode failed with status {status}")
+            raise SpecDeskError(f"{self.model.path}: {DECODE_ERRORS.get(status, f'llama_decode failed with status {status} (out of memory or a backend error): try a smaller context or model')}")
         self.n_past += n
         self.cached.extend(tokens)
         if self.on_decode is not None:
