@@ -33,9 +33,12 @@ PY
 
 # The small family trains in about a minute on a GPU machine's CPU cores; cached under .pytest_cache.
 export SPECDESK_TORCH_TEST_DEVICE=cuda
+set +e
 timeout 270 python3 -m pytest -q \
     tests/test_torch_verify.py tests/test_torch_engine.py tests/test_torch_loader.py \
     tests/test_torch_demo_drafters.py 2>&1 | tee "$out/pytest.log"
+tests_status=${PIPESTATUS[0]}
+set -e
 
 # The demo family (derived from assets/demo in seconds), bf16 and float32 on the GPU.
 export SPECDESK_CACHE_DIR=/tmp/specdesk-cache
@@ -43,3 +46,4 @@ for dtype in bfloat16 float32; do
     timeout 90 python3 benchmarks/torch_engine.py --device cuda --dtype "$dtype" --k 4 --prompts 6 \
         --max-tokens 128 | tee "$out/bench-$dtype.jsonl"
 done
+exit "$tests_status"
