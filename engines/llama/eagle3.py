@@ -78,6 +78,7 @@ class Eagle3Drafter:
         self.g_hist = np.zeros((target_ctx.n_ctx + 1, self.n_embd), dtype=np.float32)  # g_P by position
         self.tokens: list[int] = []  # the target's tokens by position, as observed
         self.n_rows = 0  # decoder rows 0..n_rows-1 are in the drafter's cache
+        self.boundary: tuple[int, int] | None = None  # (P + 1, token): row P was written by draft() with that token
         self.last_batch = (0, 0)
 
     # --- hooks the engine calls -------------------------------------------------------------
@@ -99,17 +100,21 @@ class Eagle3Drafter:
         self.rollback(n)
         return n
 
-    def rollback(self, n_keep: int) -> None:
-        """Keep the first n_keep target positions; row P needs x_{P+1}, so rows < n_keep - 1 stay."""
+    def rollback(self, n_keep: int, next_token: int | None = None) -> None:
+        """Keep the first n_keep target positions; row P needs x_{P+1}, so rows < n_keep - 1
+        stay, and row n_keep - 1 too when draft() wrote it with the token that does follow."""
         del self.tokens[n_keep:]
         rows_keep = max(0, n_keep - 1)
+        if self.boundary is not None and self.boundary == (n_keep, next_token):
+            rows_keep = n_keep
+        self.boundary = None
         if self.n_rows > rows_keep:
             self.context.remove_from(rows_keep)
             self.n_rows = rows_keep
 
     def observe(self, tokens: Sequence[int], pos0: int) -> None:
         n = len(tokens)
-        self.rollback(pos0)
+        self.rollback(pos0, int(tokens[0]))
         if len(self.tokens) != pos0:
             raise SpecDeskError(f"EAGLE-3 context out of step: it holds {len(self.tokens)} positions, the target batch starts at {pos0}")
         features = np.concatenate(
@@ -153,8 +158,9 @@ class Eagle3Drafter:
             out.append(token)
             prenorm = rows(self.ext.llama_get_embeddings_nextn_ith(self.context.handle, 0), 1, self.n_embd)[0].copy()
             entry = Entry(pos=pos0 + i, token=token, embd=prenorm, output=True)
-        self.context.remove_from(pos0 - 1)  # the newest row is rewritten from the target's batch
-        self.n_rows = min(self.n_rows, pos0 - 1)
+        self.context.remove_from(pos0)  # the draft rows; row pos0 - 1 holds the committed last token
+        self.n_rows = pos0
+        self.boundary = (pos0, int(context[-1]))
         return out
 
     def set_threads(self, n_threads: int) -> None:
