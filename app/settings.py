@@ -18,13 +18,15 @@ from typing import Optional
 from .paths import config_dir
 
 DEMO = "demo"  # target_path / draft_path value meaning "the embedded demo family's model"
+DEMO_HF = "demo-hf"  # target_path: the demo target as a Hugging Face folder (PyTorch engine)
+DEMO_DFLASH = "demo-dflash"  # draft_path: the demo target's DFlash drafter (PyTorch engine)
 SETTINGS_FILE = "settings.json"
 
 
 @dataclass
 class Settings:
-    target_path: str = DEMO  # DEMO, or a GGUF file
-    draft_path: Optional[str] = DEMO  # DEMO, a GGUF file, or None (no draft model)
+    target_path: str = DEMO  # DEMO, DEMO_HF, a GGUF file or a Hugging Face model folder
+    draft_path: Optional[str] = DEMO  # DEMO, DEMO_DFLASH, a GGUF file, a folder, or None (no draft model)
     demo_size: str = "full"  # "full" (shipped) or "small" (trained here in ~30 s)
     method: str = "draft"
     k: int = 4

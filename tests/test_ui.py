@@ -303,6 +303,25 @@ def test_draft_picker_lists_only_compatible_drafts_and_says_why(qtbot, open_wind
     assert "other-eos.gguf: EOS id" in why and "bigger-vocab.gguf: vocab size" in why
 
 
+def test_a_hugging_face_target_runs_on_the_pytorch_engine_with_its_native_drafters(qtbot, open_window, demo_family):
+    pytest.importorskip("torch")
+    window = open_window(target_path=demo_family["target_hf"], draft_path=demo_family["draft_hf"], method="mtp", k=3)
+    assert window.info.engine == "torch" and window.info.n_params > 0
+    combo = window.controls.method_combo
+    model = combo.model()
+    enabled = {combo.itemData(i): model.item(i).isEnabled() for i in range(combo.count())}
+    assert enabled["mtp"] and enabled["draft"] and enabled["ngram"] and not enabled["dflash"]
+    assert "DFlash drafter" in model.item(combo.findData("dflash")).toolTip()
+    result = send(qtbot, window, "def parse_args(argv):")
+    assert result.stats.tokens > 0 and result.stats.drafted > 0
+    if "dflash_hf" in demo_family:  # the DFlash drafter chosen as the draft switches to its method
+        with wait_for(qtbot, window, "load"):
+            window.controls.set_model("draft", demo_family["dflash_hf"])
+        assert window.controls.method() == "dflash"
+        result = send(qtbot, window, "def main():")
+        assert result.stats.tokens > 0 and result.stats.drafted > 0
+
+
 def test_compare_tab_verdict_and_sweep(qtbot, open_window):
     window = open_window(max_tokens=48)
     view = window.compare_view

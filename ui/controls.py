@@ -10,10 +10,13 @@ from PySide6.QtWidgets import (QComboBox, QDoubleSpinBox, QFileDialog, QFormLayo
                                QListWidget, QListWidgetItem, QPushButton, QScrollArea, QSpinBox, QVBoxLayout,
                                QWidget)
 
-from specdesk.app.settings import DEMO, Settings
+from specdesk.app.settings import DEMO, DEMO_DFLASH, DEMO_HF, Settings
 from specdesk.engines.types import MAX_DRAFT_TOKENS, METHODS, SamplingParams, SpecConfig, SpecDeskError
 
 BROWSE = "\0browse"  # combo item data of "Open GGUF file…"
+BROWSE_FOLDER = "\0folder"  # combo item data of "Open model folder…" (Hugging Face safetensors)
+TARGETS = [("Demo target (built in)", DEMO), ("Demo target, PyTorch (built in)", DEMO_HF)]
+DRAFTS = [("No draft model", None), ("Demo draft (built in)", DEMO), ("Demo DFlash drafter (built in)", DEMO_DFLASH)]
 HIDDEN = "\0hidden"  # combo item data of the "N incompatible hidden" line
 
 METHOD_LABELS = {
@@ -149,8 +152,8 @@ class ControlsPanel(QScrollArea):
 
     # --- settings <-> widgets ---------------------------------------------------------
     def apply_settings(self, s: Settings) -> None:
-        self._fill_models(self.target_combo, [("Demo target (built in)", DEMO)], s.recent_targets, s.target_path)
-        self._fill_models(self.draft_combo, [("No draft model", None), ("Demo draft (built in)", DEMO)],
+        self._fill_models(self.target_combo, TARGETS, s.recent_targets, s.target_path)
+        self._fill_models(self.draft_combo, DRAFTS,
                           s.recent_drafts, s.draft_path)
         self._select_method(s.method)
         self.k_spin.setValue(min(max(s.k, 1), MAX_DRAFT_TOKENS))
@@ -190,6 +193,9 @@ class ControlsPanel(QScrollArea):
         if combo is self.draft_combo:
             self._hide_incompatible(current)
         combo.addItem("Open GGUF file…", BROWSE)
+        combo.addItem("Open model folder…", BROWSE_FOLDER)
+        combo.setItemData(combo.count() - 1, "A Hugging Face model folder (config.json + safetensors), run by "
+                          "the PyTorch engine", Qt.ToolTipRole)
         combo.setCurrentIndex([combo.itemData(i) for i in range(combo.count())].index(current))
         combo.blockSignals(False)
         self._previous[combo.objectName()] = combo.currentIndex()
@@ -222,13 +228,17 @@ class ControlsPanel(QScrollArea):
 
     def set_draft_verdicts(self, verdicts: dict) -> None:
         self._draft_verdicts = {choice: tuple(reasons) for choice, reasons in verdicts.items() if reasons}
-        self._fill_models(self.draft_combo, [("No draft model", None), ("Demo draft (built in)", DEMO)],
+        self._fill_models(self.draft_combo, DRAFTS,
                           self._settings.recent_drafts, self.draft_combo.currentData())
 
     def _model_picked(self, combo: QComboBox, role: str) -> None:
         key = combo.objectName()
-        if combo.currentData() == BROWSE:
-            path, _ = QFileDialog.getOpenFileName(self, f"Choose a {role} model", "", "GGUF models (*.gguf);;All files (*)")
+        if combo.currentData() in (BROWSE, BROWSE_FOLDER):
+            if combo.currentData() == BROWSE:
+                path, _ = QFileDialog.getOpenFileName(self, f"Choose a {role} model", "",
+                                                      "GGUF models (*.gguf);;All files (*)")
+            else:
+                path = QFileDialog.getExistingDirectory(self, f"Choose a {role} model folder")
             if not path:
                 combo.setCurrentIndex(self._previous.get(key, 0))
                 return
@@ -236,7 +246,7 @@ class ControlsPanel(QScrollArea):
             return
         self._previous[key] = combo.currentIndex()
         if role == "draft" and combo.currentData() is not None and self.method() != "draft":
-            self._select_method("draft")
+            self._select_method("dflash" if combo.currentData() == DEMO_DFLASH else "draft")
         self._maybe_reload()
 
     def set_model(self, role: str, path: Optional[str]) -> None:
@@ -250,9 +260,9 @@ class ControlsPanel(QScrollArea):
             if path not in (DEMO, None):
                 self._settings.remember_draft(path)
             self._settings.draft_path = path
-        self._fill_models(self.target_combo, [("Demo target (built in)", DEMO)], self._settings.recent_targets,
+        self._fill_models(self.target_combo, TARGETS, self._settings.recent_targets,
                           self._settings.target_path)
-        self._fill_models(self.draft_combo, [("No draft model", None), ("Demo draft (built in)", DEMO)],
+        self._fill_models(self.draft_combo, DRAFTS,
                           self._settings.recent_drafts, self._settings.draft_path)
         if role == "draft" and path is not None:
             self._select_method("draft")
@@ -261,8 +271,8 @@ class ControlsPanel(QScrollArea):
     def show_models(self, target: str, draft: Optional[str]) -> None:
         """Show this target and draft as selected, without asking for a reload."""
         self._settings.target_path, self._settings.draft_path = target, draft
-        self._fill_models(self.target_combo, [("Demo target (built in)", DEMO)], self._settings.recent_targets, target)
-        self._fill_models(self.draft_combo, [("No draft model", None), ("Demo draft (built in)", DEMO)],
+        self._fill_models(self.target_combo, TARGETS, self._settings.recent_targets, target)
+        self._fill_models(self.draft_combo, DRAFTS,
                           self._settings.recent_drafts, draft)
         self.mark_loaded()
 
@@ -292,8 +302,9 @@ class ControlsPanel(QScrollArea):
         return method in self._supported
 
     def set_supported_methods(self, supported: tuple[str, ...], engine_name: str,
-                              reasons: Optional[dict[str, str]] = None) -> None:
-        """Disable methods the loaded engine or target cannot run, with a tooltip saying why."""
+                              reasons: Optional[dict[str, str]] = None, fallback: str = "none") -> None:
+        """Disable methods the loaded engine or target cannot run, with a tooltip saying why;
+        if the chosen one is among them, switch to `fallback` (when it can run) or none."""
         reasons = reasons or {}
         self._supported, self._engine_name = tuple(supported), engine_name
         model = self.method_combo.model()
@@ -308,7 +319,7 @@ class ControlsPanel(QScrollArea):
                 reason = reasons.get(method) or UNSUPPORTED_REASON.get(method, "not implemented for this engine")
                 item.setToolTip(f"Not available for this target on {engine_name}: {reason}.")
         if self.method() not in supported:
-            self._select_method("none")
+            self._select_method(fallback if fallback in supported else "none")
         self._update_enabled()
 
     def _update_enabled(self) -> None:
@@ -322,7 +333,8 @@ class ControlsPanel(QScrollArea):
         if method == "draft" and not draft_path:
             raise SpecDeskError("the draft method needs a draft model: pick one under Models > Draft "
                                 "(or choose ngram, which needs no model)")
-        return SpecConfig(method=method, k=self.k_spin.value(), draft_path=draft_path if method == "draft" else None)
+        uses_file = method in ("draft", "dflash", "eagle3")  # a draft model or a drafter made for the target
+        return SpecConfig(method=method, k=self.k_spin.value(), draft_path=draft_path if uses_file else None)
 
     def sampling(self) -> SamplingParams:
         return SamplingParams(temperature=self.temperature_spin.value(), top_p=self.top_p_spin.value(),

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Callable, Optional, Sequence
 
 from specdesk.app.compare import CompareReport, RunResult, compare, run_once, warm_up
-from specdesk.app.settings import DEMO
+from specdesk.app.settings import DEMO, DEMO_DFLASH, DEMO_HF
 from specdesk.engines.text import IncrementalDetokenizer
 from specdesk.engines.types import GenerationRequest, RunStats, SamplingParams, SpecConfig, SpecDeskError, StepEvent
 
@@ -122,16 +122,79 @@ class EventBatcher:
 
 
 # --- load ----------------------------------------------------------------------
+def is_hf_target(target: str) -> bool:
+    """A Hugging Face folder runs on the PyTorch engine; a GGUF file on llama.cpp."""
+    return target == DEMO_HF or os.path.isdir(target)
+
+
 def resolve_demo(target: str, draft: Optional[str], demo_size: str,
                  progress: Callable[[str], None]) -> tuple[str, Optional[str]]:
-    """Replace the DEMO placeholder by the demo family's files (building them if needed)."""
-    if target != DEMO and draft != DEMO:
+    """Replace the demo placeholders by the demo family's files (building them if needed):
+    for a PyTorch target the demo draft is its HF folder, and DEMO_DFLASH its DFlash drafter."""
+    demo_values = (DEMO, DEMO_HF, DEMO_DFLASH)
+    if target not in demo_values and draft not in demo_values:
         return target, draft
     from specdesk.app.demo.install import build_family
 
     family = build_family(small=demo_size == "small", progress=progress)
-    return (family["target_gguf"] if target == DEMO else target,
-            family["draft_gguf"] if draft == DEMO else draft)
+    hf = is_hf_target(target)
+    targets = {DEMO: family["target_gguf"], DEMO_HF: family["target_hf"]}
+    drafts = {DEMO: family["draft_hf"] if hf else family["draft_gguf"], DEMO_DFLASH: family.get("dflash_hf")}
+    if draft == DEMO_DFLASH and not hf:
+        raise SpecDeskError("the demo DFlash drafter runs on the PyTorch engine: choose the demo target "
+                            "(PyTorch) or a Hugging Face model folder as the target")
+    if draft == DEMO_DFLASH and not drafts[DEMO_DFLASH]:
+        raise SpecDeskError("this demo family has no DFlash drafter: rebuild it with `specdesk demo build`")
+    return targets.get(target, target), drafts.get(draft, draft)
+
+
+def open_engine(target: str, n_ctx: int, threads: int, progress: Callable[[float], None]):
+    if os.path.isdir(target):
+        from specdesk.engines.torch.engine import TorchEngine
+
+        return TorchEngine(target, n_ctx=n_ctx, n_threads=threads)
+    from specdesk.engines.llama.engine import LlamaEngine
+
+    return LlamaEngine(target, n_ctx=n_ctx, n_threads=threads, progress=progress)
+
+
+def drafter_kind(path: str) -> str:
+    """"dflash" or "eagle3" for a model-native drafter (a folder or GGUF), else "draft"."""
+    if os.path.isdir(path):
+        try:
+            import json
+
+            config = json.loads((Path(path) / "config.json").read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return "draft"
+        architectures = config.get("architectures") or []
+        if "DFlashDraftModel" in architectures:
+            return "dflash"
+        if any("Eagle3" in a for a in architectures):
+            return "eagle3"
+        return "draft"
+    try:
+        from gguf import GGUFReader
+
+        arch = GGUFReader(path).fields["general.architecture"].contents()
+    except Exception:  # not readable here: the engine's own load gives the clear error
+        return "draft"
+    return arch if arch in ("dflash", "eagle3") else "draft"
+
+
+def load_drafter(engine, path: str, progress: Callable[[float], None]) -> str:
+    """Load a draft model or a native drafter for the engine; returns its kind."""
+    kind = drafter_kind(path)
+    if kind == "draft":
+        if engine.name == "torch":
+            engine.load_draft(path)
+        else:
+            engine.load_draft(path, progress=progress)
+    elif engine.name == "torch":
+        getattr(engine, f"load_{kind}")(path)
+    else:
+        engine.load_native(kind, path)
+    return kind
 
 
 def same_file(a, b) -> bool:
@@ -158,13 +221,33 @@ def draft_verdicts(engine, choices, resolve: Callable[[str], str]) -> tuple[tupl
     return tuple(verdicts)
 
 
-def describe_engine(engine, draft_path: Optional[str], verdicts=()) -> ModelInfo:
+def engine_threads(engine) -> int:
+    if engine.name == "torch":
+        import torch
+
+        return torch.get_num_threads()
+    return engine.n_threads
+
+
+def describe_engine(engine, draft_path: Optional[str], verdicts=(), draft_kind: str = "draft") -> ModelInfo:
     model = engine.target
-    availability = engine.method_availability()
+    if engine.name == "torch":
+        from specdesk.engines.torch.engine import supported_methods
+
+        native = {draft_kind: draft_path} if draft_path and draft_kind != "draft" else {}
+        availability = supported_methods(model.path, dflash_folder=native.get("dflash"),
+                                         eagle3_folder=native.get("eagle3"))
+        n_params = sum(p.numel() for p in model.network.parameters())
+        size = sum(f.stat().st_size for f in Path(model.path).glob("*.safetensors"))
+    else:
+        availability = engine.method_availability()
+        n_params, size = model.n_params, model.size_bytes
+    if draft_path and draft_kind != "draft":
+        availability["draft"] = f"the loaded draft is a {draft_kind} drafter: choose a draft model for this method"
     supported = tuple(m for m, why in availability.items() if why is None)
     unavailable = tuple((m, why) for m, why in availability.items() if why is not None)
-    return ModelInfo(str(model.path), draft_path, engine.name, supported, engine.n_ctx, engine.n_threads,
-                     int(model.n_params), int(model.size_bytes), model.chat_template() is not None, unavailable,
+    return ModelInfo(str(model.path), draft_path, engine.name, supported, engine.n_ctx, engine_threads(engine),
+                     int(n_params), int(size), model.chat_template() is not None, unavailable,
                      tuple(verdicts))
 
 

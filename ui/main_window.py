@@ -16,7 +16,7 @@ from PySide6.QtCore import QCoreApplication, Qt, QTimer
 from PySide6.QtWidgets import QLabel, QMainWindow, QProgressBar, QSplitter, QTabWidget
 
 from specdesk.app.history import History
-from specdesk.app.settings import DEMO, Settings, load_settings, save_settings
+from specdesk.app.settings import DEMO, DEMO_HF, Settings, load_settings, save_settings
 from specdesk.engines.types import SpecConfig, SpecDeskError
 
 from .chat_view import ChatMessage, ChatView
@@ -158,7 +158,8 @@ class MainWindow(QMainWindow):
         s = self.settings
         self.controls.store_settings(s)
         self.controls.mark_loaded()
-        self._on_progress(f"loading {'the demo target' if s.target_path == DEMO else file_label(s.target_path)}…")
+        demo = s.target_path in (DEMO, DEMO_HF)
+        self._on_progress(f"loading {'the demo target' if demo else file_label(s.target_path)}…")
         self._requested_choice = (s.target_path, s.draft_path)
         self._load_job = self.worker.load(s.target_path, s.draft_path, s.demo_size, s.n_ctx, s.threads,
                                           drafts=self.controls.draft_choices())
@@ -167,7 +168,9 @@ class MainWindow(QMainWindow):
 
     def _on_loaded(self, info: ModelInfo) -> None:
         self.info = info
-        self.controls.set_supported_methods(info.supported_methods, info.engine, dict(info.unavailable))
+        native = next((m for m in ("dflash", "eagle3") if info.draft_path and m in info.supported_methods), "draft")
+        self.controls.set_supported_methods(info.supported_methods, info.engine, dict(info.unavailable),
+                                            fallback=native if info.draft_path else "none")
         self.controls.set_draft_verdicts(dict(info.draft_verdicts))
         self.setWindowTitle(f"SpecDesk — {file_label(info.target_path)}")
         self._show_model_status()

@@ -12,6 +12,7 @@ steps, so a stopped generation ends after the step in progress.
 from __future__ import annotations
 
 import itertools
+import os
 import logging
 import threading
 import traceback
@@ -76,6 +77,7 @@ class _Runner(QObject):
         super().__init__()
         self.engine = None
         self.draft_path: Optional[str] = None
+        self.draft_kind = "draft"  # or "dflash" / "eagle3": a model-native drafter
         self._n_ctx: Optional[int] = None
         self._kept_target = False
 
@@ -106,7 +108,7 @@ class _Runner(QObject):
         return self.engine
 
     def _load(self, job: _Job):
-        from specdesk.engines.llama.engine import LlamaEngine, default_threads
+        from specdesk.engines.llama.engine import default_threads
 
         a = job.args
         target, draft = jobs.resolve_demo(a["target"], a["draft"], a["demo_size"], self.progress.emit)
@@ -116,33 +118,36 @@ class _Runner(QObject):
         if engine is None or not jobs.same_file(engine.target.path, target) or a["n_ctx"] != self._n_ctx:
             self._kept_target = False
             self.progress.emit(f"loading {jobs.file_label(target)}")
-            new_engine = LlamaEngine(target, n_ctx=a["n_ctx"], n_threads=threads, progress=self._fraction_reporter())
+            new_engine = jobs.open_engine(target, a["n_ctx"], threads, self._fraction_reporter())
             self._close_engine()  # only once the new one loaded: a bad file keeps the old model
             self.engine, self._n_ctx, engine = new_engine, a["n_ctx"], new_engine
-        elif engine.n_threads != threads:
+        elif jobs.engine_threads(engine) != threads:
             engine.set_threads(threads)
         # A refused draft leaves the previous one in use if this engine still has it loaded.
-        previous = self.draft_path if self.engine is engine and self._kept_target else None
-        self.draft_path = None
+        previous = (self.draft_path, self.draft_kind) if self.engine is engine and self._kept_target else (None, "draft")
+        self.draft_path, self.draft_kind = None, "draft"
         draft_error = None
         if draft:
             self.progress.emit(f"loading draft {jobs.file_label(draft)}")
             try:
-                engine.load_draft(draft, progress=self._fraction_reporter())
+                self.draft_kind = jobs.load_drafter(engine, draft, self._fraction_reporter())
                 self.draft_path = draft
             except SpecDeskError as e:
                 draft_error = str(e)
-                self.draft_path = previous
+                self.draft_path, self.draft_kind = previous
+
         def resolve(choice: str) -> str:
             if choice != DEMO:
                 return choice
             return jobs.resolve_demo(DEMO, DEMO, a["demo_size"], self.progress.emit)[1]
 
         # The demo draft is checked only when the demo family is in use (so, built): a check
-        # must never start a build.
+        # must never start a build. Vocabulary checks read GGUF files, for GGUF targets.
         demo_in_use = DEMO in (a["target"], a["draft"])
-        choices = [c for c in a.get("drafts", ()) if c and (c != DEMO or demo_in_use)]
-        info = jobs.describe_engine(engine, self.draft_path, jobs.draft_verdicts(engine, choices, resolve))
+        choices = [c for c in a.get("drafts", ()) if c and (c != DEMO or demo_in_use)
+                   and engine.name != "torch" and not os.path.isdir(c)]
+        info = jobs.describe_engine(engine, self.draft_path, jobs.draft_verdicts(engine, choices, resolve),
+                                    self.draft_kind)
         self.loaded.emit(JobResult(job.job_id, "load", info))
         if draft_error is not None:
             raise _DraftRefused(draft_error)
