@@ -64,7 +64,7 @@ FULL = FamilySpec(
     wide_hidden_size=768,
     wide_heads=12,
     wide_intermediate_size=2064,
-    mtp_training=MtpTraining(steps=1000, chained_weight=0.0),
+    mtp_training=MtpTraining(steps=1000),
     dflash=DFlashSpec(num_layers=2, num_heads=4, head_dim=64, intermediate_size=688, block_size=8,
                       target_layer_ids=(1, 4, 7), mask_token_id=0),
     dflash_training=DFlashTraining(steps=1500, blocks_per_sequence=24, peak_lr=3e-3),
