@@ -4,10 +4,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import threading
-import time
 from pathlib import Path
 from typing import Optional
 
@@ -151,10 +149,10 @@ def cmd_compare(args) -> int:
         else:
             tokenize = engine.tokenize
         live = sys.stderr.isatty() and args.json != "-"
-        on_event = None
-        if live:
-            def on_event(label, index, event):
-                print(f"\r{label:12} prompt {index + 1}/{len(prompts)}", end="", file=sys.stderr, flush=True)
+
+        def show_progress(label, index, event):
+            print(f"\r{label:12} prompt {index + 1}/{len(prompts)}", end="", file=sys.stderr, flush=True)
+        on_event = show_progress if live else None
         report = compare(engine, prompts, spec, sampling, args.max_tokens, tokenize, on_event=on_event)
         if live:
             print("\r" + " " * 40 + "\r", end="", file=sys.stderr)

@@ -16,7 +16,7 @@ import os
 import re
 import subprocess
 import sys
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Iterable, Optional
 
@@ -250,7 +250,7 @@ def check_draft(target: ModelEntry, draft: ModelEntry, target_vocab: Optional["G
             f"a {draft.drafter} drafter checkpoint, not a draft model: see the native drafters",))
     if draft.format != "gguf":
         return DraftVerdict(draft.path, draft.name, False, reasons=(
-            f"an HF checkpoint: the llama.cpp engine runs GGUF drafts (use a GGUF conversion of it)",))
+            "an HF checkpoint: the llama.cpp engine runs GGUF drafts (use a GGUF conversion of it)",))
     try:
         with vocab_view(draft.path) as draft_vocab:
             if target_vocab is not None:

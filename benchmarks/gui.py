@@ -147,7 +147,6 @@ def main() -> int:
                   "gui_thread_cpu_share": round(gui_cpu[0] / gui_cpu[1], 4)}
     print(json.dumps({"throughput": throughput}), flush=True)
     cli_engine.close()
-    del cli_engine
 
     # Memory: the app with the full demo pair loaded, then generate-and-stop cycles.
     rss_loaded = rss_warm = rss_bytes()

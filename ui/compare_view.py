@@ -326,7 +326,7 @@ class CompareView(QWidget):
                                                 f"{spec.mean_accepted_length:.2f} tok/pass")
         speedup = report.speedup
         pace = f"{speedup:.2f}× faster" if speedup >= 1 else f"{speedup:.2f}× (slower than baseline)"
-        good, bad = theme.secondary(self.palette()).name(), theme.divergence_tint(self.palette()).name()
+        good = theme.secondary(self.palette()).name()
         stopped = "cancelled" in (result.baseline.finish_reason, result.speculative.finish_reason)
         if stopped:
             verdict = "stopped early: outputs not compared"

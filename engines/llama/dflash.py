@@ -16,15 +16,14 @@ verification stays exact at any temperature.
 from __future__ import annotations
 
 import os
-import time
 from typing import Sequence
 
 import numpy as np
 
-from ..types import Draft, SpecDeskError
+from ..types import SpecDeskError
 from .binding import GgufContext, GgufModel, check_gguf_file
 from .compat import describe, incompatibilities
-from .ext import Entry, NativeContext, ext, gguf_metadata, rows
+from .ext import Entry, HiddenStateProposer, NativeContext, ext, gguf_metadata, rows
 from .mtp import top1_prob
 
 # Target architectures whose llama.cpp graph records layer inputs (res->t_layer_inp); on
@@ -165,42 +164,5 @@ class DFlashDrafter:
         self.model.close()
 
 
-class DFlashProposer:
-    """The proposer interface (begin / propose / accept) over a DFlashDrafter."""
-
-    needs_hidden_states = True
-
-    def __init__(self, drafter: DFlashDrafter, p_min: float = 0.0):
-        self.drafter = drafter
-        self.p_min = p_min
-        self.proposals = self.drafted = self.accepted = 0
-        self.seconds = 0.0
-
-    def attach(self) -> None:
-        self.drafter.attach()
-
-    def detach(self) -> None:
-        self.drafter.detach()
-
-    def valid_prefix(self, tokens: Sequence[int]) -> int:
-        return self.drafter.valid_prefix(tokens)
-
-    def begin(self, prompt: Sequence[int]) -> None:
-        pass
-
-    def propose(self, context: Sequence[int], k: int) -> Draft:
-        started = time.perf_counter()
-        tokens = self.drafter.draft(context, k, self.p_min)
-        self.proposals += 1
-        self.drafted += len(tokens)
-        self.seconds += time.perf_counter() - started
-        return Draft(tuple(tokens))
-
-    def accept(self, n_accepted: int, committed: Sequence[int]) -> None:
-        self.accepted += n_accepted
-        pos0, _ = self.drafter.last_batch  # the verification batch [last, d1..dk]
-        self.drafter.rollback(pos0 + 1 + n_accepted)
-
-    def stats(self) -> dict:
-        return {"proposals": self.proposals, "drafted": self.drafted, "accepted": self.accepted,
-                "seconds": round(self.seconds, 4)}
+class DFlashProposer(HiddenStateProposer):
+    """The proposer interface over a DFlashDrafter."""

@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import ctypes
 import threading
+import time
 from dataclasses import dataclass
 from typing import Optional, Sequence
 
 import numpy as np
 
-from ..types import SpecDeskError
+from ..types import Draft, SpecDeskError
 from .binding import GgufModel, llama_lib
 
 _c_ctx = ctypes.c_void_p
@@ -227,3 +228,50 @@ def rows(pointer, n_rows: int, n_embd: int) -> np.ndarray:
     if not pointer:
         raise SpecDeskError("llama.cpp returned no hidden states for this batch")
     return np.ctypeslib.as_array(pointer, shape=(n_rows, n_embd))
+
+
+class HiddenStateProposer:
+    """The proposer interface (begin / propose / accept) over a drafter that reads the
+    target's hidden states (MTP, DFlash, EAGLE-3): the engine attaches it to the target's
+    passes, and after verification the drafter keeps the rows of the committed tokens."""
+
+    needs_hidden_states = True
+
+    def __init__(self, drafter, p_min: float = 0.0):
+        self.drafter = drafter
+        self.p_min = p_min
+        self.proposals = self.drafted = self.accepted = 0
+        self.seconds = 0.0
+
+    def attach(self) -> None:
+        self.drafter.attach()
+
+    def detach(self) -> None:
+        self.drafter.detach()
+
+    def valid_prefix(self, tokens: Sequence[int]) -> int:
+        return self.drafter.valid_prefix(tokens)
+
+    def begin(self, prompt: Sequence[int]) -> None:
+        pass
+
+    def propose(self, context: Sequence[int], k: int) -> Draft:
+        started = time.perf_counter()
+        tokens = self.drafter.draft(context, k, self.p_min)
+        self.proposals += 1
+        self.drafted += len(tokens)
+        self.seconds += time.perf_counter() - started
+        return Draft(tuple(tokens))
+
+    def accept(self, n_accepted: int, committed: Sequence[int]) -> None:
+        self.accepted += n_accepted
+        pos0, _ = self.drafter.last_batch  # the verification batch [last, d1..dk]
+        self.keep(pos0 + 1 + n_accepted)
+
+    def keep(self, n_keep: int) -> None:
+        """The drafter keeps the first n_keep positions (those the target committed)."""
+        self.drafter.rollback(n_keep)
+
+    def stats(self) -> dict:
+        return {"proposals": self.proposals, "drafted": self.drafted, "accepted": self.accepted,
+                "seconds": round(self.seconds, 4)}

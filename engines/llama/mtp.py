@@ -13,14 +13,13 @@ and verification stays exact at any temperature.
 
 from __future__ import annotations
 
-import time
 from typing import Sequence
 
 import numpy as np
 
-from ..types import Draft, SpecDeskError
+from ..types import SpecDeskError
 from .binding import GgufContext, GgufModel
-from .ext import Entry, NativeContext, ext, gguf_metadata, rows
+from .ext import Entry, HiddenStateProposer, NativeContext, ext, gguf_metadata, rows
 
 LLAMA_CONTEXT_TYPE_MTP = 1
 
@@ -136,42 +135,8 @@ class MtpDrafter:
         self.context.close()
 
 
-class MtpProposer:
-    """The proposer interface (begin / propose / accept) over an MtpDrafter."""
+class MtpProposer(HiddenStateProposer):
+    """The proposer interface over an MtpDrafter (which catches up on its own after verification)."""
 
-    needs_hidden_states = True
-
-    def __init__(self, drafter: MtpDrafter, p_min: float = 0.0):
-        self.drafter = drafter
-        self.p_min = p_min
-        self.proposals = self.drafted = self.accepted = 0
-        self.seconds = 0.0
-
-    def attach(self) -> None:
-        self.drafter.attach()
-
-    def detach(self) -> None:
-        self.drafter.detach()
-
-    def valid_prefix(self, tokens: Sequence[int]) -> int:
-        return self.drafter.valid_prefix(tokens)
-
-    def begin(self, prompt: Sequence[int]) -> None:
-        pass
-
-    def propose(self, context: Sequence[int], k: int) -> Draft:
-        started = time.perf_counter()
-        tokens = self.drafter.draft(context, k, self.p_min)
-        self.proposals += 1
-        self.drafted += len(tokens)
-        self.seconds += time.perf_counter() - started
-        return Draft(tuple(tokens))
-
-    def accept(self, n_accepted: int, committed: Sequence[int]) -> None:
-        self.accepted += n_accepted
-        pos0, _ = self.drafter.last_batch
-        self.drafter.accept(pos0 + 1 + n_accepted)
-
-    def stats(self) -> dict:
-        return {"proposals": self.proposals, "drafted": self.drafted, "accepted": self.accepted,
-                "seconds": round(self.seconds, 4)}
+    def keep(self, n_keep: int) -> None:
+        self.drafter.accept(n_keep)
