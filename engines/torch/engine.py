@@ -17,6 +17,7 @@ from typing import Iterator, Optional
 
 import numpy as np
 
+from ..spec.loop import check_prompt, commit, step_budget, step_event
 from ..spec.ngram import NgramPoolProposer, PromptLookupProposer
 from ..text import IncrementalDetokenizer
 from ..types import Draft, GenerationRequest, SpecConfig, SpecDeskError, StepEvent
@@ -173,12 +174,7 @@ class TorchEngine:
         from .verify import verify_on_device
 
         prompt = list(request.prompt_tokens)
-        if len(prompt) >= self.n_ctx:
-            raise SpecDeskError(f"the prompt is {len(prompt)} tokens but the context holds {self.n_ctx}: "
-                                "shorten it or raise the context size")
-        for token in prompt:
-            if not (0 <= token < self.target.n_vocab):
-                raise SpecDeskError(f"prompt token id {token} is outside the vocabulary of {self.target.n_vocab}")
+        check_prompt(prompt, self.n_ctx, self.target.n_vocab)
         rng = np.random.default_rng(request.sampling.seed)
         proposer = self._proposer(request.spec, request, rng)
         self.last_proposer = proposer
@@ -203,7 +199,7 @@ class TorchEngine:
             room = self.n_ctx - len(context)
             if room <= 0:
                 return
-            k = max(0, min(max_k, remaining - 1, room - 1))
+            k = step_budget(max_k, remaining, room)
             started = time.perf_counter()
             draft = proposer.propose(context, k) if (proposer is not None and k > 0) else Draft(())
             drafted = time.perf_counter()
@@ -212,22 +208,11 @@ class TorchEngine:
             result = verify_on_device(draft.tokens, draft.probs, out.logits, request.sampling, rng)
             accepted = result.accepted
             ctx.rollback(n_past + 1 + accepted)
-            committed = [*draft.tokens[:accepted], result.next_token]
-            if observes:
-                proposer.observe(out, accepted + 1, committed, n_past)
+            committed, from_draft, finish_reason = commit(draft.tokens, accepted, result.next_token, remaining, room,
+                                                          self.target.is_eog, request.stop_at_eos)
+            if observes:  # the rows of every token the target accepted, before any cut at eos or length
+                proposer.observe(out, accepted + 1, [*draft.tokens[:accepted], result.next_token], n_past)
             verified = time.perf_counter()
-            from_draft = [True] * accepted + [False]
-            finish_reason = None
-            for i, token in enumerate(committed):
-                if self.target.is_eog(token) and request.stop_at_eos:
-                    committed, from_draft, finish_reason = committed[:i + 1], from_draft[:i + 1], "eos"
-                    break
-            if len(committed) >= remaining:
-                committed, from_draft = committed[:remaining], from_draft[:remaining]
-                finish_reason = finish_reason or "length"
-            if len(committed) >= room:
-                committed, from_draft = committed[:room], from_draft[:room]
-                finish_reason = finish_reason or "context"
             if proposer is not None:
                 proposer.accept(accepted, committed)
             context.extend(committed)
@@ -235,17 +220,7 @@ class TorchEngine:
             text = detok.push(committed)
             if finish_reason is not None:
                 text += detok.flush()
-            yield StepEvent(
-                tokens=tuple(committed),
-                text=text,
-                drafted=len(draft.tokens),
-                accepted=accepted,
-                position_accepted=tuple(i < accepted for i in range(len(draft.tokens))),
-                from_draft=tuple(from_draft),
-                draft_s=drafted - started,
-                verify_s=verified - drafted,
-                finished=finish_reason is not None,
-                finish_reason=finish_reason,
-            )
+            yield step_event(len(draft.tokens), accepted, committed, from_draft, text, drafted - started,
+                             verified - drafted, finish_reason)
             if finish_reason is not None:
                 return
