@@ -221,6 +221,17 @@ class GgufModel:
         return buf.value.decode("utf-8", "replace") if n >= 0 else None
 
 
+def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    """Length of the longest common prefix of two token sequences."""
+    limit = min(len(a), len(b))
+    if list(a[:limit]) == list(b[:limit]):  # the usual case, compared at C speed
+        return limit
+    n = 0
+    while a[n] == b[n]:
+        n += 1
+    return n
+
+
 DECODE_ERRORS = {  # llama_decode's documented return codes
     1: "no room left in the context for this batch: use a larger context (--ctx) or a shorter prompt",
     2: "decoding was aborted",
@@ -320,9 +331,6 @@ class GgufContext:
 
     def sync_prefix(self, tokens: Sequence[int]) -> int:
         """Keep the longest cached prefix of `tokens` and drop the rest; returns its length."""
-        common = 0
-        limit = min(len(self.cached), len(tokens))
-        while common < limit and self.cached[common] == tokens[common]:
-            common += 1
+        common = common_prefix(self.cached, tokens)
         self.rollback(common)
         return common

@@ -21,9 +21,9 @@ from typing import Sequence
 import numpy as np
 
 from ..types import SpecDeskError
-from .binding import GgufContext, GgufModel, check_gguf_file
+from .binding import GgufContext, GgufModel, check_gguf_file, common_prefix
 from .compat import describe, incompatibilities
-from .ext import Entry, HiddenStateProposer, NativeContext, ext, gguf_metadata, rows
+from .ext import Entry, HiddenStateProposer, LayerInputHooks, NativeContext, ext, gguf_metadata, rows
 from .mtp import top1_prob
 
 # Target architectures whose llama.cpp graph records layer inputs (res->t_layer_inp); on
@@ -61,7 +61,7 @@ def check_drafter(path: str | os.PathLike, target: GgufModel) -> dict:
     return meta
 
 
-class DFlashDrafter:
+class DFlashDrafter(LayerInputHooks):
     """A DFlash / DSpark drafter context over one target context; lives as long as the engine."""
 
     def __init__(self, path: str | os.PathLike, target: GgufModel, target_ctx: GgufContext, n_threads: int):
@@ -99,21 +99,8 @@ class DFlashDrafter:
         self.last_batch = (0, 0)  # (first position, length) of the last observed target batch
 
     # --- hooks the engine calls -------------------------------------------------------------
-    def attach(self) -> None:
-        for lid in self.layer_ids:
-            self.ext.llama_set_embeddings_layer_inp(self.target_ctx._ctx, lid, True)
-        self.target_ctx.on_decode = self.observe
-
-    def detach(self) -> None:
-        for lid in self.layer_ids:
-            self.ext.llama_set_embeddings_layer_inp(self.target_ctx._ctx, lid, False)
-        self.target_ctx.on_decode = None
-
     def valid_prefix(self, tokens: Sequence[int]) -> int:
-        n = 0
-        limit = min(len(self.cached), len(tokens))
-        while n < limit and self.cached[n] == tokens[n]:
-            n += 1
+        n = common_prefix(self.cached, tokens)
         self.rollback(n)
         return n
 

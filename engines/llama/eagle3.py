@@ -19,10 +19,10 @@ from typing import Sequence
 import numpy as np
 
 from ..types import SpecDeskError
-from .binding import GgufContext, GgufModel, check_gguf_file
+from .binding import GgufContext, GgufModel, check_gguf_file, common_prefix
 from .compat import describe, incompatibilities
 from .dflash import LAYER_INPUT_ARCHS
-from .ext import Entry, HiddenStateProposer, NativeContext, ext, gguf_metadata, rows
+from .ext import Entry, HiddenStateProposer, LayerInputHooks, NativeContext, ext, gguf_metadata, rows
 from .mtp import top1_prob
 
 
@@ -50,7 +50,7 @@ def check_drafter(path: str | os.PathLike, target: GgufModel) -> dict:
     return meta
 
 
-class Eagle3Drafter:
+class Eagle3Drafter(LayerInputHooks):
     """An EAGLE-3 drafter context over one target context; lives as long as the engine."""
 
     def __init__(self, path: str | os.PathLike, target: GgufModel, target_ctx: GgufContext, n_threads: int):
@@ -81,21 +81,8 @@ class Eagle3Drafter:
         self.last_batch = (0, 0)
 
     # --- hooks the engine calls -------------------------------------------------------------
-    def attach(self) -> None:
-        for lid in self.layer_ids:
-            self.ext.llama_set_embeddings_layer_inp(self.target_ctx._ctx, lid, True)
-        self.target_ctx.on_decode = self.observe
-
-    def detach(self) -> None:
-        for lid in self.layer_ids:
-            self.ext.llama_set_embeddings_layer_inp(self.target_ctx._ctx, lid, False)
-        self.target_ctx.on_decode = None
-
     def valid_prefix(self, tokens: Sequence[int]) -> int:
-        n = 0
-        limit = min(len(self.tokens), len(tokens))
-        while n < limit and self.tokens[n] == tokens[n]:
-            n += 1
+        n = common_prefix(self.tokens, tokens)
         self.rollback(n)
         return n
 

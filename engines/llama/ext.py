@@ -230,6 +230,21 @@ def rows(pointer, n_rows: int, n_embd: int) -> np.ndarray:
     return np.ctypeslib.as_array(pointer, shape=(n_rows, n_embd))
 
 
+class LayerInputHooks:
+    """attach / detach for drafters that read the target's layer inputs (DFlash, EAGLE-3):
+    the target context keeps the rows of `layer_ids` and hands each batch to `observe`."""
+
+    def attach(self) -> None:
+        for lid in self.layer_ids:
+            self.ext.llama_set_embeddings_layer_inp(self.target_ctx._ctx, lid, True)
+        self.target_ctx.on_decode = self.observe
+
+    def detach(self) -> None:
+        for lid in self.layer_ids:
+            self.ext.llama_set_embeddings_layer_inp(self.target_ctx._ctx, lid, False)
+        self.target_ctx.on_decode = None
+
+
 class HiddenStateProposer:
     """The proposer interface (begin / propose / accept) over a drafter that reads the
     target's hidden states (MTP, DFlash, EAGLE-3): the engine attaches it to the target's

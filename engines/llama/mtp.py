@@ -18,7 +18,7 @@ from typing import Sequence
 import numpy as np
 
 from ..types import SpecDeskError
-from .binding import GgufContext, GgufModel
+from .binding import GgufContext, GgufModel, common_prefix
 from .ext import Entry, HiddenStateProposer, NativeContext, ext, gguf_metadata, rows
 
 LLAMA_CONTEXT_TYPE_MTP = 1
@@ -76,10 +76,7 @@ class MtpDrafter:
 
     def valid_prefix(self, tokens: Sequence[int]) -> int:
         """How much of `tokens` the MTP context holds; the target re-decodes the rest."""
-        n = 0
-        limit = min(len(self.cached), len(tokens))
-        while n < limit and self.cached[n] == tokens[n]:
-            n += 1
+        n = common_prefix(self.cached, tokens)
         self.rollback(n)
         return n
 
