@@ -58,3 +58,32 @@ def test_no_draft_is_one_target_token():
 def test_shape_errors_are_refused():
     with pytest.raises(ValueError, match=r"\(k\+1, V\)"):
         verify_on_device([1, 2], None, torch.zeros(2, 5), SamplingParams(), np.random.default_rng(0))
+
+
+@pytest.mark.parametrize("sampling", SAMPLINGS[1:], ids=["top-p", "top-k", "both"])
+def test_large_vocabularies_match_reference(sampling):
+    """Rows past verify.py's sort-all limit take its bucketed nucleus search there; the device
+    sorts the whole row. Both must keep the same tokens and draw the same ones."""
+    rng = np.random.default_rng(7)
+    for case in range(40):
+        k = int(rng.integers(1, 5))
+        vocab = 6000
+        logits = (rng.standard_normal((k + 1, vocab)) * rng.uniform(0.5, 6)).astype(np.float32)
+        argmax = logits.argmax(1)
+        draft = [int(argmax[i]) if rng.random() < 0.6 else int(rng.integers(0, vocab)) for i in range(k)]
+        probs = sampling_probs(logits[:k] + rng.standard_normal((k, vocab)).astype(np.float32), sampling)
+        for q in (None, probs):
+            expected, got = _both(draft, q, logits, sampling, case)
+            assert got == expected, f"case {case}: {got} != {expected}"
+
+
+def test_device_probabilities_equal_the_shared_transform():
+    from specdesk.engines.torch.verify import sampling_probs_on_device
+
+    rng = np.random.default_rng(3)
+    logits = (rng.standard_normal((4, 5000)) * 3).astype(np.float32)
+    for sampling in SAMPLINGS[1:]:
+        expected = sampling_probs(logits, sampling)
+        got = sampling_probs_on_device(torch.from_numpy(logits), sampling).numpy()
+        assert np.array_equal(got > 0, expected > 0)  # the same kept tokens
+        np.testing.assert_allclose(got, expected, rtol=1e-9, atol=1e-15)

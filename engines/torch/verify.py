@@ -1,9 +1,14 @@
 """Verification of a draft against logits that live on the model's device.
 
-Greedy verification runs where the logits are (one argmax per row, k + 1 integers cross to
-the host). Sampling hands the (k + 1, V) rows to engines/spec/verify.py as float32 numpy,
-so the torch and llama engines accept and resample by literally the same code, and the
-same rng draws give the same tokens; tests/test_torch_verify.py holds both paths to it.
+Both greedy and sampled verification run where the logits are, with the semantics of
+engines/spec/verify.py: the same transform (temperature, then top-k, then top-p with ties
+to the lower id), the same acceptance test u * q(x) < p(x), the same residual, and the same
+rng draws in the same order (one per examined position, then one for the committed token),
+so a seeded run commits the same tokens as the shared code. Only k probabilities and one
+token cross to the host per step, not the (k + 1, V) rows. Float64 is used for the
+probabilities as in verify.py; on a device without float64 (Apple's MPS) the rows go to the
+host and through verify.py itself. tests/test_torch_verify.py holds every path to verify.py
+draw for draw.
 """
 
 from __future__ import annotations
@@ -13,7 +18,7 @@ from typing import Optional, Sequence
 import numpy as np
 import torch
 
-from ..spec.verify import VerifyResult, verify
+from ..spec.verify import _RESIDUAL_EPS, _TOP_P_SLACK, VerifyResult, _fit_width, verify
 from ..types import SamplingParams
 
 
@@ -25,7 +30,9 @@ def verify_on_device(draft_tokens: Sequence[int], draft_probs: Optional[np.ndarr
         raise ValueError(f"target_logits must be (k+1, V) = ({k + 1}, V) for {k} draft tokens, "
                          f"got {tuple(target_logits.shape)}")
     if not sampling.greedy:
-        return verify(draft_tokens, draft_probs, target_logits.float().cpu().numpy(), sampling, rng)
+        if target_logits.device.type == "mps":  # no float64 there: the shared code on the host
+            return verify(draft_tokens, draft_probs, target_logits.float().cpu().numpy(), sampling, rng)
+        return _verify_sampled(draft_tokens, draft_probs, target_logits, sampling, rng)
     # torch.argmax returns the first maximal index, as np.argmax does.
     target_argmax = torch.argmax(target_logits, dim=1)  # (k+1,)
     if k:
@@ -35,3 +42,77 @@ def verify_on_device(draft_tokens: Sequence[int], draft_probs: Optional[np.ndarr
     else:
         accepted = 0
     return VerifyResult(accepted, int(target_argmax[accepted]))
+
+
+def sampling_probs_on_device(logits: torch.Tensor, sampling: SamplingParams) -> torch.Tensor:
+    """verify.sampling_probs for (n, V) logits on their device, in float64."""
+    rows = logits.to(torch.float64)
+    n_rows, vocab = rows.shape
+    if 0 < sampling.top_k < vocab:
+        top_idx = torch.topk(rows, sampling.top_k, dim=1).indices.sort(dim=1).values  # token-id order
+        top = _softmax(rows.gather(1, top_idx), sampling.temperature)
+        if sampling.top_p < 1.0:
+            top = _nucleus(top, sampling.top_p)
+        return torch.zeros_like(rows).scatter_(1, top_idx, top)
+    probs = _softmax(rows, sampling.temperature)
+    return _nucleus(probs, sampling.top_p) if sampling.top_p < 1.0 else probs
+
+
+def _softmax(rows: torch.Tensor, temperature: float) -> torch.Tensor:
+    scaled = rows / temperature
+    scaled = torch.exp(scaled - scaled.max(dim=1, keepdim=True).values)
+    return scaled / scaled.sum(dim=1, keepdim=True)
+
+
+def _nucleus(probs: torch.Tensor, top_p: float) -> torch.Tensor:
+    """Keep each row's smallest highest-probability set with mass >= top_p (ties: lower id first)."""
+    ordered, order = torch.sort(probs, dim=1, descending=True, stable=True)
+    cumulative = torch.cumsum(ordered, dim=1)
+    target = torch.full((probs.shape[0], 1), top_p - _TOP_P_SLACK, dtype=probs.dtype, device=probs.device)
+    keep = (torch.searchsorted(cumulative, target, right=False) + 1).clamp_(max=probs.shape[1])  # (n, 1)
+    ranks = torch.arange(probs.shape[1], device=probs.device).expand_as(ordered)
+    kept = torch.where(ranks < keep, ordered, torch.zeros_like(ordered))
+    kept = kept / kept.sum(dim=1, keepdim=True)
+    return torch.zeros_like(probs).scatter_(1, order, kept)
+
+
+def _sample_on_device(probs: torch.Tensor, rng: np.random.Generator) -> int:
+    """verify.sample on the device: one rng.random() draw, the same inverse-CDF rule."""
+    cumulative = torch.cumsum(probs, dim=0)
+    total = float(cumulative[-1])
+    if not total > 0:
+        raise ValueError("cannot sample from a distribution with no mass")
+    point = torch.tensor([rng.random() * total], dtype=cumulative.dtype, device=cumulative.device)
+    index = int(torch.searchsorted(cumulative, point, right=True)[0])
+    if index >= cumulative.numel():  # u * total rounded up to total: the last token with mass
+        index = int(torch.nonzero(probs > 0)[-1, 0])
+    return index
+
+
+def _verify_sampled(draft_tokens: Sequence[int], draft_probs: Optional[np.ndarray], logits: torch.Tensor,
+                    sampling: SamplingParams, rng: np.random.Generator) -> VerifyResult:
+    k, vocab = len(draft_tokens), logits.shape[1]
+    p = sampling_probs_on_device(logits, sampling)  # (k + 1, V)
+    tokens = [int(t) for t in draft_tokens]
+    p_at_draft = (p[torch.arange(k, device=p.device), torch.tensor([t if 0 <= t < vocab else 0 for t in tokens],
+                                                                  device=p.device)].cpu().numpy() if k else [])
+    for position, token in enumerate(tokens):
+        p_token = float(p_at_draft[position]) if 0 <= token < vocab else 0.0
+        if draft_probs is None:
+            q_token = 1.0
+        else:
+            q_row = np.asarray(draft_probs[position], dtype=np.float64)
+            q_token = q_row[token] if 0 <= token < q_row.size else 0.0
+        if rng.random() * q_token < p_token:  # u < p/q without dividing by a zero q
+            continue
+        if draft_probs is None:
+            residual = p[position].clone()
+            if 0 <= token < vocab:
+                residual[token] = 0.0
+        else:
+            q = torch.from_numpy(_fit_width(q_row, vocab)).to(device=p.device, dtype=p.dtype)
+            residual = (p[position] - q).clamp_(min=0.0)
+        if float(residual.sum()) <= _RESIDUAL_EPS:
+            residual = p[position]
+        return VerifyResult(position, _sample_on_device(residual, rng))
+    return VerifyResult(k, _sample_on_device(p[k], rng))
