@@ -65,8 +65,10 @@ FULL = FamilySpec(
     wide_heads=12,
     wide_intermediate_size=2064,
     mtp_training=MtpTraining(steps=1000),
+    # Layers 1, 4, 6 of 8: like z-lab's drafters, never the last one, whose output llama.cpp's
+    # graph cannot hand out (it exposes layer inputs), so the same drafter serves both engines.
     dflash=DFlashSpec(num_layers=2, num_heads=4, head_dim=64, intermediate_size=688, block_size=8,
-                      target_layer_ids=(1, 4, 7), mask_token_id=0),
+                      target_layer_ids=(1, 4, 6), mask_token_id=0),
     dflash_training=DFlashTraining(steps=1500, blocks_per_sequence=24, peak_lr=3e-3),
 )
 
