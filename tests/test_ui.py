@@ -322,6 +322,21 @@ def test_a_hugging_face_target_runs_on_the_pytorch_engine_with_its_native_drafte
         assert result.stats.tokens > 0 and result.stats.drafted > 0
 
 
+def test_a_native_drafter_gguf_chosen_as_the_draft_enables_its_method(qtbot, open_window, demo_family, demo_cache_dir):
+    from specdesk.app.demo.export_native_gguf import build_native
+
+    native = build_native(demo_family, demo_cache_dir / "native")
+    window = open_window(method="ngram")
+    with wait_for(qtbot, window, "load"):
+        window.controls.set_model("draft", native["dflash_gguf"])
+    combo = window.controls.method_combo
+    enabled = {combo.itemData(i): combo.model().item(i).isEnabled() for i in range(combo.count())}
+    assert enabled["dflash"] and not enabled["draft"] and window.controls.method() == "dflash"
+    assert not enabled["eagle3"] and "EAGLE-3 drafter GGUF" in combo.model().item(combo.findData("eagle3")).toolTip()
+    result = send(qtbot, window, "def parse_args(argv):")
+    assert result.stats.tokens > 0 and result.finish_reason != "cancelled"
+
+
 def test_compare_tab_verdict_and_sweep(qtbot, open_window):
     window = open_window(max_tokens=48)
     view = window.compare_view

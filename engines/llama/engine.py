@@ -88,11 +88,11 @@ class LlamaEngine:
         if "mtp" in reasons and not self.target.load_mtp:
             reasons["mtp"] = f"{self.target.path.name} has no MTP (NextN) layers"
         if "dflash" in reasons and not any(key.startswith("dflash:") for key in self._native):
-            reasons["dflash"] = ("needs a DFlash drafter GGUF made for this target "
-                                 "(specdesk compare --method dflash --draft FILE)")
+            reasons["dflash"] = ("needs a DFlash drafter GGUF made for this target: choose one as the draft "
+                                 "(or pass --draft FILE)")
         if "eagle3" in reasons and not any(key.startswith("eagle3:") for key in self._native):
-            reasons["eagle3"] = ("needs an EAGLE-3 drafter GGUF made for this target "
-                                 "(specdesk compare --method eagle3 --draft FILE)")
+            reasons["eagle3"] = ("needs an EAGLE-3 drafter GGUF made for this target: choose one as the draft "
+                                 "(or pass --draft FILE)")
         from .ext import available_methods  # resolves the llama-ext.h symbols once
 
         for method, missing in available_methods().items():
