@@ -33,22 +33,9 @@ def rss_bytes() -> int:
 
 
 def wait(app, signal, accept, timeout_s: float = 600.0):
-    from PySide6.QtCore import QEventLoop, QTimer
+    from specdesk.ui.screenshot import wait_signal
 
-    loop, got = QEventLoop(), []
-
-    def on_signal(*args):
-        if accept(*args):
-            got.append(args)
-            loop.quit()
-
-    signal.connect(on_signal)
-    QTimer.singleShot(int(timeout_s * 1000), loop.quit)
-    loop.exec()
-    signal.disconnect(on_signal)
-    if not got:
-        raise RuntimeError(f"nothing arrived within {timeout_s} s")
-    return got[0]
+    return wait_signal(app, signal, accept, timeout_s)
 
 
 def main() -> int:

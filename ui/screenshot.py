@@ -20,7 +20,7 @@ CHAT_PROMPT = "Write a function that parses command line arguments."
 COMPARE_PROMPT = "def parse_args(argv):"
 
 
-def _wait(app, signal, accept: Callable[..., bool], timeout_s: float) -> tuple:
+def wait_signal(app, signal, accept: Callable[..., bool], timeout_s: float) -> tuple:
     """Run the event loop until `signal` fires with arguments `accept` likes."""
     from PySide6.QtCore import QEventLoop, QTimer
 
@@ -37,7 +37,7 @@ def _wait(app, signal, accept: Callable[..., bool], timeout_s: float) -> tuple:
     loop.exec()
     signal.disconnect(on_signal)
     if not got:
-        raise SpecDeskError(f"screenshot: nothing happened within {timeout_s:.0f} s")
+        raise SpecDeskError(f"nothing happened within {timeout_s:.0f} s")
     return got[0]
 
 
@@ -71,13 +71,13 @@ def take_screenshots(out: Path, size: tuple[int, int] = (1280, 800), dark: bool 
     try:
         window.worker.progress.connect(say)
         window.load_models()
-        _wait(app, window.worker.finished, lambda r: r.kind == "load", 900)
+        wait_signal(app, window.worker.finished, lambda r: r.kind == "load", 900)
         if errors:
             raise SpecDeskError(errors[0])
         say("chatting")
         window.chat_view.input.setPlainText(CHAT_PROMPT)
         window.chat_view.send_button.click()
-        _wait(app, window.worker.finished, lambda r: r.kind == "chat", 120)
+        wait_signal(app, window.worker.finished, lambda r: r.kind == "chat", 120)
         _settle(app)
         saved.append(_grab(window, out / f"main-window{suffix}.png"))
 
@@ -90,9 +90,9 @@ def take_screenshots(out: Path, size: tuple[int, int] = (1280, 800), dark: bool 
         window.controls.method_combo.setCurrentIndex(window.controls.method_combo.findData("ngram"))
         window.compare_view.chat_box.setChecked(False)
         window.compare_view.run_button.click()
-        _wait(app, window.worker.finished, lambda r: r.kind == "compare", 120)
+        wait_signal(app, window.worker.finished, lambda r: r.kind == "compare", 120)
         window.compare_view.sweep_button.click()
-        _wait(app, window.worker.finished, lambda r: r.kind == "sweep", 300)
+        wait_signal(app, window.worker.finished, lambda r: r.kind == "sweep", 300)
         if errors:
             raise SpecDeskError(errors[0])
         _settle(app)
