@@ -42,6 +42,7 @@ class FamilySpec:
     mtp_training: MtpTraining | None = None  # the target's MTP layer (app/demo/mtp.py)
     dflash: DFlashSpec | None = None  # the DFlash drafter (app/demo/dflash.py)
     dflash_training: DFlashTraining | None = None
+    draft_from_core_layers: tuple[int, ...] | None = None  # start the draft as these core layers
 
     def key(self) -> str:
         """Identifies the recipe: a cached build is reused only under the same key."""
@@ -57,10 +58,13 @@ FULL = FamilySpec(
                      intermediate_size=688, head_dim=64, max_position_embeddings=512),
     core_training=TrainConfig(steps=3000, batch_size=8, seq_len=512, peak_lr=2e-3, warmup_steps=100,
                               eval_every=250, seed=1234),
-    draft=ModelConfig(vocab_size=4096, hidden_size=256, num_hidden_layers=3, num_attention_heads=4,
+    # The draft: six of the core's eight layers (the last kept: it feeds the shared head), then
+    # distilled from the core.
+    draft=ModelConfig(vocab_size=4096, hidden_size=256, num_hidden_layers=6, num_attention_heads=4,
                       intermediate_size=688, head_dim=64, max_position_embeddings=512),
-    draft_training=TrainConfig(steps=1000, batch_size=8, seq_len=512, peak_lr=2e-3, warmup_steps=50,
-                               eval_every=250, seed=4321),
+    draft_training=TrainConfig(steps=500, batch_size=8, seq_len=512, peak_lr=1e-3, warmup_steps=20,
+                               weight_decay=0.0, eval_every=250, seed=4321),
+    draft_from_core_layers=(0, 1, 2, 3, 4, 7),
     wide_hidden_size=768,
     wide_heads=12,
     wide_intermediate_size=2064,
@@ -140,7 +144,7 @@ def train_family(spec: FamilySpec, workdir: Path, progress=None) -> dict:
     import torch
     from safetensors.torch import save_file
 
-    from .train import train
+    from .train import pruned_state, train
 
     torch.set_num_threads(max(1, torch.get_num_threads()))
     workdir.mkdir(parents=True, exist_ok=True)
@@ -158,8 +162,10 @@ def train_family(spec: FamilySpec, workdir: Path, progress=None) -> dict:
     save_file({k: v.half().contiguous() for k, v in core.state_dict().items() if "rope" not in k},
               str(workdir / "core.safetensors"))
     log({"event": "stage", "stage": "draft", "family": spec.name})
+    init = pruned_state(core, spec.draft_from_core_layers) if spec.draft_from_core_layers else None
     draft, draft_info = train(spec.draft, spec.draft_training, train_tokens, held_out_tokens,
-                              workdir / "draft.ckpt", teacher=core, progress=stage_progress("draft"), label="draft")
+                              workdir / "draft.ckpt", teacher=core, progress=stage_progress("draft"), label="draft",
+                              init_state=init)
     save_file({k: v.half().contiguous() for k, v in draft.state_dict().items() if "rope" not in k},
               str(workdir / "draft.safetensors"))
     from .train import validation_loss
@@ -177,7 +183,8 @@ def train_family(spec: FamilySpec, workdir: Path, progress=None) -> dict:
         "core": {"config": spec.core.to_dict(), "parameters": spec.core.parameter_count(),
                  "non_embedding_parameters": spec.core.parameter_count(with_embeddings=False), **core_info},
         "draft": {"config": spec.draft.to_dict(), "parameters": spec.draft.parameter_count(),
-                  "distilled_from": "core", **draft_info},
+                  "distilled_from": "core",
+                  "pruned_from_core_layers": list(spec.draft_from_core_layers or ()), **draft_info},
         "wide": {"hidden_size": spec.wide_hidden_size, "num_attention_heads": spec.wide_heads,
                  "intermediate_size": spec.wide_intermediate_size},
         **native,

@@ -76,8 +76,10 @@ def train(
     teacher: LlamaLM | None = None,
     progress: Callable[[int, int, float], None] | None = None,
     label: str = "model",
+    init_state: dict | None = None,
 ) -> tuple[LlamaLM, dict]:
-    """Train from scratch, or distil from `teacher` (KL to its next-token distribution).
+    """Train from scratch (or from `init_state`), or distil from `teacher` (KL to its
+    next-token distribution).
 
     A checkpoint is written every eval interval, so an interrupted run resumes where it
     stopped and reaches the same weights.
@@ -85,6 +87,8 @@ def train(
     torch.manual_seed(train_config.seed)
     model = LlamaLM(model_config)
     model.init_weights(train_config.seed)
+    if init_state is not None:
+        model.load_state_dict(init_state, strict=False)
     decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
     no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
     optimizer = torch.optim.AdamW(
@@ -148,3 +152,23 @@ def train(
     }
     model.eval()
     return model, info
+
+
+def pruned_state(core: LlamaLM, layers: tuple[int, ...]) -> dict:
+    """The core's weights with only `layers` kept (renumbered 0..): a draft that starts as a
+    layer-pruned copy of the core, then is distilled from it (as Llama 3.2 1B was pruned from
+    and distilled from Llama 3.1 8B)."""
+    state = {}
+    for name, value in core.state_dict().items():
+        if "rope" in name:
+            continue
+        if ".layers." in name:
+            parts = name.split(".")
+            at = parts.index("layers")
+            layer = int(parts[at + 1])
+            if layer not in layers:
+                continue
+            parts[at + 1] = str(layers.index(layer))
+            name = ".".join(parts)
+        state[name] = value.detach().clone().float()
+    return state
