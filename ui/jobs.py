@@ -173,11 +173,11 @@ def drafter_kind(path: str) -> str:
         if any("Eagle3" in a for a in architectures):
             return "eagle3"
         return "draft"
-    try:
-        from gguf import GGUFReader
+    from specdesk.engines.llama.binding import gguf_header
 
-        arch = GGUFReader(path).fields["general.architecture"].contents()
-    except Exception:  # not readable here: the engine's own load gives the clear error
+    try:
+        arch = gguf_header(path).fields.get("general.architecture")
+    except (SpecDeskError, OSError):  # not readable here: the engine's own load gives the clear error
         return "draft"
     return arch if arch in ("dflash", "eagle3") else "draft"
 

@@ -7,6 +7,7 @@ missing install becomes a clear message, not an ImportError deep in a worker thr
 from __future__ import annotations
 
 import ctypes
+import functools
 import os
 import threading
 from collections import deque
@@ -65,32 +66,53 @@ def check_gguf_file(path: str | os.PathLike) -> Path:
     return p
 
 
-_complete_files: set[tuple[str, int, int]] = set()  # (path, size, mtime) already checked
+@dataclass(frozen=True)
+class GgufHeader:
+    """What a GGUF file's header says, without its vocabulary (llama.cpp reads that itself)."""
+
+    fields: dict  # metadata key -> value
+    tensors: dict  # tensor name -> shape
+    tensor_ends: dict  # tensor name -> byte offset just past its data
 
 
-def _check_gguf_complete(p: Path) -> None:
-    """A truncated GGUF parses its header fine; its tensors then run past the end.
-
-    Reading the header walks the whole vocabulary, so a file is checked once per
-    (size, modification time), not on every load."""
+def gguf_header(path: str | os.PathLike) -> GgufHeader:
+    """The header of a GGUF file, parsed once per (size, modification time): parsing walks the
+    whole vocabulary, and the truncation check, the MTP and drafter checks and the app all
+    ask for it."""
+    p = Path(path)
     st = p.stat()
-    key = (str(p.resolve()), st.st_size, st.st_mtime_ns)
-    if key in _complete_files:
-        return
+    return _read_header(str(p.resolve()), st.st_size, st.st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=16)
+def _read_header(path: str, size: int, mtime_ns: int) -> GgufHeader:
     try:
         from gguf import GGUFReader
 
-        reader = GGUFReader(str(p))
+        reader = GGUFReader(path)
     except (ValueError, IndexError, OSError, KeyError) as e:
-        raise SpecDeskError(f"{p}: corrupt or truncated GGUF file ({e})") from e
+        raise SpecDeskError(f"{path}: corrupt or truncated GGUF file ({e})") from e
+    fields = {}
+    for name, field in reader.fields.items():
+        if name.startswith(("GGUF.", "tokenizer.")):
+            continue
+        try:
+            fields[name] = field.contents()
+        except (ValueError, IndexError):  # pragma: no cover - unusual field types
+            continue
+    return GgufHeader(fields,
+                      {t.name: tuple(int(d) for d in t.shape) for t in reader.tensors},
+                      {t.name: int(t.data_offset + t.n_bytes) for t in reader.tensors})
+
+
+def _check_gguf_complete(p: Path) -> None:
+    """A truncated GGUF parses its header fine; its tensors then run past the end."""
     size = p.stat().st_size
-    for tensor in reader.tensors:
-        end = tensor.data_offset + tensor.n_bytes
+    for name, end in gguf_header(p).tensor_ends.items():
         if end > size:
             raise SpecDeskError(
-                f"{p}: truncated GGUF file: tensor {tensor.name} ends at byte {end} but the file has {size} bytes"
+                f"{p}: truncated GGUF file: tensor {name} ends at byte {end} but the file has {size} bytes"
             )
-    _complete_files.add(key)
 
 
 @dataclass(frozen=True)

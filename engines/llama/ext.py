@@ -18,7 +18,7 @@ from typing import Optional, Sequence
 import numpy as np
 
 from ..types import Draft, SpecDeskError
-from .binding import GgufModel, llama_lib
+from .binding import GgufModel, gguf_header, llama_lib
 
 _c_ctx = ctypes.c_void_p
 _c_model = ctypes.c_void_p
@@ -107,19 +107,8 @@ def available_methods() -> dict[str, list[str]]:
 def gguf_metadata(path) -> dict:
     """Metadata (without the vocabulary) and tensor shapes of a GGUF file, read without
     loading tensors, so a drafter can be refused before llama.cpp loads it."""
-    from gguf import GGUFReader
-
-    reader = GGUFReader(str(path))
-    out = {}
-    for name, field in reader.fields.items():
-        if name.startswith(("GGUF.", "tokenizer.")):  # the vocabulary is large and read by llama.cpp anyway
-            continue
-        try:
-            out[name] = field.contents()
-        except (ValueError, IndexError):  # pragma: no cover - unusual field types
-            continue
-    out["__tensors__"] = {t.name: tuple(int(d) for d in t.shape) for t in reader.tensors}
-    return out
+    header = gguf_header(path)
+    return {**header.fields, "__tensors__": header.tensors}
 
 
 @dataclass(frozen=True)
