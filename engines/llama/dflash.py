@@ -21,29 +21,14 @@ from typing import Sequence
 import numpy as np
 
 from ..types import SpecDeskError
-from .binding import GgufContext, GgufModel, check_gguf_file, common_prefix
+from .binding import GgufContext, GgufModel, common_prefix
 from .compat import describe, incompatibilities
-from .ext import Entry, HiddenStateProposer, LayerInputHooks, NativeContext, ext, gguf_metadata, rows
+from .ext import Entry, HiddenStateProposer, LayerInputHooks, NativeContext, ext, open_layer_input_drafter, rows
 from .mtp import top1_prob
-
-# Target architectures whose llama.cpp graph records layer inputs (res->t_layer_inp); on
-# others llama.cpp aborts when asked for them.
-LAYER_INPUT_ARCHS = ("llama", "qwen3moe", "qwen3next", "gpt-oss", "lfm2")
-
 
 def check_drafter(path: str | os.PathLike, target: GgufModel) -> dict:
     """Refuse a file that is not a DFlash drafter for this target, before llama.cpp loads it."""
-    p = check_gguf_file(path)
-    meta = gguf_metadata(p)
-    arch = meta.get("general.architecture")
-    if arch != "dflash":
-        raise SpecDeskError(f"{p}: not a DFlash drafter (its architecture is {arch!r}, a DFlash drafter's is 'dflash')")
-    target_arch = target.meta("general.architecture")
-    if target_arch not in LAYER_INPUT_ARCHS:
-        raise SpecDeskError(f"{target.path}: llama.cpp cannot hand out layer inputs of a {target_arch!r} model, "
-                            f"so DFlash cannot run on it (it can on {', '.join(LAYER_INPUT_ARCHS)})")
-    n_layer = int(target.meta(f"{target_arch}.block_count") or 0) - int(
-        target.meta(f"{target_arch}.nextn_predict_layers") or 0)
+    p, meta, n_layer = open_layer_input_drafter(path, target, "dflash", "DFlash")
     layers = [int(i) for i in (meta.get("dflash.target_layers") or [])]
     if not layers:
         raise SpecDeskError(f"{p}: no dflash.target_layers, so it does not say which target layers it reads")

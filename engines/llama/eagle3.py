@@ -19,26 +19,15 @@ from typing import Sequence
 import numpy as np
 
 from ..types import SpecDeskError
-from .binding import GgufContext, GgufModel, check_gguf_file, common_prefix
+from .binding import GgufContext, GgufModel, common_prefix
 from .compat import describe, incompatibilities
-from .dflash import LAYER_INPUT_ARCHS
-from .ext import Entry, HiddenStateProposer, LayerInputHooks, NativeContext, ext, gguf_metadata, rows
+from .ext import Entry, HiddenStateProposer, LayerInputHooks, NativeContext, ext, open_layer_input_drafter, rows
 from .mtp import top1_prob
 
 
 def check_drafter(path: str | os.PathLike, target: GgufModel) -> dict:
     """Refuse a file that is not an EAGLE-3 drafter for this target, before llama.cpp loads it."""
-    p = check_gguf_file(path)
-    meta = gguf_metadata(p)
-    arch = meta.get("general.architecture")
-    if arch != "eagle3":
-        raise SpecDeskError(f"{p}: not an EAGLE-3 drafter (its architecture is {arch!r}, an EAGLE-3 drafter's is 'eagle3')")
-    target_arch = target.meta("general.architecture")
-    if target_arch not in LAYER_INPUT_ARCHS:
-        raise SpecDeskError(f"{target.path}: llama.cpp cannot hand out layer inputs of a {target_arch!r} model, "
-                            f"so EAGLE-3 cannot run on it (it can on {', '.join(LAYER_INPUT_ARCHS)})")
-    n_layer = int(target.meta(f"{target_arch}.block_count") or 0) - int(
-        target.meta(f"{target_arch}.nextn_predict_layers") or 0)
+    p, meta, n_layer = open_layer_input_drafter(path, target, "eagle3", "EAGLE-3")
     layers = [int(i) for i in (meta.get("eagle3.target_layers") or [])]
     if len(layers) != 3 or not all(0 <= i < n_layer for i in layers):
         raise SpecDeskError(f"{p}: reads target layers {layers} but {target.path.name} has {n_layer} layers "

@@ -13,12 +13,13 @@ import ctypes
 import threading
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Optional, Sequence
 
 import numpy as np
 
 from ..types import Draft, SpecDeskError
-from .binding import GgufModel, gguf_header, llama_lib
+from .binding import GgufModel, check_gguf_file, gguf_header, llama_lib
 
 _c_ctx = ctypes.c_void_p
 _c_model = ctypes.c_void_p
@@ -109,6 +110,30 @@ def gguf_metadata(path) -> dict:
     loading tensors, so a drafter can be refused before llama.cpp loads it."""
     header = gguf_header(path)
     return {**header.fields, "__tensors__": header.tensors}
+
+
+# Target architectures whose llama.cpp graph records layer inputs (res->t_layer_inp); on
+# others llama.cpp aborts when asked for them.
+LAYER_INPUT_ARCHS = ("llama", "qwen3moe", "qwen3next", "gpt-oss", "lfm2")
+
+
+def open_layer_input_drafter(path, target: GgufModel, arch: str, label: str) -> tuple[Path, dict, int]:
+    """The checks DFlash and EAGLE-3 drafters share: the file is an `arch` GGUF, and the target's
+    graph hands out layer inputs. Returns (path, metadata, the target's trunk layer count)."""
+    p = check_gguf_file(path)
+    meta = gguf_metadata(p)
+    found = meta.get("general.architecture")
+    if found != arch:
+        article = "an" if label[0] in "AEIOU" else "a"
+        raise SpecDeskError(f"{p}: not {article} {label} drafter (its architecture is {found!r}, "
+                            f"{article} {label} drafter's is {arch!r})")
+    target_arch = target.meta("general.architecture")
+    if target_arch not in LAYER_INPUT_ARCHS:
+        raise SpecDeskError(f"{target.path}: llama.cpp cannot hand out layer inputs of a {target_arch!r} model, "
+                            f"so {label} cannot run on it (it can on {', '.join(LAYER_INPUT_ARCHS)})")
+    n_layer = int(target.meta(f"{target_arch}.block_count") or 0) - int(
+        target.meta(f"{target_arch}.nextn_predict_layers") or 0)
+    return p, meta, n_layer
 
 
 @dataclass(frozen=True)
