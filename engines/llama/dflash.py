@@ -21,9 +21,9 @@ from typing import Sequence
 import numpy as np
 
 from ..types import SpecDeskError
-from .binding import GgufContext, GgufModel, common_prefix
+from .binding import GgufContext, GgufModel
 from .compat import describe, incompatibilities
-from .ext import Entry, HiddenStateProposer, LayerInputHooks, NativeContext, ext, open_layer_input_drafter, rows
+from .ext import CachedPositions, Entry, HiddenStateProposer, LayerInputHooks, NativeContext, ext, open_layer_input_drafter, rows
 from .mtp import top1_prob
 
 def check_drafter(path: str | os.PathLike, target: GgufModel) -> dict:
@@ -46,7 +46,7 @@ def check_drafter(path: str | os.PathLike, target: GgufModel) -> dict:
     return meta
 
 
-class DFlashDrafter(LayerInputHooks):
+class DFlashDrafter(LayerInputHooks, CachedPositions):
     """A DFlash / DSpark drafter context over one target context; lives as long as the engine."""
 
     def __init__(self, path: str | os.PathLike, target: GgufModel, target_ctx: GgufContext, n_threads: int):
@@ -84,16 +84,6 @@ class DFlashDrafter(LayerInputHooks):
         self.last_batch = (0, 0)  # (first position, length) of the last observed target batch
 
     # --- hooks the engine calls -------------------------------------------------------------
-    def valid_prefix(self, tokens: Sequence[int]) -> int:
-        n = common_prefix(self.cached, tokens)
-        self.rollback(n)
-        return n
-
-    def rollback(self, n_keep: int) -> None:
-        if n_keep < len(self.cached):
-            self.context.remove_from(n_keep)
-            del self.cached[n_keep:]
-
     def observe(self, tokens: Sequence[int], pos0: int) -> None:
         """Inject the target's features for the batch just decoded at pos0.. into the drafter's cache."""
         n = len(tokens)

@@ -19,7 +19,7 @@ from typing import Optional, Sequence
 import numpy as np
 
 from ..types import Draft, SpecDeskError
-from .binding import GgufModel, check_gguf_file, gguf_header, llama_lib
+from .binding import GgufModel, check_gguf_file, common_prefix, gguf_header, llama_lib
 
 _c_ctx = ctypes.c_void_p
 _c_model = ctypes.c_void_p
@@ -242,6 +242,22 @@ def rows(pointer, n_rows: int, n_embd: int) -> np.ndarray:
     if not pointer:
         raise SpecDeskError("llama.cpp returned no hidden states for this batch")
     return np.ctypeslib.as_array(pointer, shape=(n_rows, n_embd))
+
+
+class CachedPositions:
+    """A drafter context that holds one row per committed position (`cached` tokens): it keeps
+    the prefix it shares with a new context and forgets the rest by position."""
+
+    def valid_prefix(self, tokens: Sequence[int]) -> int:
+        """How much of `tokens` the drafter holds; the target re-decodes the rest."""
+        n = common_prefix(self.cached, tokens)
+        self.rollback(n)
+        return n
+
+    def rollback(self, n_keep: int) -> None:
+        if n_keep < len(self.cached):
+            self.context.remove_from(n_keep)
+            del self.cached[n_keep:]
 
 
 class LayerInputHooks:

@@ -18,8 +18,8 @@ from typing import Sequence
 import numpy as np
 
 from ..types import SpecDeskError
-from .binding import GgufContext, GgufModel, common_prefix
-from .ext import Entry, HiddenStateProposer, NativeContext, ext, gguf_metadata, rows
+from .binding import GgufContext, GgufModel
+from .ext import CachedPositions, Entry, HiddenStateProposer, NativeContext, ext, gguf_metadata, rows
 
 LLAMA_CONTEXT_TYPE_MTP = 1
 
@@ -42,7 +42,7 @@ def top1_prob(logits: np.ndarray, top_k: int = 10) -> float:
     return float(1.0 / np.exp(top).sum())
 
 
-class MtpDrafter:
+class MtpDrafter(CachedPositions):
     """The MTP context of one target context; lives as long as the engine."""
 
     def __init__(self, target: GgufModel, target_ctx: GgufContext, n_threads: int):
@@ -73,17 +73,6 @@ class MtpDrafter:
     def detach(self) -> None:
         self.ext.llama_set_embeddings_nextn(self.target_ctx._ctx, False, False)
         self.target_ctx.on_decode = None
-
-    def valid_prefix(self, tokens: Sequence[int]) -> int:
-        """How much of `tokens` the MTP context holds; the target re-decodes the rest."""
-        n = common_prefix(self.cached, tokens)
-        self.rollback(n)
-        return n
-
-    def rollback(self, n_keep: int) -> None:
-        if n_keep < len(self.cached):
-            self.context.remove_from(n_keep)
-            del self.cached[n_keep:]
 
     def observe(self, tokens: Sequence[int], pos0: int) -> None:
         """Catch-up after a target decode of `tokens` at pos0..: rows (x_p, h_{p-1})."""
