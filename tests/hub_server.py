@@ -12,6 +12,11 @@ A renamed repository answers 307 with a relative Location; private repositories 
 `Authorization: Bearer <token>`. Every request is logged (method, path, Range, bytes sent),
 so tests can prove what was (not) fetched. `throttle` slows the body to make cancels land
 mid-file; `corrupt` flips one byte of a file's body.
+
+Hostile modes, for tests of what a client trusts: `fake_commit`, `fake_etag` and
+`fake_location` replace X-Repo-Commit, the ETag (X-Linked-Etag for LFS files) and the CDN
+redirect of every resolve answer; `overlong` sends each GET body that many times over, with
+no Content-Length (ended by closing the connection) unless `overlong_length` is set.
 """
 
 from __future__ import annotations
@@ -111,7 +116,16 @@ class HubServer:
         self.token = token
         self.log: list[LoggedRequest] = []
         self.throttle_s: float = 0.0  # pause after each CHUNK of a body
+        # A body stops at this offset until `released` is set: a test can kill or cancel a client
+        # mid-transfer however slow or loaded the machine is.
+        self.hold_at: Optional[int] = None
+        self.released = threading.Event()
         self.corrupt: set[str] = set()  # "repo/path" whose body gets one byte flipped
+        self.fake_commit: Optional[str] = None
+        self.fake_etag: Optional[str] = None
+        self.fake_location: Optional[str] = None
+        self.overlong: int = 0
+        self.overlong_length: bool = False
         self._lock = threading.Lock()
         self._server = _Server(("127.0.0.1", 0), self._handler())
         self.port = self._server.server_address[1]
@@ -281,17 +295,20 @@ class HubServer:
                 f = repo.files.get(filename)
                 if f is None:
                     return self._error(404, "EntryNotFound", f"{filename} does not exist", repo.commit)
+                commit = hub.fake_commit if hub.fake_commit is not None else repo.commit
                 if f.lfs:
+                    location = f"{hub.cdn_url}/cdn/{f.sha256}/{quote(f.path)}?repo={repo_id}"
                     self.send_response(302)
-                    self.send_header("Location", f"{hub.cdn_url}/cdn/{f.sha256}/{quote(f.path)}?repo={repo_id}")
-                    self.send_header("X-Repo-Commit", repo.commit)
-                    self.send_header("X-Linked-Etag", f'"{f.sha256}"')
+                    self.send_header("Location", hub.fake_location if hub.fake_location is not None else location)
+                    self.send_header("X-Repo-Commit", commit)
+                    self.send_header("X-Linked-Etag", f'"{hub.fake_etag or f.sha256}"')
                     self.send_header("X-Linked-Size", str(f.size))
                     self.send_header("ETag", f'"{git_blob_sha1(f.data)}"')
                     self.send_header("Content-Length", "0")
                     self.end_headers()
                     return
-                self._body(f, head, {"X-Repo-Commit": repo.commit, "ETag": f'"{f.etag}"'}, f"{repo_id}/{f.path}")
+                self._body(f, head, {"X-Repo-Commit": commit, "ETag": f'"{hub.fake_etag or f.etag}"'},
+                           f"{repo_id}/{f.path}")
 
             def _cdn(self, sha256: str, name: str, head: bool) -> None:
                 for repo in hub.repos.values():
@@ -305,6 +322,8 @@ class HubServer:
                 if key in hub.corrupt and data:
                     middle = len(data) // 2
                     data = data[:middle] + bytes([data[middle] ^ 0xFF]) + data[middle + 1:]
+                if hub.overlong and not head:
+                    return self._overlong_body(data * hub.overlong, headers)
                 start, end, status = 0, len(data), 200
                 requested = self.headers.get("Range")
                 if requested:
@@ -330,11 +349,30 @@ class HubServer:
                 if head:
                     return
                 for offset in range(start, end, CHUNK):
+                    if hub.hold_at is not None and offset >= hub.hold_at:
+                        hub.released.wait(120)
                     piece = data[offset:min(end, offset + CHUNK)]
                     self.wfile.write(piece)
                     self.wfile.flush()
                     self._sent += len(piece)
                     if hub.throttle_s:
                         time.sleep(hub.throttle_s)
+
+            def _overlong_body(self, data: bytes, headers: dict) -> None:
+                """The whole body, longer than the file; close-delimited unless overlong_length is set."""
+                self.send_response(200)
+                for k, v in headers.items():
+                    self.send_header(k, v)
+                if hub.overlong_length:
+                    self.send_header("Content-Length", str(len(data)))
+                else:
+                    self.send_header("Connection", "close")
+                    self.close_connection = True
+                self.end_headers()
+                for offset in range(0, len(data), CHUNK):
+                    piece = data[offset:offset + CHUNK]
+                    self.wfile.write(piece)
+                    self.wfile.flush()
+                    self._sent += len(piece)
 
         return Handler

@@ -59,7 +59,7 @@ def test_chat_streams_and_reports(demo_family):
     result = subprocess.run(
         [sys.executable, "-m", "specdesk.app.main", "chat", "--target", demo_family["target_gguf"], "--draft",
          demo_family["draft_gguf"], "--max-tokens", "12", "--threads", "1"],
-        input="write a parser\n/new\nsort a list\n\n", capture_output=True, text=True, timeout=120, env=env)
+        input="write a parser\n/new\nsort a list\n\n", capture_output=True, text=True, timeout=300, env=env)
     assert result.returncode == 0, result.stderr
     assert result.stdout.count("model> ") == 2
     assert result.stderr.count("tok/s") == 2 and "acceptance" in result.stderr
@@ -115,6 +115,6 @@ def test_bad_input_gives_one_line_error(capsys, demo_family, tmp_path):
 def test_bad_input_exit_status_from_a_real_process(demo_family, tmp_path):
     result = subprocess.run([sys.executable, "-m", "specdesk.app.main", "compare", "--target",
                              str(tmp_path / "missing.gguf"), "--method", "ngram"],
-                            capture_output=True, text=True, timeout=60)
+                            capture_output=True, text=True, timeout=300)
     assert result.returncode == 2
     assert result.stderr.strip().splitlines() == [f"specdesk: error: {tmp_path / 'missing.gguf'}: no such file (check the path, or choose another model)"]

@@ -227,8 +227,10 @@ def test_memory_estimate_is_within_15_percent_of_measured_resident_memory(demo_f
 
 
 def test_models_pair_json(demo_family, variants, tmp_path, monkeypatch, capsys):
+    from specdesk.app import pairing
     from specdesk.app.main import main
 
+    monkeypatch.setattr(pairing, "available_memory", lambda: PLENTY)  # the verdict, not this machine's free RAM
     monkeypatch.setenv("SPECDESK_CONFIG_DIR", str(tmp_path / "config"))
     monkeypatch.setenv("SPECDESK_CACHE_DIR", str(tmp_path / "cache"))  # not this machine's demo family
     folder = str(Path(variants["bos"]).parent)
@@ -244,6 +246,9 @@ def test_models_pair_json(demo_family, variants, tmp_path, monkeypatch, capsys):
     assert memory["fits"] is True and 0 < memory["required_bytes"] < memory["available_bytes"]
     assert main(args) == 0
     assert "fits" in capsys.readouterr().out
+    monkeypatch.setattr(pairing, "available_memory", lambda: MemoryInfo(ram_available=1 << 20, ram_total=1 << 30))
+    assert main(args + ["--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["memory"]["fits"] is False
     assert main(args[:3] + [variants["corrupt"], "--no-apps", "--no-hf-cache"]) == 2
     assert "corrupt or truncated" in capsys.readouterr().err
 

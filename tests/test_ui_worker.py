@@ -34,6 +34,32 @@ def test_pieces_never_split_a_character_and_batches_are_coalesced():
     assert len(sent) == 3 and sent[2].pieces == ("\ufffd",)
 
 
+@pytest.mark.parametrize("boot_clock", [0.0, 0.004, 12.5])
+def test_first_event_goes_out_at_once_on_a_freshly_booted_machine(monkeypatch, boot_clock):
+    """perf_counter() starts near 0 at boot: the first batch must not wait for it to pass the interval."""
+    import specdesk.ui.jobs as jobs
+
+    monkeypatch.setattr(jobs.time, "perf_counter", lambda: boot_clock)
+    sent = []
+    batcher = EventBatcher(1, "chat", 2, TOKEN_BYTES, sent.append, interval_s=3600)
+    batcher(event([1], [False]))
+    assert len(sent) == 1 and sent[0].first and sent[0].times == (boot_clock,)
+    batcher(event([4], [False]))  # the same instant: held back by the interval
+    assert len(sent) == 1
+
+
+def test_throttle_lets_the_first_call_through_whatever_the_clock_reads():
+    from specdesk.ui.jobs import Throttle
+
+    throttle = Throttle(1.0, clock=lambda: 0.0)  # a clock that has only just started
+    assert throttle.due()
+    throttle.mark()
+    assert not throttle.due() and not throttle.due(0.999)
+    assert throttle.due(1.0)
+    throttle.mark(1.0)
+    assert not throttle.due(1.5) and throttle.due(2.25)
+
+
 def test_flush_without_events_sends_nothing():
     sent = []
     EventBatcher(1, "chat", 0, TOKEN_BYTES, sent.append).flush()

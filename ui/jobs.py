@@ -77,6 +77,28 @@ class SweepResult:
         return max(self.points, key=lambda p: p.stats.tok_per_s, default=None)
 
 
+class Throttle:
+    """Lets an action through at most once per `interval_s`, the first call always.
+
+    The first call never compares the clock with a made-up start value: perf_counter() and
+    monotonic() count from an arbitrary point (the machine's boot on Linux), so on a freshly
+    booted machine "now - 0.0" is small and would hold the first event back.
+    """
+
+    def __init__(self, interval_s: float, clock: Optional[Callable[[], float]] = None) -> None:
+        self.interval_s = interval_s
+        self._clock = clock if clock is not None else time.perf_counter
+        self._last: Optional[float] = None  # clock reading of the last call let through
+
+    def due(self, now: Optional[float] = None) -> bool:
+        """Whether the interval has passed since the last call let through (True the first time)."""
+        now = self._clock() if now is None else now
+        return self._last is None or now - self._last >= self.interval_s
+
+    def mark(self, now: Optional[float] = None) -> None:
+        self._last = self._clock() if now is None else now
+
+
 class EventBatcher:
     """Turns one run's StepEvents into StreamBatches, one per BATCH_INTERVAL_S at most.
 
@@ -89,10 +111,9 @@ class EventBatcher:
                  send: Callable[[StreamBatch], None], interval_s: float = BATCH_INTERVAL_S):
         self.job_id, self.label, self.k = job_id, label, k
         self._send = send
-        self._interval = interval_s
+        self._throttle = Throttle(interval_s)
         self._detokenizer = IncrementalDetokenizer(token_bytes)
         self._first = True
-        self._last_sent = 0.0
         self._events: list[StepEvent] = []
         self._times: list[float] = []
         self._pieces: list[str] = []
@@ -107,7 +128,7 @@ class EventBatcher:
             self._from_draft.append(drafted)
         if event.finished:
             self._pieces[-1] += self._detokenizer.flush()
-        if event.finished or now - self._last_sent >= self._interval:
+        if event.finished or self._throttle.due(now):
             self.flush()
 
     def flush(self) -> None:
@@ -117,7 +138,7 @@ class EventBatcher:
                             tuple(self._pieces), tuple(self._from_draft))
         self._first = False
         self._events, self._times, self._pieces, self._from_draft = [], [], [], []
-        self._last_sent = time.perf_counter()
+        self._throttle.mark()
         self._send(batch)
 
 
@@ -149,13 +170,11 @@ def resolve_demo(target: str, draft: Optional[str], demo_size: str,
 
 
 def open_engine(target: str, n_ctx: int, threads: int, progress: Callable[[float], None]):
-    if os.path.isdir(target):
-        from specdesk.engines.torch.engine import TorchEngine
+    """The engine in its own process: a model that aborts or hangs there never takes the window down."""
+    from specdesk.app.engine_client import EngineClient
 
-        return TorchEngine(target, n_ctx=n_ctx, n_threads=threads)
-    from specdesk.engines.llama.engine import LlamaEngine
-
-    return LlamaEngine(target, n_ctx=n_ctx, n_threads=threads, progress=progress)
+    return EngineClient(target, kind="torch" if os.path.isdir(target) else "llama", n_ctx=n_ctx, n_threads=threads,
+                        progress=progress)
 
 
 def drafter_kind(path: str) -> str:
@@ -201,54 +220,17 @@ def same_file(a, b) -> bool:
     return os.path.abspath(a) == os.path.abspath(b)
 
 
-def draft_verdicts(engine, choices, resolve: Callable[[str], str]) -> tuple[tuple[str, tuple[str, ...]], ...]:
-    """For each draft choice (a path or DEMO): the reasons it cannot serve the loaded target,
-    from a vocabulary-only read of the file (no weights are loaded)."""
-    from specdesk.engines.llama.binding import GgufModel
-    from specdesk.engines.llama.compat import incompatibilities
-
-    verdicts = []
-    for choice in choices:
-        try:
-            draft = GgufModel(resolve(choice), vocab_only=True)
-        except SpecDeskError as e:
-            verdicts.append((choice, (str(e),)))
-            continue
-        try:
-            verdicts.append((choice, tuple(incompatibilities(engine.target, draft))))
-        finally:
-            draft.close()
-    return tuple(verdicts)
-
-
-def engine_threads(engine) -> int:
-    if engine.name == "torch":
-        import torch
-
-        return torch.get_num_threads()
-    return engine.n_threads
-
-
-def describe_engine(engine, draft_path: Optional[str], verdicts=(), draft_kind: str = "draft") -> ModelInfo:
-    model = engine.target
-    if engine.name == "torch":
-        from specdesk.engines.torch.engine import supported_methods
-
-        native = {draft_kind: draft_path} if draft_path and draft_kind != "draft" else {}
-        availability = supported_methods(model.path, dflash_folder=native.get("dflash"),
-                                         eagle3_folder=native.get("eagle3"))
-        n_params = sum(p.numel() for p in model.network.parameters())
-        size = sum(f.stat().st_size for f in Path(model.path).glob("*.safetensors"))
-    else:
-        availability = engine.method_availability()
-        n_params, size = model.n_params, model.size_bytes
-    if draft_path and draft_kind != "draft":
-        availability["draft"] = f"the loaded draft is a {draft_kind} drafter: choose a draft model for this method"
+def describe_engine(engine, draft_path: Optional[str], verdict_paths: dict[str, str],
+                    draft_kind: str = "draft") -> ModelInfo:
+    """What is loaded, from the engine host's facts (app/engine_host.engine_facts); `verdict_paths`
+    maps draft choices to the GGUF files whose fit with the target the host checks."""
+    facts = engine.facts(draft_path, draft_kind, verdict_paths)
+    availability = facts["availability"]
     supported = tuple(m for m, why in availability.items() if why is None)
     unavailable = tuple((m, why) for m, why in availability.items() if why is not None)
-    return ModelInfo(str(model.path), draft_path, engine.name, supported, engine.n_ctx, engine_threads(engine),
-                     int(n_params), int(size), model.chat_template() is not None, unavailable,
-                     tuple(verdicts))
+    return ModelInfo(str(engine.target.path), draft_path, engine.name, supported, engine.n_ctx, facts["threads"],
+                     facts["n_params"], facts["size_bytes"], facts["has_chat_template"], unavailable,
+                     tuple(facts["verdicts"]))
 
 
 # --- chat ----------------------------------------------------------------------

@@ -29,6 +29,7 @@ from specdesk.app.library import LibraryConfig, ModelEntry
 from specdesk.engines.types import SpecDeskError
 
 from .dialogs import show_error
+from .jobs import Throttle
 
 log = logging.getLogger(__name__)
 PROGRESS_INTERVAL_S = 0.05  # a download reports to the GUI at most this often
@@ -515,13 +516,12 @@ class ModelsView(QWidget):
         from specdesk.app.hub import download
 
         lane = self._downloads_lane
-        last = [0.0]
+        throttle = Throttle(PROGRESS_INTERVAL_S, clock=time.monotonic)
 
         def work(job: _Job):
             def report(p: DownloadProgress) -> None:
-                now = time.monotonic()
-                if now - last[0] >= PROGRESS_INTERVAL_S or p.done == p.total:
-                    last[0] = now
+                if throttle.due() or p.done == p.total:
+                    throttle.mark()
                     lane.emit_progress((job.job_id, p))
 
             return str(download(d.repo_id, d.filename, cancel=job.cancel, progress=report))
