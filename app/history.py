@@ -8,12 +8,20 @@ commit cheap and readers unblocked.
 `meta` is a small JSON object per message: for replies, the run's numbers and the
 accepted-draft spans (`draft_spans`: [[n_chars, from_draft], ...]) so highlighting survives
 a restart.
+
+Our databases carry `PRAGMA application_id = APPLICATION_ID`. A file at the history's path
+that is another program's SQLite database (or not a database, or not a file) is refused
+before anything is written to it, so it is never altered; the app then keeps a
+`History.temporary()` for the session, whose folder is removed when it closes.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
+import stat
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,6 +33,8 @@ from .paths import data_dir
 
 HISTORY_FILE = "history.sqlite3"
 SCHEMA_VERSION = 1
+APPLICATION_ID = 0x53504443  # "SPDC": marks the file as SpecDesk's chat history
+OUR_TABLES = {"chats", "messages"}
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS chats (
@@ -71,9 +81,12 @@ class History:
 
     def __init__(self, path: Optional[Path] = None):
         self.path = Path(path) if path is not None else history_path()
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._db = sqlite3.connect(str(self.path), isolation_level=None)  # explicit transactions
+        self._folder: Optional[tempfile.TemporaryDirectory] = None  # owned by temporary()
+        self._db: Optional[sqlite3.Connection] = None
+        _refuse_foreign(self.path)  # read-only look first: never write to a file that is not ours
         try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._db = sqlite3.connect(str(self.path), isolation_level=None)  # explicit transactions
             self._db.execute("PRAGMA journal_mode=WAL")
             # NORMAL: a commit survives an application crash (the WAL is written before the
             # commit returns); only a power loss may drop the last commits.
@@ -81,9 +94,24 @@ class History:
             self._db.execute("PRAGMA foreign_keys=ON")
             self._db.executescript("BEGIN;" + _SCHEMA + "COMMIT;")
             self._db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
-        except sqlite3.DatabaseError as e:
-            self._db.close()
+            self._db.execute(f"PRAGMA application_id={APPLICATION_ID}")
+        except (sqlite3.Error, OSError) as e:
+            if self._db is not None:
+                self._db.close()
             raise SpecDeskError(f"{self.path} is not a usable chat history ({e}): move it away to start a new one") from e
+
+    @classmethod
+    def temporary(cls) -> "History":
+        """A history for this session only, in a folder of its own that close() removes
+        (and, should close() never run, the interpreter's exit)."""
+        folder = tempfile.TemporaryDirectory(prefix="specdesk-history-")
+        try:
+            history = cls(Path(folder.name) / HISTORY_FILE)
+        except BaseException:
+            folder.cleanup()
+            raise
+        history._folder = folder
+        return history
 
     # --- helpers ------------------------------------------------------------
     def _transaction(self):
@@ -97,6 +125,9 @@ class History:
         if self._db is not None:
             self._db.close()
             self._db = None
+        if self._folder is not None:
+            self._folder.cleanup()
+            self._folder = None
 
     # --- chats --------------------------------------------------------------
     def create_chat(self, title: str = "New chat") -> int:
@@ -141,6 +172,38 @@ class History:
         rows = self._db.execute(
             "SELECT id, chat_id, role, content, meta FROM messages WHERE chat_id = ? ORDER BY id", (chat_id,))
         return [Message(id, chat, role, content, _load_meta(meta)) for id, chat, role, content, meta in rows]
+
+
+def _refuse_foreign(path: Path) -> None:
+    """Raise SpecDeskError unless `path` is missing, empty, or a SQLite database that is ours
+    (our application_id, or, from before it was set, only our tables). Reads only."""
+    try:
+        status = os.stat(path)
+    except FileNotFoundError:
+        return
+    except OSError as e:
+        raise SpecDeskError(f"{path} is not a usable chat history ({e.strerror or e}): "
+                            "move it away to start a new one") from None
+    if not stat.S_ISREG(status.st_mode):
+        raise SpecDeskError(f"{path} is not a usable chat history (it is not a regular file): "
+                            "move it away to start a new one")
+    if status.st_size == 0:
+        return
+    try:
+        # mode=ro: looking must not change the file (no journal mode switch, no schema).
+        db = sqlite3.connect(path.resolve().as_uri() + "?mode=ro", uri=True)
+        try:
+            application_id = db.execute("PRAGMA application_id").fetchone()[0]
+            tables = {row[0] for row in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+        finally:
+            db.close()
+    except sqlite3.Error as e:
+        raise SpecDeskError(f"{path} is not a usable chat history ({e}): move it away to start a new one") from None
+    if application_id == APPLICATION_ID or (application_id == 0 and tables <= OUR_TABLES):
+        return
+    raise SpecDeskError(f"{path} is another program's SQLite database (tables: {', '.join(sorted(tables)[:5]) or 'none'}"
+                        f"{', …' if len(tables) > 5 else ''}): SpecDesk leaves it untouched; "
+                        "move it away to keep chats")
 
 
 def _load_meta(text: str) -> dict:

@@ -1,19 +1,26 @@
 """User settings: one JSON file under the platformdirs config dir.
 
-A missing file means defaults; a damaged one is moved aside (``settings.json.bad``) and
-defaults are used, so a bad file never stops the app from starting and is never silently
-overwritten. Unknown keys are ignored and values of the wrong type fall back to their
-default one by one, so a settings file from another version still loads.
+A missing file means defaults. Whatever else the file holds, the app starts: a file that
+cannot be read (not JSON, nested too deeply, not a regular file) gives all defaults; a value
+of the wrong type or outside what its control accepts (an integer of 2^31 in a spin box, a
+NaN temperature) gives that field's default. Either way the original is moved aside
+(``settings.json.bad-<time>``), never overwritten, and `read_settings` says so in one line.
+Unknown keys are ignored, so a settings file from a newer version still loads.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
+import stat
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
+
+from specdesk.engines.types import MAX_DRAFT_TOKENS, METHODS
 
 from .paths import config_dir
 
@@ -21,6 +28,23 @@ DEMO = "demo"  # target_path / draft_path value meaning "the embedded demo famil
 DEMO_HF = "demo-hf"  # target_path: the demo target as a Hugging Face folder (PyTorch engine)
 DEMO_DFLASH = "demo-dflash"  # draft_path: the demo target's DFlash drafter (PyTorch engine)
 SETTINGS_FILE = "settings.json"
+MAX_FILE_BYTES = 16 * 2**20  # settings are a few kB; a larger file is not ours
+MAX_TEXT = 1_000_000  # characters in one string value (the compare prompt is the longest)
+MAX_LIST = 256  # entries in one list (recent models, library folders)
+
+# What each numeric field's control accepts (ui/controls.py sets its spin boxes from these).
+RANGES: dict[str, tuple[float, float]] = {
+    "k": (1, MAX_DRAFT_TOKENS),
+    "temperature": (0.0, 10.0),
+    "top_p": (0.01, 1.0),
+    "top_k": (0, 100_000),
+    "seed": (0, 2**31 - 1),
+    "max_tokens": (1, 32_768),
+    "threads": (0, 256),
+    "n_ctx": (0, 131_072),
+    "last_chat_id": (0, 2**63 - 1),  # an SQLite row id
+}
+CHOICES: dict[str, tuple] = {"demo_size": ("full", "small"), "method": METHODS}
 
 
 @dataclass
@@ -47,18 +71,22 @@ class Settings:
 
     @classmethod
     def from_dict(cls, data: dict) -> "Settings":
-        defaults = cls()
-        values = {}
+        return cls.checked(data)[0]
+
+    @classmethod
+    def checked(cls, data: dict) -> tuple["Settings", list[str]]:
+        """Settings from `data`, and the names of the fields whose values were refused
+        (those keep their defaults)."""
+        values, refused = {}, []
         for f in dataclasses.fields(cls):
             if f.name not in data:
                 continue
-            value, default = data[f.name], getattr(defaults, f.name)
-            if _same_kind(value, default, f.name):
-                values[f.name] = value
-        settings = cls(**values)
-        if settings.demo_size not in ("full", "small"):
-            settings.demo_size = "full"
-        return settings
+            if _acceptable(f.name, data[f.name], f.default if f.default is not dataclasses.MISSING
+                           else f.default_factory()):
+                values[f.name] = data[f.name]
+            else:
+                refused.append(f.name)
+        return cls(**values), refused
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -73,18 +101,38 @@ class Settings:
 _OPTIONAL = {"draft_path", "last_chat_id"}
 
 
-def _same_kind(value, default, name: str) -> bool:
+def _acceptable(name: str, value: Any, default: Any) -> bool:
     if value is None:
         return name in _OPTIONAL
     if isinstance(default, bool) or isinstance(value, bool):
         return isinstance(value, bool) and isinstance(default, bool)
-    if isinstance(default, float):
-        return isinstance(value, (int, float))
-    if default is None:  # optional int / str fields
-        return isinstance(value, (int, str))
+    if name in RANGES:
+        low, high = RANGES[name]
+        number_types = (int, float) if isinstance(default, float) else (int,)
+        # NaN fails both comparisons: refused, never clamped to a bound.
+        return isinstance(value, number_types) and not (isinstance(value, float) and math.isnan(value)) \
+            and low <= value <= high
+    if name in CHOICES:
+        return value in CHOICES[name]
     if isinstance(default, list):
-        return isinstance(value, list) and all(isinstance(v, str) for v in value)
+        return isinstance(value, list) and len(value) <= MAX_LIST and all(_is_text(v) for v in value)
+    if isinstance(default, dict):
+        return isinstance(value, dict) and len(value) <= MAX_LIST and \
+            all(_is_text(k) and isinstance(v, bool) for k, v in value.items())
+    if isinstance(default, str) or default is None:  # paths, the compare prompt
+        return _is_text(value)
     return isinstance(value, type(default))
+
+
+def _is_text(value: Any) -> bool:
+    """A string that can be a path or a prompt: bounded, no NUL, valid Unicode."""
+    if not isinstance(value, str) or len(value) > MAX_TEXT or "\x00" in value:
+        return False
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:  # a lone surrogate from a \ud800 escape
+        return False
+    return True
 
 
 def _remember(items: list, path: str, limit: int) -> list:
@@ -96,20 +144,70 @@ def settings_path() -> Path:
 
 
 def load_settings(path: Optional[Path] = None) -> Settings:
+    return read_settings(path)[0]
+
+
+def read_settings(path: Optional[Path] = None) -> tuple[Settings, Optional[str]]:
+    """The settings, and a one-line notice when the file was not used as it was (None if it was)."""
     path = Path(path) if path is not None else settings_path()
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-        if not isinstance(data, dict):
-            raise ValueError("not a JSON object")
+        data = _read_object(path)
     except FileNotFoundError:
-        return Settings()
-    except (OSError, ValueError):
+        return Settings(), None
+    except _Unreadable as e:
+        return Settings(), f"{path} {e}: SpecDesk starts with default settings; {_move_aside(path)}"
+    settings, refused = Settings.checked(data)
+    if not refused:
+        return settings, None
+    shown = ", ".join(f"{name} = {_short(data[name])}" for name in refused[:6]) + \
+        (f", and {', '.join(refused[6:])}" if len(refused) > 6 else "")
+    return settings, (f"{path} has values SpecDesk cannot use ({shown}): their defaults are used; "
+                      f"{_move_aside(path)}")
+
+
+class _Unreadable(Exception):
+    """Why the settings file cannot be used at all (completes "<path> ...")."""
+
+
+def _read_object(path: Path) -> dict:
+    status = os.stat(path)  # stat first: a FIFO would block open() forever
+    if not stat.S_ISREG(status.st_mode):
+        raise _Unreadable("is not a regular file")
+    if status.st_size > MAX_FILE_BYTES:
+        raise _Unreadable(f"is larger than {MAX_FILE_BYTES // 2**20} MB")
+    try:
+        data = json.loads(path.read_bytes().decode("utf-8"))
+    except OSError as e:
+        raise _Unreadable(f"cannot be read ({e.strerror or e})") from None
+    except UnicodeDecodeError:
+        raise _Unreadable("is not UTF-8 text") from None
+    except RecursionError:
+        raise _Unreadable("is JSON nested too deeply") from None
+    except ValueError as e:  # JSONDecodeError, and integers too long to convert
+        raise _Unreadable(f"is not valid JSON ({getattr(e, 'msg', e)})") from None
+    if not isinstance(data, dict):
+        raise _Unreadable("is not a JSON object")
+    return data
+
+
+def _move_aside(path: Path) -> str:
+    """Rename the file to a free `<name>.bad-<time>` name, so saving never overwrites it."""
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    for attempt in range(100):
+        aside = path.with_name(f"{path.name}.bad-{stamp}" + (f"-{attempt}" if attempt else ""))
+        if aside.exists() or aside.is_symlink():
+            continue
         try:
-            os.replace(path, path.with_name(path.name + ".bad"))
-        except OSError:
-            pass
-        return Settings()
-    return Settings.from_dict(data)
+            os.rename(path, aside)
+        except OSError as e:
+            return f"it could not be moved aside ({e.strerror or e}) and will be replaced when settings are saved"
+        return f"the file was kept as {aside.name}"
+    return "it could not be moved aside and will be replaced when settings are saved"
+
+
+def _short(value: Any, limit: int = 40) -> str:
+    text = json.dumps(value)
+    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 def save_settings(settings: Settings, path: Optional[Path] = None) -> Path:

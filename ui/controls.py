@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Optional
 
@@ -10,8 +11,8 @@ from PySide6.QtWidgets import (QComboBox, QDoubleSpinBox, QFileDialog, QFormLayo
                                QListWidget, QListWidgetItem, QPushButton, QScrollArea, QSpinBox, QVBoxLayout,
                                QWidget)
 
-from specdesk.app.settings import DEMO, DEMO_DFLASH, DEMO_HF, Settings
-from specdesk.engines.types import MAX_DRAFT_TOKENS, METHODS, SamplingParams, SpecConfig, SpecDeskError
+from specdesk.app.settings import DEMO, DEMO_DFLASH, DEMO_HF, RANGES, Settings
+from specdesk.engines.types import METHODS, SamplingParams, SpecConfig, SpecDeskError
 
 BROWSE = "\0browse"  # combo item data of "Open GGUF file…"
 BROWSE_FOLDER = "\0folder"  # combo item data of "Open model folder…" (Hugging Face safetensors)
@@ -42,6 +43,16 @@ UNSUPPORTED_REASON = {  # when the engine gives no reason of its own
     "dflash": "needs a DFlash block drafter made for this target",
     "eagle3": "needs an EAGLE-3 drafter made for this target",
 }
+
+
+def set_clamped(spin: QSpinBox | QDoubleSpinBox, value: float) -> None:
+    """setValue within the box's range: QSpinBox.setValue raises OverflowError past 32 bits,
+    and a NaN would become the maximum. Settings are checked on load (app/settings.py);
+    this keeps any other caller from taking the window down."""
+    if isinstance(value, float) and math.isnan(value):
+        value = spin.minimum()
+    value = min(max(value, spin.minimum()), spin.maximum())
+    spin.setValue(int(value) if isinstance(spin, QSpinBox) else float(value))
 
 
 class ControlsPanel(QScrollArea):
@@ -75,7 +86,7 @@ class ControlsPanel(QScrollArea):
         for method in METHODS:
             self.method_combo.addItem(METHOD_LABELS.get(method, method), method)
         self.k_spin = QSpinBox(models)
-        self.k_spin.setRange(1, MAX_DRAFT_TOKENS)
+        self.k_spin.setRange(*RANGES["k"])
         self.k_spin.setToolTip("Draft tokens proposed per step (the upper bound for variable-length proposers)")
         form.addRow("Target", self.target_combo)
         form.addRow("Method", self.method_combo)
@@ -85,18 +96,18 @@ class ControlsPanel(QScrollArea):
         sampling = QGroupBox("Sampling", body)
         form = QFormLayout(sampling)
         self.temperature_spin = QDoubleSpinBox(sampling)
-        self.temperature_spin.setRange(0.0, 10.0)
+        self.temperature_spin.setRange(*RANGES["temperature"])
         self.temperature_spin.setSingleStep(0.1)
         self.temperature_spin.setDecimals(2)
         self.temperature_spin.setSpecialValueText("0 (greedy)")
         self.top_p_spin = QDoubleSpinBox(sampling)
-        self.top_p_spin.setRange(0.01, 1.0)
+        self.top_p_spin.setRange(*RANGES["top_p"])
         self.top_p_spin.setSingleStep(0.05)
         self.top_k_spin = QSpinBox(sampling)
-        self.top_k_spin.setRange(0, 100_000)
+        self.top_k_spin.setRange(*RANGES["top_k"])
         self.top_k_spin.setSpecialValueText("off")
         self.seed_spin = QSpinBox(sampling)
-        self.seed_spin.setRange(0, 2**31 - 1)
+        self.seed_spin.setRange(*RANGES["seed"])
         form.addRow("Temperature", self.temperature_spin)
         form.addRow("Top-p", self.top_p_spin)
         form.addRow("Top-k", self.top_k_spin)
@@ -105,12 +116,12 @@ class ControlsPanel(QScrollArea):
         limits = QGroupBox("Limits", body)
         form = QFormLayout(limits)
         self.max_tokens_spin = QSpinBox(limits)
-        self.max_tokens_spin.setRange(1, 32_768)
+        self.max_tokens_spin.setRange(*RANGES["max_tokens"])
         self.threads_spin = QSpinBox(limits)
-        self.threads_spin.setRange(0, 256)
+        self.threads_spin.setRange(*RANGES["threads"])
         self.threads_spin.setSpecialValueText("auto")
         self.ctx_spin = QSpinBox(limits)
-        self.ctx_spin.setRange(0, 131_072)
+        self.ctx_spin.setRange(*RANGES["n_ctx"])
         self.ctx_spin.setSingleStep(256)
         self.ctx_spin.setSpecialValueText("model's")
         self.ctx_spin.setToolTip("Context size in tokens (default: the model's own, at most 4096)")
@@ -156,14 +167,11 @@ class ControlsPanel(QScrollArea):
         self._fill_models(self.draft_combo, DRAFTS,
                           s.recent_drafts, s.draft_path)
         self._select_method(s.method)
-        self.k_spin.setValue(min(max(s.k, 1), MAX_DRAFT_TOKENS))
-        self.temperature_spin.setValue(s.temperature)
-        self.top_p_spin.setValue(s.top_p)
-        self.top_k_spin.setValue(s.top_k)
-        self.seed_spin.setValue(s.seed)
-        self.max_tokens_spin.setValue(s.max_tokens)
-        self.threads_spin.setValue(s.threads)
-        self.ctx_spin.setValue(s.n_ctx)
+        for spin, value in ((self.k_spin, s.k), (self.temperature_spin, s.temperature), (self.top_p_spin, s.top_p),
+                            (self.top_k_spin, s.top_k), (self.seed_spin, s.seed),
+                            (self.max_tokens_spin, s.max_tokens), (self.threads_spin, s.threads),
+                            (self.ctx_spin, s.n_ctx)):
+            set_clamped(spin, value)
         self._update_enabled()
 
     def store_settings(self, s: Settings) -> None:

@@ -7,7 +7,6 @@ worker is busy, so the event loop stays responsive however fast the model is.
 
 from __future__ import annotations
 
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
@@ -16,7 +15,7 @@ from PySide6.QtCore import QCoreApplication, Qt, QTimer
 from PySide6.QtWidgets import QLabel, QMainWindow, QProgressBar, QSplitter, QTabWidget
 
 from specdesk.app.history import History
-from specdesk.app.settings import DEMO, DEMO_HF, Settings, load_settings, save_settings
+from specdesk.app.settings import DEMO, DEMO_HF, Settings, read_settings, save_settings
 from specdesk.engines.types import SpecConfig, SpecDeskError
 
 from .chat_view import ChatMessage, ChatView
@@ -51,8 +50,12 @@ class MainWindow(QMainWindow):
         super().__init__()
         self.setWindowTitle("SpecDesk")
         self._settings_file = settings_file
-        self.settings = settings if settings is not None else load_settings(settings_file)
         self._startup_errors: list[str] = []
+        if settings is None:
+            settings, notice = read_settings(settings_file)
+            if notice:  # a bad settings file: said once the window shows, the app runs on defaults
+                self._startup_errors.append(notice)
+        self.settings = settings
         self.history = history if history is not None else self._open_history()
         self.worker = EngineWorker(self)
         self.info: Optional[ModelInfo] = None
@@ -133,8 +136,8 @@ class MainWindow(QMainWindow):
             return History()
         except SpecDeskError as e:
             # Keep working (with a history that lasts this session) and say why at startup.
-            self._startup_errors.append(f"{e}\n\nChats of this session will not be kept.")
-            return History(Path(tempfile.mkdtemp(prefix="specdesk-")) / "history.sqlite3")
+            self._startup_errors.append(f"{e}. Chats of this session will not be kept.")
+            return History.temporary()  # its folder goes when the window closes the history
 
     def _size_splitters(self) -> None:
         """Controls at their natural width, the charts about 40% of the rest (once; then the user's)."""
