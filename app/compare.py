@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable, Optional
 
+from specdesk.engines.files import require_regular_file
 from specdesk.engines.spec.stats import StatsAccumulator
 from specdesk.engines.types import GenerationRequest, RunStats, SamplingParams, SpecConfig, SpecDeskError, StepEvent
 
@@ -186,22 +187,47 @@ def compare(engine, prompts: list[str], spec: SpecConfig, sampling: SamplingPara
                          spec.k, sampling.temperature, tuple(results))
 
 
+MAX_PROMPTS_FILE_BYTES = 256 * 2**20
+
+
 def load_prompts(path: str | Path) -> list[str]:
     """A JSONL file with one {"prompt": "..."} per line; a broken line is named."""
-    p = Path(path)
-    if not p.exists():
-        raise SpecDeskError(f"{p}: no such prompts file")
+    p = require_regular_file(path, 'prompts file (JSONL, one {"prompt": "..."} per line)')
+    size = p.stat().st_size
+    if size > MAX_PROMPTS_FILE_BYTES:
+        raise SpecDeskError(f"{p}: {size / 2**20:.0f} MB is too large for a prompts file "
+                            f"(at most {MAX_PROMPTS_FILE_BYTES // 2**20} MB)")
+    try:
+        text = p.read_bytes().decode("utf-8-sig")
+    except OSError as e:
+        raise SpecDeskError(f"{p}: cannot read it ({e.strerror or e})") from None
+    except UnicodeDecodeError as e:
+        line = _line_of(e.object, e.start)
+        raise SpecDeskError(f"{p}, line {line}: not UTF-8 text (byte 0x{e.object[e.start]:02x}); "
+                            "save the file as UTF-8") from None
     prompts = []
-    for number, line in enumerate(p.read_text(encoding="utf-8").splitlines(), start=1):
+    # Lines end at "\n" only: JSON strings may hold U+2028 or U+0085, which splitlines() would cut.
+    for number, line in enumerate(text.split("\n"), start=1):
         if not line.strip():
             continue
         try:
             item = json.loads(line)
         except json.JSONDecodeError as e:
             raise SpecDeskError(f"{p}, line {number}: not valid JSON ({e.msg})") from e
+        except RecursionError:
+            raise SpecDeskError(f"{p}, line {number}: JSON nested too deeply") from None
         if not isinstance(item, dict) or not isinstance(item.get("prompt"), str):
             raise SpecDeskError(f'{p}, line {number}: expected an object like {{"prompt": "..."}}')
+        try:
+            item["prompt"].encode("utf-8")
+        except UnicodeEncodeError as e:
+            raise SpecDeskError(f"{p}, line {number}: the prompt has a lone surrogate "
+                                f"({item['prompt'][e.start]!a}), which is not text") from None
         prompts.append(item["prompt"])
     if not prompts:
         raise SpecDeskError(f"{p}: no prompts in the file")
     return prompts
+
+
+def _line_of(data: bytes, offset: int) -> int:
+    return data.count(b"\n", 0, offset) + 1

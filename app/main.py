@@ -12,6 +12,9 @@ from typing import Optional
 from specdesk.engines.types import MAX_DRAFT_TOKENS, METHODS, SamplingParams, SpecConfig, SpecDeskError
 
 
+MAX_SEED = 2**32 - 1  # llama.cpp's sampler seed is 32 bits
+
+
 def _progress(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
@@ -69,6 +72,8 @@ def build_configs(args, draft: Optional[str]) -> tuple[SpecConfig, SamplingParam
         raise SpecDeskError(f"--max-tokens {args.max_tokens} is out of range: use at least 1")
     if args.threads is not None and args.threads < 1:
         raise SpecDeskError(f"--threads {args.threads} is out of range: use 1 or more")
+    if not 0 <= args.seed <= MAX_SEED:
+        raise SpecDeskError(f"--seed {args.seed} is out of range: use 0 to {MAX_SEED}")
     spec = SpecConfig(method=args.method, k=args.k, draft_path=draft if args.method in ("draft", "dflash", "eagle3") else None,
                       draft_p_min=args.draft_p_min)
     sampling = SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, seed=args.seed)
@@ -87,10 +92,12 @@ def open_engine(target: str, args):
 
 def chat_prompt(engine, messages: list[dict]) -> list[int]:
     from specdesk.app.templates import render_chat
+    from specdesk.engines.spec.loop import check_prompt_text
 
     model = engine.target
     text = render_chat(model.chat_template(), messages, bos_token=model.token_text(model.vocab.bos),
                        eos_token=model.token_text(model.vocab.eos), source=str(model.path))
+    check_prompt_text(text, engine.n_ctx, model)  # before tokenizing: a 50 MB paste is refused at once
     return model.tokenize(text, add_bos=False, parse_special=True)
 
 
@@ -147,7 +154,9 @@ def cmd_compare(args) -> int:
         if args.chat:
             tokenize = lambda text: chat_prompt(engine, [{"role": "user", "content": text}])
         else:
-            tokenize = engine.tokenize
+            from specdesk.app.prompting import text_tokens
+
+            tokenize = lambda text: text_tokens(engine, text)
         live = sys.stderr.isatty() and args.json != "-"
 
         def show_progress(label, index, event):
@@ -171,6 +180,7 @@ def cmd_compare(args) -> int:
 # --- chat --------------------------------------------------------------------
 def cmd_chat(args) -> int:
     from specdesk.app.compare import run_once
+    from specdesk.app.prompting import fit_chat
     from specdesk.engines.types import GenerationRequest
 
     target, draft = resolve_models(args)
@@ -193,18 +203,23 @@ def cmd_chat(args) -> int:
                 engine.reset_chat()
                 continue
             messages.append({"role": "user", "content": line})
-            tokens = chat_prompt(engine, messages)
-            while len(tokens) + args.max_tokens > engine.n_ctx and len(messages) > 1:
-                messages.pop(0)  # oldest turns go first when the conversation outgrows the context
-                tokens = chat_prompt(engine, messages)
-            request = GenerationRequest(tuple(tokens), max_tokens=args.max_tokens, sampling=sampling, spec=spec)
             cancel = threading.Event()
-            print("model> ", end="", flush=True)
             try:
+                # The oldest turns go first when the conversation outgrows the context.
+                tokens, dropped = fit_chat(engine, messages, args.max_tokens)
+                del messages[:dropped]
+                request = GenerationRequest(tuple(tokens), max_tokens=args.max_tokens, sampling=sampling, spec=spec)
+                print("model> ", end="", flush=True)
                 result = run_once(engine, request, cancel, on_event=lambda e: print(e.text, end="", flush=True))
             except KeyboardInterrupt:
                 cancel.set()
                 print("\n[stopped]")
+                continue
+            except SpecDeskError as e:
+                if not getattr(engine, "alive", True):  # the engine process ended: nothing left to chat with
+                    raise
+                messages.pop()  # this message cannot be answered (too long, say): the chat goes on
+                print(f"specdesk: {e}", file=sys.stderr)
                 continue
             messages.append({"role": "assistant", "content": result.text})
             s = result.stats
@@ -217,11 +232,21 @@ def cmd_chat(args) -> int:
 
 
 # --- demo ----------------------------------------------------------------------
+def output_folder(value: str, option: str) -> Path:
+    """A folder to write into: refused up front when the path is taken by something else."""
+    path = Path(value)
+    if path.exists() and not path.is_dir():
+        raise SpecDeskError(f"{option} {path} exists and is not a folder: choose a new or existing folder")
+    return path
+
+
 def cmd_demo(args) -> int:
     from specdesk.app.demo.install import build_family
 
     if args.action != "build":
         raise SpecDeskError(f"unknown demo action {args.action!r}")
+    if args.out:
+        output_folder(args.out, "--out")
     paths = build_family(small=args.small, retrain=args.retrain, out=Path(args.out) if args.out else None,
                          progress=_progress)
     print(json.dumps(paths))
@@ -243,12 +268,10 @@ def cmd_gui(args) -> int:
 
 
 def cmd_screenshot(args) -> int:
-    from specdesk.ui.screenshot import take_screenshots
+    from specdesk.ui.screenshot import parse_size, take_screenshots
 
-    try:
-        width, height = (int(v) for v in args.size.lower().split("x"))
-    except ValueError:
-        raise SpecDeskError(f"--size {args.size!r} is not WIDTHxHEIGHT (for example 1280x800)") from None
+    width, height = parse_size(args.size)
+    output_folder(args.out, "--out")
     for path in take_screenshots(Path(args.out), (width, height), dark=args.dark, threads=args.threads or 0,
                                  demo_size="full" if args.full_demo else "small",
                                  suffix=args.suffix, progress=_progress):

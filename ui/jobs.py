@@ -275,17 +275,9 @@ def describe_engine(engine, draft_path: Optional[str], verdicts=(), draft_kind: 
 # --- chat ----------------------------------------------------------------------
 def chat_tokens(engine, messages: list[dict], max_tokens: int) -> tuple[list[int], int]:
     """The prompt for a conversation; the oldest turns go first when it outgrows the context."""
-    from specdesk.app.main import chat_prompt
+    from specdesk.app.prompting import fit_chat
 
-    if not messages:
-        raise SpecDeskError("there is no message to answer")
-    reserve = min(max_tokens, engine.n_ctx // 2)
-    dropped = 0
-    tokens = chat_prompt(engine, messages)
-    while len(tokens) + reserve > engine.n_ctx and len(messages) - dropped > 1:
-        dropped += 1
-        tokens = chat_prompt(engine, messages[dropped:])
-    return tokens, dropped
+    return fit_chat(engine, messages, reserve=min(max_tokens, engine.n_ctx // 2))
 
 
 def run_chat(engine, messages: list[dict], spec: SpecConfig, sampling: SamplingParams, max_tokens: int,
@@ -300,7 +292,9 @@ def prompt_tokenizer(engine, chat: bool) -> Callable[[str], list[int]]:
     """With `chat`, a prompt is one user message in the model's chat template (as in the
     chat tab); without, it is raw text to continue."""
     if not chat:
-        return engine.tokenize
+        from specdesk.app.prompting import text_tokens
+
+        return lambda text: text_tokens(engine, text)
     from specdesk.app.main import chat_prompt
 
     return lambda text: chat_prompt(engine, [{"role": "user", "content": text}])

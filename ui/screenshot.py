@@ -17,7 +17,19 @@ from typing import Callable, Optional
 from specdesk.engines.types import SpecDeskError
 
 CHAT_PROMPT = "Write a function that parses command line arguments."
+MAX_SIDE = 8192  # pixels; a 40000x40000 window would need 6 GB of image memory, twice
 COMPARE_PROMPT = "def parse_args(argv):"
+
+
+def parse_size(text: str) -> tuple[int, int]:
+    """`--size WIDTHxHEIGHT`, each side 1 to MAX_SIDE pixels."""
+    try:
+        width, height = (int(v) for v in text.lower().split("x"))
+    except ValueError:
+        raise SpecDeskError(f"--size {text!r} is not WIDTHxHEIGHT (for example 1280x800)") from None
+    if not (1 <= width <= MAX_SIDE and 1 <= height <= MAX_SIDE):
+        raise SpecDeskError(f"--size {text} is out of range: each side must be 1 to {MAX_SIDE} pixels")
+    return width, height
 
 
 def wait_signal(app, signal, accept: Callable[..., bool], timeout_s: float) -> tuple:
@@ -55,7 +67,8 @@ def take_screenshots(out: Path, size: tuple[int, int] = (1280, 800), dark: bool 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     app = make_app([], dark=dark)
-    scratch = Path(tempfile.mkdtemp(prefix="specdesk-screenshot-"))
+    scratch_folder = tempfile.TemporaryDirectory(prefix="specdesk-screenshot-")  # removed when done
+    scratch = Path(scratch_folder.name)
     settings = Settings(target_path=DEMO, draft_path=DEMO, demo_size=demo_size, method="draft", k=4,
                         temperature=0.7, seed=1, max_tokens=160, threads=threads, n_ctx=1024,
                         compare_prompt=COMPARE_PROMPT)
@@ -98,10 +111,11 @@ def take_screenshots(out: Path, size: tuple[int, int] = (1280, 800), dark: bool 
         _settle(app)
         saved.append(_grab(window, out / f"compare{suffix}.png"))
     finally:
-        window.close()
+        window.close()  # saves settings into the scratch folder and closes the history
         window.deleteLater()
         app.processEvents()
         app.setQuitOnLastWindowClosed(quit_on_close)
+        scratch_folder.cleanup()
     return saved
 
 
