@@ -81,16 +81,16 @@ def build_configs(args, draft: Optional[str]) -> tuple[SpecConfig, SamplingParam
 
 
 def open_engine(target: str, args):
-    if getattr(args, "engine", "llama") == "torch":
-        from specdesk.engines.torch.engine import TorchEngine
+    """The engine in its own process (app/engine_host.py): a crash in a model ends that, not the CLI."""
+    from specdesk.app.engine_client import EngineClient
 
-        return TorchEngine(target, n_ctx=args.ctx, device=args.device, n_threads=args.threads)
-    from specdesk.engines.llama.engine import LlamaEngine
-
-    return LlamaEngine(target, n_ctx=args.ctx, n_threads=args.threads)
+    return EngineClient(target, kind=getattr(args, "engine", "llama"), n_ctx=args.ctx, n_threads=args.threads,
+                        device=getattr(args, "device", "auto"))
 
 
 def chat_prompt(engine, messages: list[dict]) -> list[int]:
+    if hasattr(engine, "chat_prompt"):  # an engine host renders the template itself (a template can hang)
+        return engine.chat_prompt(messages)
     from specdesk.app.templates import render_chat
     from specdesk.engines.spec.loop import check_prompt_text
 
@@ -337,6 +337,8 @@ def main(argv: Optional[list[str]] = None) -> int:
         return args.func(args)
     except SpecDeskError as e:
         print(f"specdesk: error: {e}", file=sys.stderr)
+        if getattr(e, "details", ""):  # the engine process's last output (app/engine_client.py)
+            print(e.details, file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("specdesk: interrupted", file=sys.stderr)

@@ -170,13 +170,11 @@ def resolve_demo(target: str, draft: Optional[str], demo_size: str,
 
 
 def open_engine(target: str, n_ctx: int, threads: int, progress: Callable[[float], None]):
-    if os.path.isdir(target):
-        from specdesk.engines.torch.engine import TorchEngine
+    """The engine in its own process: a model that aborts or hangs there never takes the window down."""
+    from specdesk.app.engine_client import EngineClient
 
-        return TorchEngine(target, n_ctx=n_ctx, n_threads=threads)
-    from specdesk.engines.llama.engine import LlamaEngine
-
-    return LlamaEngine(target, n_ctx=n_ctx, n_threads=threads, progress=progress)
+    return EngineClient(target, kind="torch" if os.path.isdir(target) else "llama", n_ctx=n_ctx, n_threads=threads,
+                        progress=progress)
 
 
 def drafter_kind(path: str) -> str:
@@ -222,54 +220,17 @@ def same_file(a, b) -> bool:
     return os.path.abspath(a) == os.path.abspath(b)
 
 
-def draft_verdicts(engine, choices, resolve: Callable[[str], str]) -> tuple[tuple[str, tuple[str, ...]], ...]:
-    """For each draft choice (a path or DEMO): the reasons it cannot serve the loaded target,
-    from a vocabulary-only read of the file (no weights are loaded)."""
-    from specdesk.engines.llama.binding import GgufModel
-    from specdesk.engines.llama.compat import incompatibilities
-
-    verdicts = []
-    for choice in choices:
-        try:
-            draft = GgufModel(resolve(choice), vocab_only=True)
-        except SpecDeskError as e:
-            verdicts.append((choice, (str(e),)))
-            continue
-        try:
-            verdicts.append((choice, tuple(incompatibilities(engine.target, draft))))
-        finally:
-            draft.close()
-    return tuple(verdicts)
-
-
-def engine_threads(engine) -> int:
-    if engine.name == "torch":
-        import torch
-
-        return torch.get_num_threads()
-    return engine.n_threads
-
-
-def describe_engine(engine, draft_path: Optional[str], verdicts=(), draft_kind: str = "draft") -> ModelInfo:
-    model = engine.target
-    if engine.name == "torch":
-        from specdesk.engines.torch.engine import supported_methods
-
-        native = {draft_kind: draft_path} if draft_path and draft_kind != "draft" else {}
-        availability = supported_methods(model.path, dflash_folder=native.get("dflash"),
-                                         eagle3_folder=native.get("eagle3"))
-        n_params = sum(p.numel() for p in model.network.parameters())
-        size = sum(f.stat().st_size for f in Path(model.path).glob("*.safetensors"))
-    else:
-        availability = engine.method_availability()
-        n_params, size = model.n_params, model.size_bytes
-    if draft_path and draft_kind != "draft":
-        availability["draft"] = f"the loaded draft is a {draft_kind} drafter: choose a draft model for this method"
+def describe_engine(engine, draft_path: Optional[str], verdict_paths: dict[str, str],
+                    draft_kind: str = "draft") -> ModelInfo:
+    """What is loaded, from the engine host's facts (app/engine_host.engine_facts); `verdict_paths`
+    maps draft choices to the GGUF files whose fit with the target the host checks."""
+    facts = engine.facts(draft_path, draft_kind, verdict_paths)
+    availability = facts["availability"]
     supported = tuple(m for m, why in availability.items() if why is None)
     unavailable = tuple((m, why) for m, why in availability.items() if why is not None)
-    return ModelInfo(str(model.path), draft_path, engine.name, supported, engine.n_ctx, engine_threads(engine),
-                     int(n_params), int(size), model.chat_template() is not None, unavailable,
-                     tuple(verdicts))
+    return ModelInfo(str(engine.target.path), draft_path, engine.name, supported, engine.n_ctx, facts["threads"],
+                     facts["n_params"], facts["size_bytes"], facts["has_chat_template"], unavailable,
+                     tuple(facts["verdicts"]))
 
 
 # --- chat ----------------------------------------------------------------------

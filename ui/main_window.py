@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Optional
 
 from PySide6.QtCore import QCoreApplication, Qt, QTimer
-from PySide6.QtWidgets import QLabel, QMainWindow, QProgressBar, QSplitter, QTabWidget
+from PySide6.QtWidgets import QLabel, QMainWindow, QMessageBox, QProgressBar, QSplitter, QTabWidget
 
 from specdesk.app.history import History
 from specdesk.app.settings import DEMO, DEMO_HF, Settings, read_settings, save_settings
@@ -67,6 +67,7 @@ class MainWindow(QMainWindow):
         self._closed = False
         self._splitters_sized = False
         self.errors_shown = 0
+        self.engine_stop_box: Optional[QMessageBox] = None  # the last "engine process stopped" message
         self.loads_reported = 0  # loading-progress updates shown (tests read it)
 
         self.controls = ControlsPanel(self.settings, self)
@@ -360,8 +361,14 @@ class MainWindow(QMainWindow):
             self._load_job = None
             self._show_loaded_choice(error.kind)
             self._show_model_status()
+        if error.engine_lost:
+            self.info = None  # nothing is loaded any more; the chat on screen and in history stays
+            self._show_model_status()
         self._update_actions()
-        self.report_error(error.message)
+        if error.details or error.engine_lost:
+            self._report_engine_stop(error)
+        else:
+            self.report_error(error.message)
         if (error.kind == "load" and NO_SHIPPED_FAMILY in error.message and self.settings.target_path == DEMO
                 and self.settings.demo_size == "full"):
             self._offer_small_demo()
@@ -370,6 +377,20 @@ class MainWindow(QMainWindow):
         self.errors_shown += 1
         self.status_label.setText(message.splitlines()[0] if message else "error")
         show_error(self, message)
+
+    def _report_engine_stop(self, error: JobError) -> None:
+        """The engine process ended: one sentence, its last output behind "Details", and
+        Reload when the model went with it. The box does not block, so the window runs on."""
+        self.errors_shown += 1
+        self.status_label.setText(error.message)
+        box = QMessageBox(QMessageBox.Critical, "SpecDesk", error.message, QMessageBox.Close, self)
+        if error.details:
+            box.setDetailedText(error.details)
+        if error.engine_lost:
+            box.addButton("Reload", QMessageBox.AcceptRole).clicked.connect(self.load_models)
+        box.setAttribute(Qt.WA_DeleteOnClose)
+        box.open()
+        self.engine_stop_box = box
 
     def _on_busy(self, busy: bool) -> None:
         self.busy_bar.setVisible(busy and self._load_job is not None)

@@ -7,6 +7,10 @@ back as queued signals. The engine is created, used and closed on the worker thr
 Cancel is a `threading.Event` per job, set directly from the GUI thread (the worker is
 busy inside the generator and would not see a queued call); the engine checks it between
 steps, so a stopped generation ends after the step in progress.
+
+The engine itself runs in its own process (app/engine_client.py): when that process dies or
+is ended by Stop, the job fails with EngineHostDied, the worker forgets the engine and the
+error says so, with the process's last output as details; the worker thread carries on.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from typing import Any, Optional
 
 from PySide6.QtCore import QObject, QThread, Qt, Signal, Slot
 
+from specdesk.app.engine_client import EngineHostDied
 from specdesk.app.settings import DEMO
 from specdesk.engines.types import SamplingParams, SpecConfig, SpecDeskError
 
@@ -48,6 +53,8 @@ class JobError:
     job_id: int
     kind: str  # the job's kind; "draft" when the target loaded but its draft was refused
     message: str
+    details: str = ""  # the engine process's last output lines, when it stopped
+    engine_lost: bool = False  # the loaded model went with its process: offer to load it again
 
 
 class _DraftRefused(SpecDeskError):
@@ -92,6 +99,11 @@ class _Runner(QObject):
             self.finished.emit(JobResult(job.job_id, job.kind, value))
         except _DraftRefused as e:
             self.errored.emit(JobError(job.job_id, "draft", str(e)))
+        except EngineHostDied as e:
+            lost = self.engine is not None and not self.engine.alive
+            if lost:
+                self._close_engine()
+            self.errored.emit(JobError(job.job_id, job.kind, str(e), e.details, lost))
         except SpecDeskError as e:
             self.errored.emit(JobError(job.job_id, job.kind, str(e)))
         except MemoryError:
@@ -115,13 +127,16 @@ class _Runner(QObject):
         threads = a["threads"] or default_threads()
         engine = self.engine
         self._kept_target = True
+        if engine is not None and not engine.alive:  # its process ended: load afresh
+            self._close_engine()
+            engine = None
         if engine is None or not jobs.same_file(engine.target.path, target) or a["n_ctx"] != self._n_ctx:
             self._kept_target = False
             self.progress.emit(f"loading {jobs.file_label(target)}")
             new_engine = jobs.open_engine(target, a["n_ctx"], threads, self._fraction_reporter())
             self._close_engine()  # only once the new one loaded: a bad file keeps the old model
             self.engine, self._n_ctx, engine = new_engine, a["n_ctx"], new_engine
-        elif jobs.engine_threads(engine) != threads:
+        elif engine.n_threads != threads:
             engine.set_threads(threads)
         # A refused draft leaves the previous one in use if this engine still has it loaded.
         previous = (self.draft_path, self.draft_kind) if self.engine is engine and self._kept_target else (None, "draft")
@@ -146,7 +161,7 @@ class _Runner(QObject):
         demo_in_use = DEMO in (a["target"], a["draft"])
         choices = [c for c in a.get("drafts", ()) if c and (c != DEMO or demo_in_use)
                    and engine.name != "torch" and not os.path.isdir(c)]
-        info = jobs.describe_engine(engine, self.draft_path, jobs.draft_verdicts(engine, choices, resolve),
+        info = jobs.describe_engine(engine, self.draft_path, {choice: resolve(choice) for choice in choices},
                                     self.draft_kind)
         self.loaded.emit(JobResult(job.job_id, "load", info))
         if draft_error is not None:
@@ -169,7 +184,9 @@ class _Runner(QObject):
         a = job.args
         batcher = jobs.EventBatcher(job.job_id, "chat", a["spec"].draft_tokens, engine.target.token_bytes,
                                     self.stream.emit)
-        result = jobs.run_chat(engine, a["messages"], a["spec"], a["sampling"], a["max_tokens"], job.cancel, batcher)
+        with engine.watching(job.cancel):  # Stop also ends a chat template that never finishes rendering
+            result = jobs.run_chat(engine, a["messages"], a["spec"], a["sampling"], a["max_tokens"], job.cancel,
+                                   batcher)
         batcher.flush()
         return result
 
@@ -180,14 +197,16 @@ class _Runner(QObject):
         def batcher_for(label: str, k: int) -> jobs.EventBatcher:
             return jobs.EventBatcher(job.job_id, label, k, engine.target.token_bytes, self.stream.emit)
 
-        return jobs.run_compare(engine, a["prompt"], a["spec"], a["sampling"], a["max_tokens"], job.cancel,
-                                batcher_for, a["chat"])
+        with engine.watching(job.cancel):
+            return jobs.run_compare(engine, a["prompt"], a["spec"], a["sampling"], a["max_tokens"], job.cancel,
+                                    batcher_for, a["chat"])
 
     def _sweep(self, job: _Job):
         engine = self._need_engine()
         a = job.args
-        return jobs.run_sweep(engine, a["prompt"], a["spec"], a["sampling"], a["max_tokens"], a["ks"], job.cancel,
-                              lambda point: self.partial.emit((job.job_id, point)), a["chat"])
+        with engine.watching(job.cancel):
+            return jobs.run_sweep(engine, a["prompt"], a["spec"], a["sampling"], a["max_tokens"], a["ks"],
+                                  job.cancel, lambda point: self.partial.emit((job.job_id, point)), a["chat"])
 
     def _new_chat(self, job: _Job):
         if self.engine is not None:
@@ -287,14 +306,23 @@ class EngineWorker(QObject):
             if job_id is None or job.job_id == job_id:
                 job.cancel.set()
 
-    def shutdown(self, timeout_ms: int = 10_000) -> bool:
-        """Stop everything, close the engine on its thread, end the thread. True when it ended."""
+    def shutdown(self, timeout_ms: int = 2_000) -> bool:
+        """Stop everything, close the engine on its thread, end the thread. True when it ended.
+
+        Never waits more than `timeout_ms`: an engine process still busy after most of it
+        (a step that does not return) is killed, which ends the worker's wait for it."""
         if self._closed:
             return True
         self._closed = True
         self.stop()
         self._submit.emit(_Job(0, "close", {}))
-        ended = self._thread.wait(timeout_ms)
+        patience = timeout_ms * 3 // 4
+        ended = self._thread.wait(patience)
+        if not ended:
+            engine = self._runner.engine
+            if engine is not None:
+                engine.kill()
+            ended = self._thread.wait(timeout_ms - patience)
         if ended:
             _live_threads.discard(self._thread)
         else:

@@ -1,0 +1,358 @@
+"""EngineClient: an engine in its own process (app/engine_host.py), with the engine's interface.
+
+`generate(request, cancel)` yields the same StepEvents as an in-process engine, so chat,
+compare, sweep and charts do not know the difference. What the process cannot survive (an
+abort in llama.cpp, an out-of-memory kill) ends the host, not the app: the client raises
+EngineHostDied with one sentence and the host's last output lines. A step or a chat template
+that never returns is ended by Stop: after STOP_GRACE_S the client ends the host and says so.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import signal
+import tempfile
+import threading
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Callable, Iterator, Optional
+
+from specdesk.engines.types import GenerationRequest, SpecDeskError, StepEvent
+
+from .engine_host import HostSpec, host_main
+
+STOP_GRACE_S = 2.0  # how long Stop waits for a step to end before it ends the host
+CLOSE_GRACE_S = 1.0  # how long close() waits for the host to unload before ending it
+POLL_S = 0.05  # how often a waiting client looks at its cancel event
+DETAIL_LINES = 30  # host output lines kept behind "Details"
+
+
+class EngineHostDied(SpecDeskError):
+    """The engine process ended (a crash, a kill, or Stop on a step that did not return).
+
+    The message is one sentence for the user; `details` holds the host's last output lines."""
+
+    def __init__(self, message: str, details: str = "", exitcode: Optional[int] = None):
+        super().__init__(message)
+        self.details = details
+        self.exitcode = exitcode
+
+
+def describe_exit(exitcode: Optional[int]) -> str:
+    if exitcode is None:
+        return "no exit status"
+    if exitcode < 0:
+        try:
+            name = signal.Signals(-exitcode).name
+        except ValueError:
+            name = f"signal {-exitcode}"
+        if name == "SIGKILL":
+            return "SIGKILL, which often means the system ran out of memory"
+        return name
+    return f"exit status {exitcode}"
+
+
+class RemoteTarget:
+    """The host's target model, as far as the app reads it: fixed facts are kept here,
+    tokenization goes to the host, token bytes come once as a table."""
+
+    def __init__(self, client: "EngineClient", facts: dict[str, Any]):
+        self._client = client
+        self.path = Path(facts["path"])
+        self.n_vocab: int = facts["n_vocab"]
+        self._chat_template: Optional[str] = facts["chat_template"]
+        self._token_table: Optional[list[bytes]] = None
+
+    def chat_template(self) -> Optional[str]:
+        return self._chat_template
+
+    def token_bytes(self, token: int) -> bytes:
+        return self.token_table()[token]
+
+    def token_table(self) -> list[bytes]:
+        if self._token_table is None:
+            self._token_table = self._client.call("token_table")
+        return self._token_table
+
+    def tokenize(self, text: str, add_bos: Optional[bool] = None, parse_special: bool = False) -> list[int]:
+        return self._client.call("target.tokenize", text, add_bos=add_bos, parse_special=parse_special)
+
+    def token_text(self, token: int) -> str:
+        return self._client.call("target.token_text", token)
+
+    def detokenize(self, tokens) -> str:
+        return self._client.call("target.detokenize", list(tokens))
+
+    def is_eog(self, token: int) -> bool:
+        return self._client.call("target.is_eog", token)
+
+
+class EngineClient:
+    """Starts an engine host for `target` and speaks for it. One request at a time."""
+
+    def __init__(self, target: str | os.PathLike, kind: str = "llama", n_ctx: int = 0,
+                 n_threads: Optional[int] = None, device: str = "auto",
+                 progress: Optional[Callable[[float], None]] = None):
+        self.spec = HostSpec(str(target), kind, n_ctx, n_threads, device)
+        self._lock = threading.Lock()
+        self._owner: Optional[int] = None  # the thread holding _lock
+        self._watched: Optional[threading.Event] = None
+        self._generations = 0
+        self._closed = False
+        self._dead: Optional[EngineHostDied] = None
+        log = tempfile.NamedTemporaryFile(prefix="specdesk-engine-", suffix=".log", delete=False)
+        log.close()
+        self.log_path = log.name
+        context = multiprocessing.get_context("spawn")  # a fresh interpreter: no Qt or threads copied by fork
+        self._conn, child_conn = context.Pipe(duplex=True)
+        self._process = context.Process(target=host_main, args=(child_conn, self.spec, self.log_path),
+                                        name="specdesk-engine", daemon=True)
+        self._process.start()
+        child_conn.close()  # only the child holds its end: its death reads as end-of-file here
+        facts = self._wait(f"loading {Path(target).name}", progress=progress)
+        self.name: str = facts["name"]
+        self.n_ctx: int = facts["n_ctx"]
+        self.n_threads: int = facts["n_threads"]
+        self.pid: int = facts["pid"]
+        self.target = RemoteTarget(self, facts)
+
+    # --- state ---------------------------------------------------------------
+    @property
+    def alive(self) -> bool:
+        return self._dead is None and not self._closed and self._process.is_alive()
+
+    @contextmanager
+    def watching(self, cancel: threading.Event):
+        """While inside, a call that does not return is ended (with the host) when `cancel` is set:
+        Stop must also end a chat template that hangs while rendering."""
+        previous, self._watched = self._watched, cancel
+        try:
+            yield self
+        finally:
+            self._watched = previous
+
+    # --- the engine's interface -------------------------------------------------
+    def generate(self, request: GenerationRequest, cancel: threading.Event) -> Iterator[StepEvent]:
+        # Consumers detokenize while the run goes on, and nothing else can be asked of the
+        # host then: the token table comes first.
+        self.target.token_table()
+        with self._exclusive():
+            self._check_usable()
+            self._generations += 1
+            gen_id = self._generations
+            self._send(("generate", gen_id, request), "generating")
+            finished = False
+            try:
+                for message in self._replies("generating", cancel, lambda: self._send(("cancel", gen_id),
+                                                                                      "generating")):
+                    if message[0] == "event":
+                        yield message[1]
+                    elif message[0] == "done":
+                        finished = True
+                        return
+                    else:
+                        finished = True
+                        raise self._error(message)
+            finally:
+                if not finished and self.alive:  # the consumer stopped early: end the run before the next request
+                    stop = threading.Event()
+                    stop.set()
+                    for message in self._replies("stopping", stop, lambda: self._send(("cancel", gen_id), "stopping")):
+                        if message[0] in ("done", "error"):
+                            break
+
+    def call(self, name: str, *args, progress: Optional[Callable[[float], None]] = None, **kwargs) -> Any:
+        """Run one of engine_host.CALLS in the host; its errors are raised here."""
+        with self._exclusive():
+            self._check_usable()
+            if progress is not None:
+                kwargs["progress"] = True
+            activity = name.replace("_", " ").replace("target.", "")
+            self._send(("call", name, args, kwargs), activity)
+            cancel = self._watched
+            for message in self._replies(activity, cancel, None, progress):
+                if message[0] == "result":
+                    return message[1]
+                raise self._error(message)
+
+    def load_draft(self, path, progress: Optional[Callable[[float], None]] = None) -> None:
+        self.call("load_draft", str(path), progress=progress)
+
+    def load_native(self, method: str, path=None) -> None:
+        self.call("load_native", method, None if path is None else str(path))
+
+    def load_mtp(self) -> None:
+        self.call("load_mtp")
+
+    def load_dflash(self, path) -> None:
+        self.call("load_dflash", str(path))
+
+    def load_eagle3(self, path) -> None:
+        self.call("load_eagle3", str(path))
+
+    def method_availability(self) -> dict[str, Optional[str]]:
+        return self.call("method_availability")
+
+    def set_threads(self, n_threads: int) -> None:
+        self.n_threads = self.call("set_threads", n_threads)
+
+    def reset_chat(self) -> None:
+        self.call("reset_chat")
+
+    def tokenize(self, text: str, add_bos: bool = True) -> list[int]:
+        return self.call("tokenize", text, add_bos=add_bos)
+
+    def detokenize(self, tokens) -> str:
+        return self.call("detokenize", list(tokens))
+
+    def chat_prompt(self, messages: list[dict]) -> list[int]:
+        """The conversation in the model's chat template, rendered in the host (a template can hang)."""
+        return self.call("chat_prompt", [dict(m) for m in messages])
+
+    def facts(self, draft_path: Optional[str] = None, draft_kind: str = "draft",
+              verdict_paths: Optional[dict[str, str]] = None) -> dict[str, Any]:
+        return self.call("facts", draft_path, draft_kind, verdict_paths or {})
+
+    @property
+    def device_description(self) -> str:
+        return self.call("device_description")
+
+    # --- ending ------------------------------------------------------------------
+    def close(self, timeout_s: float = CLOSE_GRACE_S) -> None:
+        """Unload and end the host; one that does not end within `timeout_s` is killed."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._process.is_alive():
+            try:
+                self._conn.send(("close",))
+            except OSError:
+                pass
+            self._process.join(timeout_s)
+        self._end()
+        self._conn.close()
+        self._remove_log()
+
+    def kill(self) -> None:
+        """End the host at once. Safe from any thread: it only sends the signal, and a client
+        waiting on the host then reads end-of-file (the waiting thread reaps the process)."""
+        if self._process.exitcode is None:
+            self._process.kill()
+
+    def _end(self) -> None:
+        self.kill()
+        self._process.join(CLOSE_GRACE_S)
+
+    # --- plumbing ------------------------------------------------------------------
+    @contextmanager
+    def _exclusive(self):
+        """One request at a time; a call from inside a running generation is a bug, not a wait forever."""
+        if self._owner == threading.get_ident():
+            raise RuntimeError("the engine process is busy with a generation on this thread")
+        with self._lock:
+            self._owner = threading.get_ident()
+            try:
+                yield
+            finally:
+                self._owner = None
+
+    def _check_usable(self) -> None:
+        if self._dead is not None:
+            raise EngineHostDied(f"the engine process for {Path(self.spec.target).name} has stopped: "
+                                 "reload the model to continue", self._dead.details, self._dead.exitcode)
+        if self._closed:
+            raise SpecDeskError("the engine is closed: load a model first")
+
+    def _send(self, message: tuple, activity: str) -> None:
+        try:
+            self._conn.send(message)
+        except OSError:
+            raise self._died(activity) from None
+
+    def _replies(self, activity: str, cancel: Optional[threading.Event], on_cancel: Optional[Callable[[], None]],
+                 progress: Optional[Callable[[float], None]] = None) -> Iterator[tuple]:
+        """Messages from the host until the caller stops reading; ends a host that does not
+        answer within STOP_GRACE_S of `cancel` being set."""
+        cancelled_at = None
+        while True:
+            if cancel is not None and cancel.is_set() and cancelled_at is None:
+                cancelled_at = time.monotonic()
+                if on_cancel is not None:
+                    on_cancel()
+            if cancelled_at is not None and time.monotonic() - cancelled_at > STOP_GRACE_S:
+                self._end()
+                self._dead = self._died_error(
+                    f"the engine process did not answer within {STOP_GRACE_S:.0f} s of Stop while {activity} "
+                    f"and was ended: reload the model to continue")
+                raise self._dead
+            try:
+                ready = self._conn.poll(POLL_S)
+                message = self._conn.recv() if ready else None
+            except (EOFError, OSError):
+                raise self._died(activity) from None
+            if message is None:
+                continue
+            if message[0] == "progress":
+                if progress is not None:
+                    progress(message[1])
+                continue
+            yield message
+
+    def _wait(self, activity: str, progress: Optional[Callable[[float], None]]) -> dict:
+        try:
+            for message in self._replies(activity, None, None, progress):
+                if message[0] == "ready":
+                    return message[1]
+                raise self._error(message)
+        except BaseException:
+            self._end()
+            self._closed = True
+            self._conn.close()
+            self._remove_log()
+            raise
+        raise AssertionError("unreachable")
+
+    def _error(self, message: tuple) -> Exception:
+        kind, text = message[1], message[2]
+        if kind == "memory":
+            return MemoryError(text)
+        if kind == "bug":
+            return RuntimeError(text)
+        return SpecDeskError(text)
+
+    def _died(self, activity: str) -> EngineHostDied:
+        self._process.join(CLOSE_GRACE_S)
+        if self._process.is_alive():  # the pipe broke but the process lives on: end it
+            self._end()
+        how = describe_exit(self._process.exitcode)
+        self._dead = self._died_error(f"the engine process for {Path(self.spec.target).name} stopped ({how}) "
+                                      f"while {activity}: reload it, or choose another model")
+        return self._dead
+
+    def _died_error(self, message: str) -> EngineHostDied:
+        return EngineHostDied(message, self.output_tail(), self._process.exitcode)
+
+    def output_tail(self, lines: int = DETAIL_LINES) -> str:
+        """The host's last output lines (llama.cpp's assert messages end up here)."""
+        try:
+            with open(self.log_path, "rb") as f:
+                f.seek(0, os.SEEK_END)
+                f.seek(max(0, f.tell() - 16384))
+                text = f.read().decode("utf-8", "replace")
+        except OSError:
+            return ""
+        return "\n".join(text.splitlines()[-lines:])
+
+    def _remove_log(self) -> None:
+        try:
+            os.unlink(self.log_path)
+        except OSError:
+            pass
+
+    def __enter__(self) -> "EngineClient":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

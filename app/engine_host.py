@@ -1,0 +1,244 @@
+"""The engine host: the child process that owns one loaded model set (a target and its drafts).
+
+llama.cpp ends a process with GGML_ASSERT or an uncaught C++ exception on model files it
+cannot run, and a chat template or a kernel can hang; in a child process neither takes the
+app down (app/engine_client.py starts it and speaks for it). The protocol is pickled tuples
+over a multiprocessing Connection, one message per StepEvent:
+
+    client -> host   ("generate", gen_id, GenerationRequest)   ("cancel", gen_id)
+                     ("call", name, args, kwargs)                ("close",)
+    host -> client   ("ready", facts) ("progress", fraction) ("event", StepEvent) ("done",)
+                     ("result", value) ("error", kind, message)
+
+The host reads cancel messages between steps, where the in-process engine checks its
+cancel event, so a stopped generation ends after the step in progress as before.
+Everything here runs in the child except `engine_facts`, which the client side never needs.
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import os
+import sys
+import threading
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+from specdesk.engines.types import SpecDeskError
+
+
+@dataclass(frozen=True)
+class HostSpec:
+    """What the host loads: a GGUF target on llama.cpp, or an HF folder on PyTorch."""
+
+    target: str
+    kind: str = "llama"  # "llama" or "torch"
+    n_ctx: int = 0
+    n_threads: Optional[int] = None
+    device: str = "auto"  # torch engine only
+
+
+def open_engine(spec: HostSpec, progress: Optional[Callable[[float], None]] = None):
+    if spec.kind == "torch":
+        from specdesk.engines.torch.engine import TorchEngine
+
+        return TorchEngine(spec.target, n_ctx=spec.n_ctx, device=spec.device, n_threads=spec.n_threads)
+    from specdesk.engines.llama.engine import LlamaEngine
+
+    return LlamaEngine(spec.target, n_ctx=spec.n_ctx, n_threads=spec.n_threads, progress=progress)
+
+
+# --- what the client may ask besides generate ------------------------------------
+def engine_threads(engine) -> int:
+    if engine.name == "torch":
+        import torch
+
+        return torch.get_num_threads()
+    return engine.n_threads
+
+
+def draft_verdicts(engine, paths: dict[str, str]) -> tuple[tuple[str, tuple[str, ...]], ...]:
+    """For each draft choice (-> its GGUF path): the reasons it cannot serve the loaded target,
+    from a vocabulary-only read of the file (no weights are loaded)."""
+    from specdesk.engines.llama.binding import GgufModel
+    from specdesk.engines.llama.compat import incompatibilities
+
+    verdicts = []
+    for choice, path in paths.items():
+        try:
+            draft = GgufModel(path, vocab_only=True)
+        except SpecDeskError as e:
+            verdicts.append((choice, (str(e),)))
+            continue
+        try:
+            verdicts.append((choice, tuple(incompatibilities(engine.target, draft))))
+        finally:
+            draft.close()
+    return tuple(verdicts)
+
+
+def engine_facts(engine, draft_path: Optional[str] = None, draft_kind: str = "draft",
+                 verdict_paths: Optional[dict[str, str]] = None) -> dict[str, Any]:
+    """What a UI shows about a loaded engine: methods it can run now (or why not), size, threads."""
+    model = engine.target
+    if engine.name == "torch":
+        from specdesk.engines.torch.engine import supported_methods
+
+        native = {draft_kind: draft_path} if draft_path and draft_kind != "draft" else {}
+        availability = supported_methods(model.path, dflash_folder=native.get("dflash"),
+                                         eagle3_folder=native.get("eagle3"))
+        n_params = sum(p.numel() for p in model.network.parameters())
+        size = sum(f.stat().st_size for f in Path(model.path).glob("*.safetensors"))
+    else:
+        availability = engine.method_availability()
+        n_params, size = model.n_params, model.size_bytes
+    if draft_path and draft_kind != "draft":
+        availability["draft"] = f"the loaded draft is a {draft_kind} drafter: choose a draft model for this method"
+    return {
+        "availability": availability,
+        "n_params": int(n_params),
+        "size_bytes": int(size),
+        "threads": engine_threads(engine),
+        "has_chat_template": model.chat_template() is not None,
+        "verdicts": draft_verdicts(engine, verdict_paths or {}),
+    }
+
+
+def chat_prompt(engine, messages: list[dict]) -> list[int]:
+    from specdesk.app.main import chat_prompt as render
+
+    return render(engine, messages)
+
+
+def token_table(engine) -> list[bytes]:
+    """Every token's bytes, sent once so the client detokenizes locally (per-token calls would cost a round trip each)."""
+    model = engine.target
+    return [model.token_bytes(token) for token in range(model.n_vocab)]
+
+
+def _target_call(method: str):
+    return lambda engine, *args, **kwargs: getattr(engine.target, method)(*args, **kwargs)
+
+
+def _set_threads(engine, n_threads: int) -> int:
+    engine.set_threads(n_threads)
+    return engine_threads(engine)
+
+
+# The whole surface a client can reach: nothing else in the host is callable by name.
+CALLS: dict[str, Callable[..., Any]] = {
+    "load_draft": lambda engine, path, progress=None: engine.load_draft(path, progress=progress)
+    if engine.name != "torch" else engine.load_draft(path),
+    "load_native": lambda engine, method, path=None: engine.load_native(method, path),
+    "load_mtp": lambda engine: engine.load_mtp(),
+    "load_dflash": lambda engine, path: engine.load_dflash(path),
+    "load_eagle3": lambda engine, path: engine.load_eagle3(path),
+    "method_availability": lambda engine: engine.method_availability(),
+    "set_threads": _set_threads,
+    "reset_chat": lambda engine: engine.reset_chat(),
+    "tokenize": lambda engine, text, add_bos=True: engine.tokenize(text, add_bos=add_bos),
+    "detokenize": lambda engine, tokens: engine.detokenize(tokens),
+    "device_description": lambda engine: getattr(engine, "device_description", "CPU"),
+    "target.tokenize": _target_call("tokenize"),
+    "target.token_text": _target_call("token_text"),
+    "target.detokenize": _target_call("detokenize"),
+    "target.is_eog": _target_call("is_eog"),
+    "token_table": token_table,
+    "chat_prompt": chat_prompt,
+    "facts": engine_facts,
+}
+RETURNS_NOTHING = {"load_draft", "load_native", "load_mtp", "load_dflash", "load_eagle3", "reset_chat"}
+
+
+def ready_facts(engine) -> dict[str, Any]:
+    """What the client keeps from the start: it answers these without a round trip."""
+    model = engine.target
+    return {
+        "name": engine.name,
+        "n_ctx": engine.n_ctx,
+        "n_threads": engine_threads(engine),
+        "path": str(model.path),
+        "n_vocab": int(model.n_vocab),
+        "chat_template": model.chat_template(),
+        "pid": os.getpid(),
+    }
+
+
+# --- the child's main ------------------------------------------------------------
+def _redirect_output(log_path: str) -> None:
+    """Our stdout and stderr (and llama.cpp's, which writes to the same descriptors) go to a
+    file the client reads after a crash; a CLI's stdout stays clean."""
+    fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
+    sys.stdout = os.fdopen(1, "w", buffering=1, closefd=False)
+    sys.stderr = os.fdopen(2, "w", buffering=1, closefd=False)
+    faulthandler.enable(sys.stderr)  # a segfault in native code leaves a Python traceback behind
+
+
+def _error_message(error: BaseException) -> tuple[str, str]:
+    if isinstance(error, SpecDeskError):
+        return "user", str(error)
+    if isinstance(error, MemoryError):
+        return "memory", "out of memory: choose a smaller model, a smaller context or max tokens"
+    traceback.print_exc()  # a bug: the traceback goes to the log the client shows as details
+    return "bug", f"{type(error).__name__}: {error}"
+
+
+def _generate(conn, engine, gen_id: int, request) -> None:
+    cancel = threading.Event()
+    try:
+        for event in engine.generate(request, cancel):
+            conn.send(("event", event))
+            while conn.poll():  # between steps: the only message a running generation gets is its cancel
+                message = conn.recv()
+                if message[0] == "cancel" and message[1] == gen_id:
+                    cancel.set()
+        conn.send(("done",))
+    except (BrokenPipeError, EOFError):
+        raise
+    except BaseException as e:  # noqa: BLE001 - every failure goes back to the client as one message
+        conn.send(("error", *_error_message(e)))
+
+
+def _call(conn, engine, name: str, args: tuple, kwargs: dict) -> None:
+    function = CALLS.get(name)
+    try:
+        if function is None:
+            raise SpecDeskError(f"the engine process has no operation {name!r}")
+        if kwargs.get("progress") is True:
+            kwargs = {**kwargs, "progress": lambda fraction: conn.send(("progress", fraction))}
+        value = function(engine, *args, **kwargs)
+        conn.send(("result", None if name in RETURNS_NOTHING else value))
+    except (BrokenPipeError, EOFError):
+        raise
+    except BaseException as e:  # noqa: BLE001
+        conn.send(("error", *_error_message(e)))
+
+
+def host_main(conn, spec: HostSpec, log_path: str) -> None:
+    """Entry point of the child process (multiprocessing 'spawn')."""
+    _redirect_output(log_path)
+    try:
+        engine = open_engine(spec, progress=lambda fraction: conn.send(("progress", fraction)))
+    except BaseException as e:  # noqa: BLE001
+        conn.send(("error", *_error_message(e)))
+        return
+    try:
+        conn.send(("ready", ready_facts(engine)))
+        while True:
+            message = conn.recv()
+            if message[0] == "generate":
+                _generate(conn, engine, message[1], message[2])
+            elif message[0] == "call":
+                _call(conn, engine, message[1], message[2], message[3])
+            elif message[0] == "close":
+                break
+            # a "cancel" here came after its generation ended: nothing to do
+    except (BrokenPipeError, EOFError):
+        pass  # the client went away: end with it
+    finally:
+        engine.close()

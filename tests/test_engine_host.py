@@ -1,0 +1,298 @@
+"""The engine in its own process (app/engine_client.py, app/engine_host.py), on real llama.cpp.
+
+The crash cases are GGUF files crafted here from the small demo target: each one aborts or
+hangs llama.cpp or the chat template, which used to take the whole app down with it.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from specdesk.app.engine_client import STOP_GRACE_S, EngineClient, EngineHostDied
+from specdesk.app.main import chat_prompt
+from specdesk.engines.types import GenerationRequest, SamplingParams, SpecConfig, SpecDeskError
+
+HUNG_TEMPLATE = ("{% for a in range(100000) %}{% for b in range(100000) %}{% for c in range(100000) %}"
+                 "{% endfor %}{% endfor %}{% endfor %}{{ messages[0]['content'] }}")
+
+
+def craft_gguf(src: str | Path, dst: str | Path, overrides: dict[str, Any]) -> Path:
+    """A copy of a GGUF file with some metadata values replaced (or added, for strings);
+    "{arch}" in a key stands for the file's architecture."""
+    from gguf import GGUFReader, GGUFValueType, GGUFWriter
+
+    reader = GGUFReader(str(src))
+    arch = reader.fields["general.architecture"].contents()
+    overrides = {key.replace("{arch}", arch): value for key, value in overrides.items()}
+    writer = GGUFWriter(str(dst), arch)
+    for name, field in reader.fields.items():
+        if name.startswith("GGUF.") or name == "general.architecture":
+            continue
+        main_type = field.types[0]
+        sub_type = field.types[-1] if main_type == GGUFValueType.ARRAY else None
+        writer.add_key_value(name, overrides.pop(name, field.contents()), main_type, sub_type=sub_type)
+    for name, value in overrides.items():
+        writer.add_key_value(name, value, GGUFValueType.STRING)
+    for tensor in reader.tensors:
+        data = np.asarray(tensor.data)
+        writer.add_tensor(tensor.name, data, raw_shape=list(data.shape), raw_dtype=tensor.tensor_type)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return Path(dst)
+
+
+@pytest.fixture(scope="module")
+def crafted(demo_family, tmp_path_factory) -> dict[str, Path]:
+    """The crash and hang cases: llama.cpp aborts on each (or the template never ends)."""
+    folder = tmp_path_factory.mktemp("crafted")
+    target = demo_family["target_gguf"]
+    return {
+        "no_blocks": craft_gguf(target, folder / "no-blocks.gguf", {"{arch}.block_count": 0}),
+        "nan_eps": craft_gguf(target, folder / "nan-eps.gguf",
+                              {"{arch}.attention.layer_norm_rms_epsilon": float("nan")}),
+        "hung_template": craft_gguf(target, folder / "hung-template.gguf", {"tokenizer.chat_template": HUNG_TEMPLATE}),
+    }
+
+
+@pytest.fixture(scope="module")
+def client(demo_family):
+    with EngineClient(demo_family["target_gguf"], n_threads=1) as engine:
+        engine.load_draft(demo_family["draft_gguf"])
+        yield engine
+
+
+@pytest.fixture(scope="module")
+def local(demo_family):
+    from specdesk.engines.llama.engine import LlamaEngine
+
+    engine = LlamaEngine(demo_family["target_gguf"], n_threads=1)
+    engine.load_draft(demo_family["draft_gguf"])
+    yield engine
+    engine.close()
+
+
+def events(engine, request: GenerationRequest) -> list:
+    return list(engine.generate(request, threading.Event()))
+
+
+def comparable(event) -> tuple:
+    """An event without its timings."""
+    return (event.tokens, event.text, event.drafted, event.accepted, event.position_accepted, event.from_draft,
+            event.finished, event.finish_reason)
+
+
+def test_host_yields_the_in_process_engines_events(client, local, demo_family):
+    prompt = "def parse_args(argv):\n"
+    tokens = client.tokenize(prompt)
+    assert tokens == local.tokenize(prompt)
+    messages = [{"role": "user", "content": "hi"}]
+    assert client.chat_prompt(messages) == chat_prompt(local, messages)
+    for spec, sampling in ((SpecConfig(method="draft", k=4, draft_path=demo_family["draft_gguf"]), SamplingParams()),
+                           (SpecConfig(method="ngram", k=3), SamplingParams(temperature=0.8, seed=7)),
+                           (SpecConfig(), SamplingParams())):
+        request = GenerationRequest(tuple(tokens), max_tokens=40, sampling=sampling, spec=spec)
+        remote, in_process = events(client, request), events(local, request)
+        assert [comparable(e) for e in remote] == [comparable(e) for e in in_process]
+        assert all(e.draft_s >= 0 and e.verify_s > 0 for e in remote)
+    assert client.name == local.name and client.n_ctx == local.n_ctx and client.target.n_vocab == local.target.n_vocab
+    assert [client.target.token_bytes(t) for t in tokens] == [local.target.token_bytes(t) for t in tokens]
+
+
+def test_errors_in_the_host_come_back_as_the_engines_errors(client, demo_family, tmp_path):
+    too_long = GenerationRequest(tuple([1] * (client.n_ctx + 1)), max_tokens=4)
+    with pytest.raises(SpecDeskError, match="context holds"):
+        events(client, too_long)
+    not_a_model = tmp_path / "notes.gguf"
+    not_a_model.write_text("notes, not weights\n")
+    with pytest.raises(SpecDeskError, match="notes.gguf"):
+        client.load_draft(str(not_a_model))
+    with pytest.raises(SpecDeskError, match="notes.gguf"):
+        EngineClient(not_a_model, n_threads=1)
+    assert client.alive and len(events(client, GenerationRequest((1, 2, 3), max_tokens=3))) >= 1
+
+
+def test_cancel_ends_the_run_after_the_step_in_progress(client):
+    cancel = threading.Event()
+    request = GenerationRequest(tuple(client.tokenize("import os\n")), max_tokens=2000, spec=SpecConfig(),
+                                stop_at_eos=False)
+    seen = []
+    for event in client.generate(request, cancel):
+        seen.append(event)
+        if len(seen) == 5:
+            cancel.set()
+    assert 5 <= len(seen) < 2000 and seen[-1].finish_reason is None
+    # an abandoned generation is ended too, and the next request starts clean
+    iterator = client.generate(request, threading.Event())
+    next(iterator)
+    iterator.close()
+    assert len(events(client, GenerationRequest((1, 2, 3), max_tokens=3))) >= 1
+
+
+def assert_one_sentence(error: EngineHostDied, activity: str) -> None:
+    message = str(error)
+    assert "\n" not in message and "engine process" in message and activity in message, message
+    assert "reload" in message
+
+
+def test_a_gguf_with_no_blocks_stops_the_host_not_the_caller(crafted):
+    with pytest.raises((EngineHostDied, SpecDeskError)) as caught:
+        EngineClient(crafted["no_blocks"], n_threads=1)
+    if isinstance(caught.value, EngineHostDied):
+        assert_one_sentence(caught.value, "while loading no-blocks.gguf")
+        assert caught.value.details.strip()  # llama.cpp's own last words
+    else:  # llama.cpp refused it cleanly: then the message names the file
+        assert "no-blocks.gguf" in str(caught.value)
+
+
+def test_nan_epsilon_loads_and_stops_the_host_on_the_first_message(crafted):
+    engine = EngineClient(crafted["nan_eps"], n_threads=1)
+    try:
+        request = GenerationRequest(tuple(engine.chat_prompt([{"role": "user", "content": "hello"}])), max_tokens=8)
+        with pytest.raises(EngineHostDied) as caught:
+            events(engine, request)
+        assert_one_sentence(caught.value, "while generating")
+        assert "SIG" in str(caught.value) and caught.value.details.strip()
+        assert not engine.alive
+        with pytest.raises(EngineHostDied, match="reload"):
+            engine.tokenize("again")
+    finally:
+        engine.close()
+
+
+def test_a_million_threads_stops_the_host(demo_family):
+    try:
+        engine = EngineClient(demo_family["target_gguf"], n_threads=1_000_000)
+    except EngineHostDied as e:
+        assert_one_sentence(e, "loading")
+        return
+    try:
+        with pytest.raises(EngineHostDied) as caught:
+            events(engine, GenerationRequest((1, 2, 3), max_tokens=4))
+        assert_one_sentence(caught.value, "while generating")
+    finally:
+        engine.close()
+
+
+def test_stop_ends_a_host_whose_chat_template_hangs(crafted):
+    engine = EngineClient(crafted["hung_template"], n_threads=1)
+    cancel = threading.Event()
+    threading.Timer(0.3, cancel.set).start()
+    started = time.monotonic()
+    try:
+        with engine.watching(cancel), pytest.raises(EngineHostDied) as caught:
+            engine.chat_prompt([{"role": "user", "content": "hello"}])
+        elapsed = time.monotonic() - started
+        assert_one_sentence(caught.value, f"within {STOP_GRACE_S:.0f} s of Stop")
+        assert elapsed < 0.3 + STOP_GRACE_S + 3  # ended by Stop (the template alone runs for hours)
+        assert not engine.alive
+    finally:
+        engine.close()
+
+
+def test_closing_ends_the_host_process(demo_family):
+    engine = EngineClient(demo_family["target_gguf"], n_threads=1)
+    pid, log = engine.pid, engine.log_path
+    engine.close()
+    assert not engine.alive and not os.path.exists(log)
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)
+
+
+# --- the app survives ------------------------------------------------------------
+
+
+@pytest.fixture
+def window(qtbot, demo_family, tmp_path, monkeypatch):
+    pytest.importorskip("pytestqt")
+    from PySide6.QtWidgets import QMessageBox
+
+    from specdesk.app.settings import Settings
+    from specdesk.ui.main_window import MainWindow
+
+    monkeypatch.setenv("SPECDESK_CONFIG_DIR", str(tmp_path / "config"))
+    monkeypatch.setenv("SPECDESK_DATA_DIR", str(tmp_path / "data"))
+    monkeypatch.setattr(QMessageBox, "critical", lambda *args, **kwargs: QMessageBox.Ok)
+    settings = Settings(target_path=demo_family["target_gguf"], draft_path=demo_family["draft_gguf"],
+                        method="draft", k=4, threads=1, max_tokens=16)
+    win = MainWindow(settings, autoload=False)
+    qtbot.addWidget(win)
+    win.show()
+    with qtbot.waitSignal(win.worker.finished, timeout=60_000, check_params_cb=lambda r: r.kind == "load"):
+        win.load_models()
+    yield win
+    win.close()
+
+
+def chat_once(qtbot, win, text: str):
+    win.chat_view.input.setPlainText(text)
+    with qtbot.waitSignal(win.worker.finished, timeout=60_000, check_params_cb=lambda r: r.kind == "chat"):
+        win.chat_view.send_button.click()
+
+
+def load_target(qtbot, win, path) -> None:
+    """Load `path` as the target without a draft (the crafted files are copies of the demo target)."""
+    win.controls.method_combo.setCurrentIndex(win.controls.method_combo.findData("none"))
+    with qtbot.waitSignal(win.worker.finished, timeout=60_000, check_params_cb=lambda r: r.kind == "load"):
+        win.controls.set_model("draft", None)
+    with qtbot.waitSignal(win.worker.finished, timeout=60_000, check_params_cb=lambda r: r.kind == "load"):
+        win.controls.set_model("target", str(path))
+
+
+def test_the_app_survives_a_model_that_aborts_and_offers_to_reload(qtbot, window, crafted):
+    win = window
+    chat_once(qtbot, win, "def f(x):")
+    saved = [(m.role, m.content) for m in win.history.messages(win.chat_id)]
+    assert [role for role, _ in saved] == ["user", "assistant"]
+    load_target(qtbot, win, crafted["nan_eps"])
+    win.chat_view.input.setPlainText("hello")
+    with qtbot.waitSignal(win.worker.errored, timeout=60_000) as blocker:
+        win.chat_view.send_button.click()
+    error = blocker.args[0]
+    assert error.engine_lost and error.details.strip()
+    box = win.engine_stop_box
+    assert box is not None and box.isVisible()
+    assert box.text() == error.message and "while generating" in box.text() and box.detailedText() == error.details
+    # the chat is intact: on screen and saved
+    assert [(m.role, m.content) for m in win.history.messages(win.chat_id)][:2] == saved
+    assert "def f(x):" in win.chat_view.plain_text() and win.isVisible()
+    assert win.info is None and not win.chat_view.send_button.isEnabled()
+    reload_button = next(b for b in box.buttons() if b.text() == "Reload")
+    with qtbot.waitSignal(win.worker.finished, timeout=60_000, check_params_cb=lambda r: r.kind == "load"):
+        reload_button.click()
+    assert win.info is not None and win.info.target_path == str(crafted["nan_eps"])
+
+
+def test_stop_ends_a_hung_host_and_closing_never_waits_long(qtbot, window, crafted):
+    win = window
+    chat_once(qtbot, win, "def f(x):")
+    load_target(qtbot, win, crafted["hung_template"])
+    win.chat_view.input.setPlainText("hello")
+    win.chat_view.send_button.click()
+    qtbot.wait(500)
+    assert win.worker.busy  # the template renders forever
+    with qtbot.waitSignal(win.worker.errored, timeout=15_000) as blocker:
+        win.chat_view.stop_button.click()
+    assert "within 2 s of Stop" in blocker.args[0].message and win.engine_stop_box.isVisible()
+    assert [m.role for m in win.history.messages(win.chat_id)] == ["user", "assistant", "user"]
+
+    # reload, hang again, and close the window while it hangs
+    with qtbot.waitSignal(win.worker.finished, timeout=60_000, check_params_cb=lambda r: r.kind == "load"):
+        win.load_models()
+    win.chat_view.input.setPlainText("hello again")
+    win.chat_view.send_button.click()
+    qtbot.wait(300)
+    started = time.monotonic()
+    win.close()
+    assert time.monotonic() - started < 2.0 + 1.0  # two seconds at most for the host, plus saving
+    from specdesk.ui.worker import running_threads
+
+    assert not running_threads()
