@@ -95,6 +95,11 @@ def chat_prompt(engine, messages: list[dict]) -> list[int]:
     from specdesk.engines.spec.loop import check_prompt_text
 
     model = engine.target
+    # Before rendering, the messages' own text: a template shows it (a template that drops
+    # most of a message is not worth rendering 50 MB for), and a template looping over the
+    # lines of a huge message would be stopped by its limits with a reason that misleads.
+    check_prompt_text("".join(m["content"] for m in messages if isinstance(m.get("content"), str)),
+                      engine.n_ctx, model)
     text = render_chat(model.chat_template(), messages, bos_token=model.token_text(model.vocab.bos),
                        eos_token=model.token_text(model.vocab.eos), source=str(model.path))
     check_prompt_text(text, engine.n_ctx, model)  # before tokenizing: a 50 MB paste is refused at once
