@@ -326,6 +326,9 @@ def build_parser() -> argparse.ArgumentParser:
     from specdesk.app.models_cli import add_models_parser
 
     add_models_parser(sub)
+    from specdesk.app.serve import add_serve_parser
+
+    add_serve_parser(sub)
     return parser
 
 

@@ -1,0 +1,563 @@
+"""`specdesk serve`: an OpenAI-compatible HTTP API on an engine host (Starlette + uvicorn).
+
+Endpoints: GET /v1/models, POST /v1/chat/completions and /v1/completions (streamed as
+server-sent events or not), GET /metrics (Prometheus text). One engine serves one request
+at a time; requests wait their turn in arrival order (asyncio.Lock wakes waiters FIFO).
+
+Two fields beyond OpenAI's:
+- request  "speculative": {"method": "none" | "ngram" | "draft" | ..., "k": 1..16} runs this
+  request with another speculation method or k than the server's (method "none" is a
+  baseline run, to compare against);
+- response "specdesk": what speculation did for this request: drafts (verification steps
+  that checked draft tokens), draft_tokens, accepted_tokens, acceptance_rate,
+  drafted_per_position / accepted_per_position / acceptance_per_position, passes, tokens,
+  seconds, tok_per_s, draft_s, verify_s, method, k. Streamed, it is in the last chunk.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import hmac
+import json
+import secrets
+import socket
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, AsyncIterator, Optional
+
+from specdesk.engines.types import (MAX_DRAFT_TOKENS, METHODS, GenerationRequest, RunStats, SamplingParams,
+                                    SpecConfig, SpecDeskError)
+
+from .compare import RunResult, run_once
+from .engine_client import EngineClient, EngineHostDied
+
+MAX_STOP_SEQUENCES = 4
+NATIVE_METHODS = ("dflash", "eagle3")  # read a drafter file given as --draft
+
+
+class RequestError(Exception):
+    """A request the server refuses: HTTP status and one message for the client."""
+
+    def __init__(self, status: int, message: str, param: Optional[str] = None, kind: str = "invalid_request_error"):
+        super().__init__(message)
+        self.status, self.message, self.param, self.kind = status, message, param, kind
+
+
+def error_body(error: RequestError) -> dict:
+    return {"error": {"message": error.message, "type": error.kind, "param": error.param,
+                      "code": "model_not_found" if error.status == 404 else None}}
+
+
+# --- request fields ----------------------------------------------------------------
+@dataclass(frozen=True)
+class Params:
+    sampling: SamplingParams
+    spec: SpecConfig
+    max_tokens: Optional[int]  # None: until the context is full
+    stops: tuple[str, ...]
+    stream: bool
+    include_usage: bool
+
+
+def _field(body: dict, name: str, kind: type, default: Any) -> Any:
+    value = body.get(name)
+    if value is None:
+        return default
+    ok = isinstance(value, kind) and not isinstance(value, bool) if kind in (int, float) else isinstance(value, kind)
+    if kind is float and isinstance(value, int) and not isinstance(value, bool):
+        value, ok = float(value), True
+    if not ok:
+        raise RequestError(400, f"'{name}' must be {'a number' if kind is float else kind.__name__}, "
+                                f"not {json.dumps(value)[:40]}", name)
+    return value
+
+
+def parse_params(body: dict, defaults: SamplingParams, server_spec: SpecConfig, draft_path: Optional[str]) -> Params:
+    """The sampling, speculation and stopping fields of a request; out-of-range values are 400s."""
+    if _field(body, "n", int, 1) != 1:
+        raise RequestError(400, "'n' must be 1: one engine serves one completion per request", "n")
+    seed = _field(body, "seed", int, None)
+    try:
+        sampling = SamplingParams(
+            temperature=_field(body, "temperature", float, defaults.temperature),
+            top_p=_field(body, "top_p", float, defaults.top_p),
+            top_k=_field(body, "top_k", int, defaults.top_k),
+            seed=secrets.randbits(31) if seed is None else seed,  # as OpenAI's: no seed, no repeatability
+        )
+    except SpecDeskError as e:
+        raise RequestError(400, str(e)) from None
+    max_tokens = _field(body, "max_completion_tokens", int, None)
+    max_tokens = _field(body, "max_tokens", int, max_tokens)
+    if max_tokens is not None and max_tokens < 1:
+        raise RequestError(400, f"'max_tokens' {max_tokens} is out of range: use at least 1", "max_tokens")
+    stop = body.get("stop")
+    stops = (stop,) if isinstance(stop, str) else stop or ()
+    if not isinstance(stops, (list, tuple)) or not all(isinstance(s, str) and s for s in stops):
+        raise RequestError(400, "'stop' must be a string or a list of non-empty strings", "stop")
+    if len(stops) > MAX_STOP_SEQUENCES:
+        raise RequestError(400, f"'stop' has {len(stops)} sequences: use at most {MAX_STOP_SEQUENCES}", "stop")
+    options = _field(body, "stream_options", dict, {})
+    return Params(sampling, parse_speculative(body.get("speculative"), server_spec, draft_path), max_tokens,
+                  tuple(stops), bool(_field(body, "stream", bool, False)),
+                  bool(options.get("include_usage", False)))
+
+
+def parse_speculative(value: Any, server_spec: SpecConfig, draft_path: Optional[str]) -> SpecConfig:
+    """The request's own method / k (the documented "speculative" field), else the server's."""
+    if value is None:
+        return server_spec
+    if not isinstance(value, dict):
+        raise RequestError(400, "'speculative' must be an object like {\"method\": \"none\", \"k\": 0}", "speculative")
+    method = value.get("method", server_spec.method)
+    if method not in METHODS:
+        raise RequestError(400, f"speculative method {method!r} is unknown: use one of {', '.join(METHODS)}",
+                           "speculative.method")
+    k = value.get("k", server_spec.k if server_spec.method != "none" else 4)
+    if not isinstance(k, int) or isinstance(k, bool) or not (method == "none" or 1 <= k <= MAX_DRAFT_TOKENS):
+        raise RequestError(400, f"speculative k {k!r} is out of range: use 1 to {MAX_DRAFT_TOKENS}", "speculative.k")
+    if method in ("draft", *NATIVE_METHODS) and not draft_path:
+        raise RequestError(400, f"speculative method {method!r} needs a drafter: start the server with --draft FILE",
+                           "speculative.method")
+    try:
+        return SpecConfig(method=method, k=k if method != "none" else server_spec.k,
+                          draft_path=draft_path if method in ("draft", *NATIVE_METHODS) else None,
+                          draft_p_min=server_spec.draft_p_min)
+    except SpecDeskError as e:
+        raise RequestError(400, str(e), "speculative") from None
+
+
+def chat_messages(body: dict) -> list[dict]:
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise RequestError(400, "'messages' must be a non-empty list of {role, content} objects", "messages")
+    out = []
+    for i, message in enumerate(messages):
+        if not isinstance(message, dict) or not isinstance(message.get("role"), str):
+            raise RequestError(400, f"messages[{i}] must be an object with a 'role'", f"messages[{i}]")
+        content = message.get("content") or ""
+        if isinstance(content, list):  # content parts: only text is understood
+            if not all(isinstance(p, dict) and p.get("type") == "text" for p in content):
+                raise RequestError(400, f"messages[{i}]: only text content parts are supported", f"messages[{i}]")
+            content = "".join(str(p.get("text", "")) for p in content)
+        if not isinstance(content, str):
+            raise RequestError(400, f"messages[{i}].content must be a string", f"messages[{i}].content")
+        out.append({"role": message["role"], "content": content})
+    return out
+
+
+def completion_prompt(body: dict) -> str | list[int]:
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
+        prompt = prompt[0]
+    if isinstance(prompt, str) and prompt:
+        return prompt
+    if isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+        return prompt
+    raise RequestError(400, "'prompt' must be a non-empty string (or one list of token ids)", "prompt")
+
+
+class StopMatcher:
+    """Cuts the text at the first stop sequence; holds back what could be the start of one."""
+
+    def __init__(self, stops: tuple[str, ...]):
+        self.stops = stops
+        self.hold = max((len(s) for s in stops), default=1) - 1
+        self.held = ""
+        self.stopped = False
+
+    def push(self, text: str) -> str:
+        if self.stopped:
+            return ""
+        self.held += text
+        hits = [i for i in (self.held.find(s) for s in self.stops) if i >= 0]
+        if hits:
+            out, self.held, self.stopped = self.held[: min(hits)], "", True
+            return out
+        cut = len(self.held) - self.hold
+        out, self.held = self.held[:cut], self.held[cut:]
+        return out
+
+    def flush(self) -> str:
+        out, self.held = self.held, ""
+        return out
+
+
+# --- metrics -------------------------------------------------------------------------
+class Metrics:
+    """Counters named like vLLM's and llama-server's, so one dashboard reads all three. The
+    exposition format is a few lines of text; no client library is bundled for it."""
+
+    def __init__(self, prefix: str = "specdesk") -> None:
+        self.prefix = prefix
+        self.drafts = self.draft_tokens = self.accepted_tokens = 0
+        self.accepted_per_pos: list[int] = []
+        self.prompt_tokens = self.generation_tokens = 0
+        self.requests: dict[str, int] = {}
+        self.running = self.waiting = 0
+
+    def record(self, summary: dict, prompt_tokens: int, finish_reason: str) -> None:
+        self.drafts += summary["drafts"]
+        self.draft_tokens += summary["draft_tokens"]
+        self.accepted_tokens += summary["accepted_tokens"]
+        for i, n in enumerate(summary["accepted_per_position"]):
+            if i >= len(self.accepted_per_pos):
+                self.accepted_per_pos.append(0)
+            self.accepted_per_pos[i] += n
+        self.prompt_tokens += prompt_tokens
+        self.generation_tokens += summary["tokens"]
+        self.requests[finish_reason] = self.requests.get(finish_reason, 0) + 1
+
+    def render(self) -> str:
+        p = self.prefix
+        lines: list[str] = []
+
+        def metric(name: str, kind: str, help_text: str, samples: list[tuple[str, int]]) -> None:
+            lines.append(f"# HELP {p}:{name} {help_text}")
+            lines.append(f"# TYPE {p}:{name} {kind}")
+            full = f"{p}:{name}_total" if kind == "counter" else f"{p}:{name}"
+            lines.extend(f"{full}{labels} {value}" for labels, value in samples)
+
+        metric("spec_decode_num_drafts", "counter", "Verification steps that checked draft tokens.",
+               [("", self.drafts)])
+        metric("spec_decode_num_draft_tokens", "counter", "Draft tokens proposed.", [("", self.draft_tokens)])
+        metric("spec_decode_num_accepted_tokens", "counter", "Draft tokens accepted.", [("", self.accepted_tokens)])
+        metric("spec_decode_num_accepted_tokens_per_pos", "counter", "Draft tokens accepted, per draft position.",
+               [(f'{{position="{i}"}}', n) for i, n in enumerate(self.accepted_per_pos)])
+        metric("request_success", "counter", "Requests finished, by finish reason.",
+               [(f'{{finished_reason="{r}"}}', n) for r, n in sorted(self.requests.items())])
+        metric("prompt_tokens", "counter", "Prompt tokens processed.", [("", self.prompt_tokens)])
+        metric("generation_tokens", "counter", "Tokens generated.", [("", self.generation_tokens)])
+        metric("num_requests_running", "gauge", "Requests generating now.", [("", self.running)])
+        metric("num_requests_waiting", "gauge", "Requests waiting for the engine.", [("", self.waiting)])
+        return "\n".join(lines) + "\n"
+
+
+def speculation_summary(stats: RunStats, drafts: int, spec: SpecConfig) -> dict:
+    """The "specdesk" field of a response: what speculation did for this request."""
+    return {
+        "method": spec.method, "k": spec.draft_tokens,
+        "drafts": drafts, "draft_tokens": stats.drafted, "accepted_tokens": stats.accepted,
+        "acceptance_rate": round(stats.acceptance_rate, 6),
+        "drafted_per_position": list(stats.per_position_drafted),
+        "accepted_per_position": list(stats.per_position_accepted),
+        "acceptance_per_position": [round(a, 6) for a in stats.per_position_acceptance],
+        "passes": stats.passes, "tokens": stats.tokens, "seconds": round(stats.seconds, 6),
+        "tok_per_s": round(stats.tok_per_s, 3), "draft_s": round(stats.draft_s, 6),
+        "verify_s": round(stats.verify_s, 6),
+    }
+
+
+# --- the engine behind the API ------------------------------------------------------
+@dataclass(frozen=True)
+class Outcome:
+    text: str  # the tail held back by the stop matcher
+    result: RunResult
+    prompt_tokens: int
+    finish_reason: str  # OpenAI's: "stop" or "length"
+    summary: dict
+
+
+class Service:
+    """The engine host, its configuration and counters; one generation at a time, FIFO."""
+
+    def __init__(self, engine: EngineClient, model_id: str, spec: SpecConfig, sampling: SamplingParams,
+                 draft_path: Optional[str] = None):
+        self.engine = engine
+        self.model_id = model_id
+        self.spec = spec
+        self.sampling = sampling
+        self.draft_path = draft_path
+        self.metrics = Metrics()
+        self.created = int(time.time())
+        self._lock = asyncio.Lock()
+
+    def _ensure_engine(self) -> None:
+        """After the engine process died, the next request starts a fresh one."""
+        if self.engine.alive:
+            return
+        old = self.engine
+        old.close()
+        self.engine = EngineClient(old.spec.target, old.spec.kind, old.spec.n_ctx, old.spec.n_threads, old.spec.device)
+        load_drafter(self.engine, self.spec, self.draft_path)
+
+    async def generate(self, prompt: list[dict] | str | list[int], params: Params) -> AsyncIterator[str | Outcome]:
+        """Text pieces as they come, then one Outcome."""
+        self.metrics.waiting += 1
+        try:
+            await self._lock.acquire()
+        finally:
+            self.metrics.waiting -= 1
+        self.metrics.running += 1
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue = asyncio.Queue()
+        cancel = threading.Event()
+        stopper = StopMatcher(params.stops)
+        drafts = [0]
+
+        def on_event(event) -> None:
+            drafts[0] += event.drafted > 0
+            loop.call_soon_threadsafe(queue.put_nowait, ("text", event.text))
+
+        def work() -> None:
+            try:
+                self._ensure_engine()
+                engine = self.engine
+                if isinstance(prompt, str):
+                    tokens = engine.tokenize(prompt)
+                elif prompt and isinstance(prompt[0], dict):
+                    tokens = engine.chat_prompt(prompt)
+                else:
+                    tokens = list(prompt)
+                room = engine.n_ctx - len(tokens)
+                max_tokens = params.max_tokens if params.max_tokens is not None else max(1, room)
+                request = GenerationRequest(tuple(tokens), max_tokens=max_tokens, sampling=params.sampling,
+                                            spec=params.spec)
+                result = run_once(engine, request, cancel, on_event)
+                loop.call_soon_threadsafe(queue.put_nowait, ("result", (result, len(tokens))))
+            except BaseException as e:  # noqa: BLE001 - handed to the request, which answers with it
+                loop.call_soon_threadsafe(queue.put_nowait, ("error", e))
+
+        worker = loop.run_in_executor(None, work)
+        try:
+            while True:
+                kind, value = await queue.get()
+                if kind == "text":
+                    piece = stopper.push(value)
+                    if stopper.stopped:
+                        cancel.set()
+                    if piece:
+                        yield piece
+                elif kind == "result":
+                    result, n_prompt = value
+                    finish = "stop" if stopper.stopped or result.finish_reason == "eos" else "length"
+                    summary = speculation_summary(result.stats, drafts[0], params.spec)
+                    self.metrics.record(summary, n_prompt, finish)
+                    yield Outcome(stopper.flush(), result, n_prompt, finish, summary)
+                    return
+                else:
+                    raise value
+        finally:
+            cancel.set()  # a client that went away stops its run
+            try:
+                import anyio
+
+                with anyio.CancelScope(shield=True):  # the engine's run ends before the next request's starts
+                    await worker
+            finally:
+                self.metrics.running -= 1
+                self._lock.release()
+
+
+def load_drafter(engine: EngineClient, spec: SpecConfig, draft_path: Optional[str]) -> None:
+    if draft_path is None:
+        return
+    if spec.method in NATIVE_METHODS and engine.name != "torch":
+        engine.load_native(spec.method, draft_path)
+    elif spec.method in NATIVE_METHODS:
+        engine.call(f"load_{spec.method}", draft_path)
+    else:
+        engine.load_draft(draft_path)
+
+
+# --- HTTP ----------------------------------------------------------------------------
+def build_app(service: Service, api_key: Optional[str] = None):
+    from starlette.applications import Starlette
+    from starlette.requests import Request
+    from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+    from starlette.routing import Route
+
+    def refuse(error: RequestError) -> Response:
+        return JSONResponse(error_body(error), status_code=error.status)
+
+    async def read_body(request: Request) -> dict:
+        try:
+            body = json.loads(await request.body())
+        except (ValueError, UnicodeDecodeError) as e:
+            raise RequestError(400, f"the request body is not valid JSON: {e}") from None
+        if not isinstance(body, dict):
+            raise RequestError(400, "the request body must be a JSON object")
+        model = body.get("model")
+        if not isinstance(model, str) or not model:
+            raise RequestError(400, "'model' is required: GET /v1/models lists it", "model")
+        if model != service.model_id:
+            raise RequestError(404, f"model {model!r} is not served here: use {service.model_id!r}", "model",
+                               "not_found_error")
+        return body
+
+    async def models(request: Request) -> Response:
+        return JSONResponse({"object": "list", "data": [
+            {"id": service.model_id, "object": "model", "created": service.created, "owned_by": "specdesk"}]})
+
+    async def metrics(request: Request) -> Response:
+        return PlainTextResponse(service.metrics.render(), media_type="text/plain; version=0.0.4")
+
+    def usage(outcome: Outcome) -> dict:
+        n = outcome.result.stats.tokens
+        return {"prompt_tokens": outcome.prompt_tokens, "completion_tokens": n,
+                "total_tokens": outcome.prompt_tokens + n}
+
+    async def complete(request: Request, chat: bool) -> Response:
+        try:
+            body = await read_body(request)
+            prompt = chat_messages(body) if chat else completion_prompt(body)
+            params = parse_params(body, service.sampling, service.spec, service.draft_path)
+        except RequestError as e:
+            return refuse(e)
+        ident = ("chatcmpl-" if chat else "cmpl-") + secrets.token_hex(12)
+        obj = "chat.completion" if chat else "text_completion"
+
+        def choice(text: Optional[str], finish: Optional[str], first: bool = False) -> dict:
+            if not chat:
+                return {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish}
+            if params.stream:
+                delta = {} if text is None else {"content": text}
+                if first:
+                    delta["role"] = "assistant"
+                return {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+            return {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
+                    "finish_reason": finish}
+
+        if params.stream:
+            return StreamingResponse(stream_events(prompt, params, ident, obj + ("" if not chat else ".chunk"),
+                                                   choice, usage, chat),
+                                     media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+        pieces: list[str] = []
+        try:
+            async for item in service.generate(prompt, params):
+                if isinstance(item, Outcome):
+                    pieces.append(item.text)
+                    outcome = item
+                else:
+                    pieces.append(item)
+        except (RequestError, SpecDeskError, MemoryError, RuntimeError) as e:
+            return refuse(as_request_error(e))
+        return JSONResponse({"id": ident, "object": obj, "created": int(time.time()), "model": service.model_id,
+                             "choices": [choice("".join(pieces), outcome.finish_reason)], "usage": usage(outcome),
+                             "specdesk": outcome.summary})
+
+    async def stream_events(prompt, params: Params, ident: str, obj: str, choice, usage, chat: bool):
+        created = int(time.time())
+
+        def chunk(choices: list, **extra) -> str:
+            payload = {"id": ident, "object": obj, "created": created, "model": service.model_id, "choices": choices}
+            if params.include_usage:
+                payload["usage"] = None
+            payload.update(extra)
+            return f"data: {json.dumps(payload)}\n\n"
+
+        first = True
+        try:
+            async for item in service.generate(prompt, params):
+                if isinstance(item, Outcome):
+                    if item.text:
+                        yield chunk([choice(item.text, None, first)])
+                        first = False
+                    if first and chat:
+                        yield chunk([choice("", None, True)])
+                    final = {} if params.include_usage else {"specdesk": item.summary}
+                    yield chunk([choice(None if chat else "", item.finish_reason)], **final)
+                    if params.include_usage:
+                        yield chunk([], usage=usage(item), specdesk=item.summary)
+                else:
+                    yield chunk([choice(item, None, first)])
+                    first = False
+        except (RequestError, SpecDeskError, MemoryError, RuntimeError) as e:
+            yield f"data: {json.dumps(error_body(as_request_error(e)))}\n\n"
+        yield "data: [DONE]\n\n"
+
+    async def chat_completions(request: Request) -> Response:
+        return await complete(request, chat=True)
+
+    async def completions(request: Request) -> Response:
+        return await complete(request, chat=False)
+
+    routes = [
+        Route("/v1/models", models, methods=["GET"]),
+        Route("/v1/chat/completions", chat_completions, methods=["POST"]),
+        Route("/v1/completions", completions, methods=["POST"]),
+        Route("/metrics", metrics, methods=["GET"]),
+    ]
+    app = Starlette(routes=routes)
+    return BearerAuth(app, api_key) if api_key else app
+
+
+def as_request_error(error: Exception) -> RequestError:
+    if isinstance(error, RequestError):
+        return error
+    if isinstance(error, EngineHostDied):  # the next request starts a fresh engine process
+        return RequestError(503, str(error), kind="server_error")
+    if isinstance(error, SpecDeskError):
+        return RequestError(400, str(error))
+    return RequestError(500, f"{type(error).__name__}: {error}", kind="server_error")
+
+
+class BearerAuth:
+    """ASGI middleware: every HTTP request must carry `Authorization: Bearer <key>`."""
+
+    def __init__(self, app, api_key: str):
+        self.app = app
+        self.expected = f"Bearer {api_key}".encode()
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] == "http":
+            given = dict(scope["headers"]).get(b"authorization", b"")
+            if not hmac.compare_digest(given, self.expected):
+                from starlette.responses import JSONResponse
+
+                response = JSONResponse(error_body(RequestError(
+                    401, "a valid API key is required: send it as 'Authorization: Bearer KEY'",
+                    kind="authentication_error")), status_code=401)
+                await response(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
+# --- the command ------------------------------------------------------------------
+def model_id_for(target: str) -> str:
+    path = Path(target)
+    return path.stem if path.suffix.lower() == ".gguf" else path.name
+
+
+def add_serve_parser(sub) -> None:
+    from .main import add_model_options
+
+    p = sub.add_parser("serve", help="serve the models over an OpenAI-compatible HTTP API")
+    add_model_options(p)
+    p.add_argument("--host", default="127.0.0.1",
+                   help="address to listen on (default 127.0.0.1: this machine only; 0.0.0.0 for every network)")
+    p.add_argument("--port", type=int, default=8080, help="port (default 8080; 0 picks a free one)")
+    p.add_argument("--api-key", help="require 'Authorization: Bearer KEY' on every request")
+    p.set_defaults(func=cmd_serve)
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from .main import build_configs, open_engine, resolve_models
+
+    if not (0 <= args.port <= 65535):
+        raise SpecDeskError(f"--port {args.port} is out of range: use 0 to 65535")
+    target, draft = resolve_models(args)
+    spec, sampling = build_configs(args, draft)
+    try:
+        sock = socket.create_server((args.host, args.port))
+    except OSError as e:
+        raise SpecDeskError(f"cannot listen on {args.host}:{args.port} ({e.strerror}): choose another --port") from None
+    service = Service(open_engine(target, args), model_id_for(target), spec, sampling, spec.draft_path)
+    try:
+        load_drafter(service.engine, spec, spec.draft_path)
+        app = build_app(service, args.api_key)
+        host, port = sock.getsockname()[:2]
+        print(f"specdesk serve: model {service.model_id!r} at http://{host}:{port}/v1 "
+              f"(method {spec.method}{f', k = {spec.k}' if spec.method != 'none' else ''})"
+              + ("" if args.api_key else " · no API key"), file=sys.stderr, flush=True)
+        server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False))
+        server.run(sockets=[sock])
+    finally:
+        service.engine.close()  # the one running now (a crashed one is replaced on the next request)
+        sock.close()
+    return 0

@@ -1,0 +1,261 @@
+"""`specdesk serve` as a real process, spoken to by the real `openai` client (and plain HTTP).
+
+Its replies must equal the in-process engine's for the same request: greedy, and sampled
+with a seed; /metrics must add up to the per-request numbers each response carries.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import select
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+
+import pytest
+
+openai = pytest.importorskip("openai")
+
+from specdesk.app.compare import run_once  # noqa: E402
+from specdesk.app.main import chat_prompt  # noqa: E402
+from specdesk.engines.types import GenerationRequest, SamplingParams, SpecConfig  # noqa: E402
+
+API_KEY = "sk-specdesk-test"
+MODEL = "specdesk-demo-target-F16"
+CHAT = [{"role": "user", "content": "Write a function that parses command line arguments."}]
+
+
+def start_server(*options: str):
+    """`specdesk serve` with these options on a free localhost port: (process, its /v1 URL)."""
+    child = subprocess.Popen([sys.executable, "-m", "specdesk.app.main", "serve", "--port", "0", *options],
+                             stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
+    url, lines = None, []
+    deadline = time.monotonic() + 120
+    while url is None and time.monotonic() < deadline and child.poll() is None:
+        if select.select([child.stderr], [], [], 1.0)[0]:
+            line = child.stderr.readline()
+            lines.append(line)
+            match = re.search(r"at (http://\S+/v1)", line)
+            url = match.group(1) if match else None
+    assert url is not None, "".join(lines)
+    return child, url
+
+
+def stop_server(child) -> None:
+    child.send_signal(signal.SIGINT)
+    try:
+        child.wait(15)
+    except subprocess.TimeoutExpired:
+        child.kill()
+        child.wait()
+        pytest.fail("specdesk serve did not stop on Ctrl-C")
+
+
+@pytest.fixture(scope="module")
+def server(demo_family):
+    """`specdesk serve` on the small demo pair (draft, k = 4)."""
+    child, url = start_server("--target", demo_family["target_gguf"], "--draft", demo_family["draft_gguf"],
+                              "--method", "draft", "--k", "4", "--threads", "1", "--api-key", API_KEY)
+    yield url
+    stop_server(child)
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return openai.OpenAI(base_url=server, api_key=API_KEY, max_retries=0, timeout=120)
+
+
+@pytest.fixture(scope="module")
+def local(demo_family):
+    from specdesk.engines.llama.engine import LlamaEngine
+
+    engine = LlamaEngine(demo_family["target_gguf"], n_threads=1)
+    engine.load_draft(demo_family["draft_gguf"])
+    yield engine
+    engine.close()
+
+
+def reference(local, demo_family, tokens, max_tokens: int, sampling=SamplingParams(), method: str = "draft"):
+    spec = SpecConfig(method=method, k=4, draft_path=demo_family["draft_gguf"] if method == "draft" else None)
+    local.reset_chat()
+    return run_once(local, GenerationRequest(tuple(tokens), max_tokens=max_tokens, sampling=sampling, spec=spec))
+
+
+def http(server: str, path: str, body: bytes | None = None, key: str | None = API_KEY) -> tuple[int, dict | str]:
+    request = urllib.request.Request(server.removesuffix("/v1") + path, data=body, method="POST" if body else "GET")
+    if key:
+        request.add_header("Authorization", f"Bearer {key}")
+    try:
+        with urllib.request.urlopen(request, timeout=60) as response:
+            status, text = response.status, response.read().decode()
+    except urllib.error.HTTPError as e:
+        status, text = e.code, e.read().decode()
+    try:
+        return status, json.loads(text)
+    except ValueError:
+        return status, text
+
+
+def streamed_chat(client, **kwargs) -> tuple[str, list]:
+    chunks = list(client.chat.completions.create(model=MODEL, messages=CHAT, stream=True,
+                                                 stream_options={"include_usage": True}, **kwargs))
+    return "".join(c.choices[0].delta.content or "" for c in chunks if c.choices), chunks
+
+
+def test_models_lists_the_target(client):
+    assert [m.id for m in client.models.list()] == [MODEL]
+
+
+@pytest.mark.parametrize("sampling", [dict(temperature=0), dict(temperature=0.8, seed=3)], ids=["greedy", "seeded"])
+def test_chat_equals_the_in_process_engine_streamed_and_not(client, local, demo_family, sampling):
+    expected = reference(local, demo_family, chat_prompt(local, CHAT), 40,
+                         SamplingParams(temperature=sampling["temperature"], seed=sampling.get("seed", 0)))
+    assert expected.text.strip() or not sampling.get("seed")  # the small model's greedy reply is blank lines
+    reply = client.chat.completions.create(model=MODEL, messages=CHAT, max_tokens=40, **sampling)
+    assert reply.choices[0].message.content == expected.text
+    assert reply.usage.completion_tokens == len(expected.tokens) == reply.specdesk["tokens"]
+    assert reply.choices[0].finish_reason == {"length": "length", "eos": "stop"}[expected.finish_reason]
+    numbers = reply.specdesk
+    assert numbers["method"] == "draft" and numbers["k"] == 4 and numbers["tok_per_s"] > 0
+    assert numbers["draft_tokens"] == sum(numbers["drafted_per_position"]) > 0
+    assert numbers["accepted_tokens"] == sum(numbers["accepted_per_position"])
+    assert len(numbers["acceptance_per_position"]) == 4
+
+    text, chunks = streamed_chat(client, max_tokens=40, **sampling)
+    assert text == expected.text
+    assert chunks[0].choices[0].delta.role == "assistant"
+    last = chunks[-1]
+    assert last.choices == [] and last.usage.completion_tokens == len(expected.tokens)
+    assert last.usage.prompt_tokens == reply.usage.prompt_tokens
+    assert last.specdesk["draft_tokens"] == numbers["draft_tokens"]  # same run, same drafts
+
+
+def test_completions_equal_the_in_process_engine_streamed_and_not(client, local, demo_family):
+    prompt = "import argparse\n\n\ndef main("
+    expected = reference(local, demo_family, local.tokenize(prompt), 32)
+    reply = client.completions.create(model=MODEL, prompt=prompt, max_tokens=32, temperature=0)
+    assert reply.choices[0].text == expected.text and reply.usage.completion_tokens == len(expected.tokens)
+    chunks = list(client.completions.create(model=MODEL, prompt=prompt, max_tokens=32, temperature=0, stream=True))
+    assert "".join(c.choices[0].text for c in chunks) == expected.text
+    assert chunks[-1].choices[0].finish_reason == "length" and chunks[-1].specdesk["tokens"] == len(expected.tokens)
+
+
+def test_stop_sequences_cut_the_text(client, local, demo_family):
+    expected = reference(local, demo_family, chat_prompt(local, CHAT), 40, SamplingParams(temperature=0.8, seed=3))
+    words = expected.text.split()
+    stop = words[len(words) // 2]
+    cut = expected.text[: expected.text.index(stop)]
+    reply = client.chat.completions.create(model=MODEL, messages=CHAT, max_tokens=40, temperature=0.8, seed=3,
+                                           stop=[stop])
+    assert reply.choices[0].message.content == cut and reply.choices[0].finish_reason == "stop"
+    text, _ = streamed_chat(client, max_tokens=40, temperature=0.8, seed=3, stop=stop)
+    assert text == cut
+
+
+def test_a_request_can_ask_for_a_baseline_or_another_k(client):
+    base = client.chat.completions.create(model=MODEL, messages=CHAT, max_tokens=24, temperature=0,
+                                          extra_body={"speculative": {"method": "none"}})
+    spec = client.chat.completions.create(model=MODEL, messages=CHAT, max_tokens=24, temperature=0,
+                                          extra_body={"speculative": {"method": "ngram", "k": 2}})
+    assert base.choices[0].message.content == spec.choices[0].message.content  # speculation is lossless
+    assert base.specdesk["method"] == "none" and base.specdesk["draft_tokens"] == 0 and base.specdesk["k"] == 0
+    assert spec.specdesk["method"] == "ngram" and len(spec.specdesk["drafted_per_position"]) == 2
+
+
+def read_metrics(server: str) -> dict[str, float]:
+    status, text = http(server, "/metrics")
+    assert status == 200
+    values = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            name, value = line.rsplit(" ", 1)
+            values[name] = float(value)
+    return values
+
+
+def test_metrics_are_the_sums_of_the_per_request_numbers(client, server):
+    before = read_metrics(server)
+    replies = [client.chat.completions.create(model=MODEL, messages=CHAT, max_tokens=n, temperature=t, seed=1)
+               for n, t in ((16, 0), (30, 0.8), (8, 0))]
+    _, chunks = streamed_chat(client, max_tokens=20, temperature=0)
+    numbers = [r.specdesk for r in replies] + [chunks[-1].specdesk]
+    usages = [r.usage for r in replies] + [chunks[-1].usage]
+    after = read_metrics(server)
+
+    def delta(name: str) -> float:
+        return after.get(name, 0) - before.get(name, 0)
+
+    assert delta("specdesk:spec_decode_num_drafts_total") == sum(n["drafts"] for n in numbers) > 0
+    assert delta("specdesk:spec_decode_num_draft_tokens_total") == sum(n["draft_tokens"] for n in numbers)
+    assert delta("specdesk:spec_decode_num_accepted_tokens_total") == sum(n["accepted_tokens"] for n in numbers)
+    for position in range(4):
+        assert delta(f'specdesk:spec_decode_num_accepted_tokens_per_pos_total{{position="{position}"}}') == \
+            sum(n["accepted_per_position"][position] for n in numbers)
+    assert delta("specdesk:generation_tokens_total") == sum(u.completion_tokens for u in usages)
+    assert delta("specdesk:prompt_tokens_total") == sum(u.prompt_tokens for u in usages)
+    assert sum(delta(name) for name in after if name.startswith("specdesk:request_success_total")) == 4
+
+
+def test_refusals_say_what_is_wrong(client, server):
+    status, body = http(server, "/v1/models", key=None)
+    assert status == 401 and "API key" in body["error"]["message"]
+    assert http(server, "/metrics", key="wrong")[0] == 401
+    with pytest.raises(openai.AuthenticationError):
+        openai.OpenAI(base_url=server, api_key="wrong", max_retries=0).models.list()
+    with pytest.raises(openai.NotFoundError, match="not served here"):
+        client.chat.completions.create(model="gpt-4o", messages=CHAT)
+    status, body = http(server, "/v1/chat/completions", body=b'{"model": "x", "messages": [')
+    assert status == 400 and "not valid JSON" in body["error"]["message"]
+    for fields, words in (({"temperature": -1}, "temperature"), ({"max_tokens": 0}, "max_tokens"),
+                          ({"top_p": 2}, "top-p"), ({"extra_body": {"speculative": {"k": 99}}}, "k 99"),
+                          ({"messages": []}, "messages")):
+        arguments = {"model": MODEL, "messages": CHAT, **fields}
+        with pytest.raises(openai.BadRequestError, match=words):
+            client.chat.completions.create(**arguments)
+
+
+def test_clients_at_once_are_served_in_turn(client, local, demo_family):
+    expected = reference(local, demo_family, chat_prompt(local, CHAT), 24).text
+    results, errors = [], []
+
+    def ask(stream: bool) -> None:
+        try:
+            if stream:
+                results.append(streamed_chat(client, max_tokens=24, temperature=0)[0])
+            else:
+                results.append(client.chat.completions.create(model=MODEL, messages=CHAT, max_tokens=24,
+                                                              temperature=0).choices[0].message.content)
+        except Exception as e:  # noqa: BLE001 - collected and reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=ask, args=(i % 2 == 0,)) for i in range(6)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(120)
+    assert not errors and results == [expected] * 6
+
+
+def test_serve_listens_on_localhost_unless_told(server):
+    assert server.startswith("http://127.0.0.1:")
+
+
+def test_a_model_that_aborts_gets_an_error_reply_and_the_server_stays_up(demo_family, tmp_path):
+    from test_engine_host import craft_gguf
+
+    nan_model = craft_gguf(demo_family["target_gguf"], tmp_path / "nan-eps.gguf",
+                           {"{arch}.attention.layer_norm_rms_epsilon": float("nan")})
+    child, url = start_server("--target", str(nan_model), "--method", "none", "--threads", "1")
+    try:
+        body = json.dumps({"model": "nan-eps", "messages": CHAT, "max_tokens": 8}).encode()
+        for _ in range(2):  # the second request runs on a fresh engine process, which aborts again
+            status, reply = http(url, "/v1/chat/completions", body=body, key=None)
+            assert status == 503 and "engine process" in reply["error"]["message"] and "SIG" in reply["error"]["message"]
+        assert http(url, "/v1/models", key=None)[0] == 200 and child.poll() is None
+    finally:
+        stop_server(child)
