@@ -4,6 +4,8 @@ to the context (oldest turns first). The CLI chat, compare and the app share the
 
 from __future__ import annotations
 
+from typing import Optional
+
 from specdesk.engines.spec.loop import check_prompt_text, is_prompt_too_long
 from specdesk.engines.types import SpecDeskError
 
@@ -17,22 +19,40 @@ def text_tokens(engine, text: str) -> list[int]:
 
 def fit_chat(engine, messages: list[dict], reserve: int) -> tuple[list[int], int]:
     """The conversation's prompt with room for `reserve` new tokens; the oldest turns are
-    dropped until it fits, down to the last message. Returns (tokens, turns dropped)."""
+    dropped until it fits, down to the last message. Returns (tokens, turns dropped).
+
+    Fewer turns never make a longer prompt, so the number to drop is found by bisection:
+    a few renders even for a conversation of thousands of turns."""
     from specdesk.app.main import chat_prompt
 
     if not messages:
         raise SpecDeskError("there is no message to answer")
-    dropped = 0
-    while True:
-        window = messages[dropped:]
-        try:
-            tokens = chat_prompt(engine, window)
-        except SpecDeskError as e:
-            if len(window) > 1 and is_prompt_too_long(e):
-                dropped += 1
-                continue
-            raise
-        if len(tokens) + reserve > engine.n_ctx and len(window) > 1:
-            dropped += 1
-            continue
-        return tokens, dropped
+    last = len(messages) - 1
+    tried: dict[int, tuple[Optional[list[int]], Optional[SpecDeskError]]] = {}
+
+    def attempt(dropped: int) -> tuple[Optional[list[int]], Optional[SpecDeskError]]:
+        """(tokens, None) when it fits; (tokens or None, why not) when it does not."""
+        if dropped not in tried:
+            try:
+                tokens = chat_prompt(engine, messages[dropped:])
+            except SpecDeskError as e:
+                if not is_prompt_too_long(e):
+                    raise
+                tried[dropped] = (None, e)
+            else:
+                tried[dropped] = (tokens, None if len(tokens) + reserve <= engine.n_ctx else SpecDeskError())
+        return tried[dropped]
+
+    if attempt(0)[1] is None:
+        return attempt(0)[0], 0
+    too_many, enough = 0, last  # keeping messages[too_many:] does not fit; messages[enough:] is the answer
+    while enough - too_many > 1:
+        middle = (too_many + enough) // 2
+        if attempt(middle)[1] is None:
+            enough = middle
+        else:
+            too_many = middle
+    tokens, why_not = attempt(enough)
+    if tokens is None:  # even the last message alone is provably too long
+        raise why_not
+    return tokens, enough  # the last message alone may still not fit: generate() then says by how much

@@ -69,6 +69,7 @@ class _Budget:
         self.steps = 0
         self.depth = 0
         self.produced = 0  # characters of all output values so far, kept or not
+        self._sizes: dict[int, tuple[Any, int]] = {}  # id -> (container, size): see size()
         self.deadline = time.monotonic() + limits.max_seconds
 
     def tick(self, steps: int = 1) -> None:
@@ -87,6 +88,21 @@ class _Budget:
     def size(self, value: Any) -> int:
         """Characters `value` takes when printed, counting shared references each time they
         appear (as printing does); stops counting once over the limit."""
+        container = isinstance(value, (list, tuple, dict, set, frozenset))
+        if container:
+            # Containers cannot change while rendering (the immutable sandbox), and templates
+            # ask `messages|length` inside loops over messages: walk each one once.
+            known = self._sizes.get(id(value))
+            if known is not None and known[0] is value:
+                return known[1]
+        total = self._walk(value)
+        if container:
+            if len(self._sizes) >= 256:  # a few recent ones are what repeats; keep memory flat
+                self._sizes.clear()
+            self._sizes[id(value)] = (value, total)
+        return total
+
+    def _walk(self, value: Any) -> int:
         total = 0
         stack = [value]
         visited = 0

@@ -236,6 +236,18 @@ def test_a_huge_chat_message_is_refused_as_too_long_not_as_a_slow_template(small
         chat_prompt(small_engine, [{"role": "user", "content": "x = 1\n" * 2_000_000}])
 
 
+def test_a_long_conversation_keeps_the_most_turns_that_fit(small_engine):
+    from specdesk.app.main import chat_prompt
+    from specdesk.app.prompting import fit_chat
+
+    conversation = [{"role": "user" if i % 2 == 0 else "assistant", "content": f"turn {i}: sort the list {i}"}
+                    for i in range(3001)]
+    tokens, dropped = fit_chat(small_engine, conversation, reserve=32)
+    assert len(tokens) + 32 <= small_engine.n_ctx
+    assert tokens == chat_prompt(small_engine, conversation[dropped:])
+    assert len(chat_prompt(small_engine, conversation[dropped - 1:])) + 32 > small_engine.n_ctx  # one more would not fit
+
+
 def test_a_conversation_drops_oldest_turns_before_one_long_message_is_refused(small_engine):
     from specdesk.app.prompting import fit_chat
 
