@@ -34,7 +34,8 @@ from .paths import data_dir
 HISTORY_FILE = "history.sqlite3"
 SCHEMA_VERSION = 1
 APPLICATION_ID = 0x53504443  # "SPDC": marks the file as SpecDesk's chat history
-OUR_TABLES = {"chats", "messages"}
+OUR_TABLES = {"chats": {"id", "title", "created", "updated"},  # table -> columns
+              "messages": {"id", "chat_id", "role", "content", "meta", "created"}}
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS chats (
@@ -195,11 +196,15 @@ def _refuse_foreign(path: Path) -> None:
         try:
             application_id = db.execute("PRAGMA application_id").fetchone()[0]
             tables = {row[0] for row in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+            ours = tables <= set(OUR_TABLES) and all(
+                {row[1] for row in db.execute("SELECT * FROM pragma_table_info(?)", (table,))} == OUR_TABLES[table]
+                for table in tables)
         finally:
             db.close()
     except sqlite3.Error as e:
         raise SpecDeskError(f"{path} is not a usable chat history ({e}): move it away to start a new one") from None
-    if application_id == APPLICATION_ID or (application_id == 0 and tables <= OUR_TABLES):
+    # From before the mark was set, ours is recognised by its tables and their columns.
+    if application_id == APPLICATION_ID or (application_id == 0 and ours):
         return
     raise SpecDeskError(f"{path} is another program's SQLite database (tables: {', '.join(sorted(tables)[:5]) or 'none'}"
                         f"{', …' if len(tables) > 5 else ''}): SpecDesk leaves it untouched; "

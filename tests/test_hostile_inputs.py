@@ -411,6 +411,19 @@ def test_another_programs_database_is_refused_untouched(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["history.sqlite3"]  # no -wal / -shm left either
 
 
+def test_a_database_with_our_table_names_but_not_our_columns_is_refused(tmp_path):
+    from specdesk.app.history import History
+
+    path = tmp_path / "history.sqlite3"
+    db = sqlite3.connect(path)
+    db.executescript("CREATE TABLE chats(id INTEGER PRIMARY KEY, topic TEXT); INSERT INTO chats(topic) VALUES ('x');")
+    db.close()
+    digest = hashlib.sha256(path.read_bytes()).hexdigest()
+    with pytest.raises(SpecDeskError, match="another program's SQLite database \\(tables: chats\\)"):
+        History(path)
+    assert hashlib.sha256(path.read_bytes()).hexdigest() == digest
+
+
 def test_our_database_is_marked_and_an_unmarked_one_of_ours_is_adopted(tmp_path):
     from specdesk.app.history import APPLICATION_ID, History
 
