@@ -10,7 +10,6 @@ import os
 import sqlite3
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 import tracemalloc
