@@ -10,8 +10,14 @@ hf_hub_download, because a download here must (1) stop when the user cancels, be
 chunks, (2) resume after a cancel or a crash without fetching finished bytes again, which
 needs a partial file that outlives the process (`blobs/<etag>.incomplete`, the name older
 huggingface_hub versions used), and (3) check the LFS sha256 (or the git blob id) of what
-arrived before it enters the cache. A file name that would escape the cache is refused
-before any request, and free disk space is checked before the first byte.
+arrived before it enters the cache. A file name or revision that would escape the cache is
+refused before any request, and free disk space is checked before the first byte.
+
+Nothing a server sends is trusted with a path: the commit hash and ETag that name the
+snapshot folder and the blob must look like git / sha256 object ids, the download URL must
+be http(s), the sizes of the listing and of the file's headers must agree, and the body is
+cut off at that size. Every path written, linked, renamed or removed is resolved first and
+must lie inside the cache folder (`inside`), so a file outside it is never touched.
 """
 
 from __future__ import annotations
@@ -25,7 +31,7 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath, PureWindowsPath
 from typing import Callable, Optional
-from urllib.parse import urlparse
+from urllib.parse import urljoin, urlparse
 
 from specdesk.engines.types import SpecDeskError
 
@@ -34,8 +40,10 @@ from .library import hf_cache_dir
 DEFAULT_ENDPOINT = "https://huggingface.co"
 REPO_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,95}/[A-Za-z0-9][A-Za-z0-9._-]{0,95}$")
 QUANT = re.compile(r"(?<![A-Za-z0-9])(I?Q\d(?:_[A-Z0-9]+)*|[BM]?F\d{1,2}|BF16|TQ\d_\d)(?![A-Za-z0-9])", re.I)
-COMMIT = re.compile(r"^[0-9a-f]{40}$")
-SHA256 = re.compile(r"^[0-9a-f]{64}$")
+COMMIT = re.compile(r"[0-9a-f]{40}")  # huggingface_hub's REGEX_COMMIT_HASH; used with fullmatch
+OBJECT_ID = re.compile(r"[0-9a-f]{40}|[0-9a-f]{64}")  # an ETag: git blob sha1, or LFS sha256
+REF_FORBIDDEN = re.compile(r"[\x00-\x20\x7f~^:?*\[\\]")  # what git refuses in a ref name (git check-ref-format)
+NAME_MAX_BYTES = 255  # the longest file name ext4, APFS and NTFS take
 CHUNK_BYTES = 1 << 20
 TIMEOUT_S = 30.0
 
@@ -108,7 +116,41 @@ def check_filename(filename: str) -> str:
         problem = "it has a '..', '.' or empty path segment"
     if problem:
         raise SpecDeskError(f"refused file name {filename!r}: {problem}, so it would escape the download folder")
+    longest = max(filename.split("/"), key=lambda part: len(part.encode()))
+    if len(longest.encode()) > NAME_MAX_BYTES:
+        raise SpecDeskError(f"refused file name {_short(filename)!r}: its name {_short(longest)!r} is "
+                            f"{len(longest.encode())} bytes long, more than the {NAME_MAX_BYTES} a file system "
+                            f"allows; the repository cannot be stored on disk under this name")
     return filename
+
+
+def check_revision(revision: str) -> str:
+    """Refuse a revision that is not a git branch, tag or commit (before any request).
+
+    A revision becomes the path refs/<revision> in the cache, so the rules are git's own for
+    ref names (git check-ref-format): they leave no way out of the refs folder.
+    """
+    problem = None
+    if not revision:
+        problem = "it is empty"
+    elif len(revision.encode()) > NAME_MAX_BYTES:
+        problem = f"it is longer than {NAME_MAX_BYTES} bytes"
+    elif REF_FORBIDDEN.search(revision):
+        problem = "it contains a space, a control character, a backslash or one of ~^:?*["
+    elif revision.startswith("/") or revision.endswith("/") or "//" in revision:
+        problem = "it starts or ends with '/' or has an empty segment"
+    elif ".." in revision or "@{" in revision or revision == "@":
+        problem = "it contains '..' or '@{'"
+    elif any(part.startswith(".") or part.endswith((".lock", ".")) for part in revision.split("/")):
+        problem = "a segment starts with '.' or ends with '.' or '.lock'"
+    if problem:
+        raise SpecDeskError(f"refused revision {_short(revision)!r}: {problem}; give a branch, a tag or a "
+                            f"commit hash (for example main)")
+    return revision
+
+
+def _short(text: str, limit: int = 60) -> str:
+    return text if len(text) <= limit else text[:limit] + "…"
 
 
 def quantization_of(filename: str) -> Optional[str]:
@@ -168,6 +210,8 @@ def list_files(repo_id: str, revision: Optional[str] = None, folder: Optional[st
     from huggingface_hub.hf_api import RepoFile
 
     check_repo_id(repo_id)
+    if revision is not None:
+        check_revision(revision)
     try:
         tree = list(_api().list_repo_tree(repo_id, path_in_repo=folder, recursive=True, revision=revision))
     except _hub_errors() as e:
@@ -193,9 +237,25 @@ def repo_folder(cache: Path, repo_id: str) -> Path:
     return cache / ("models--" + repo_id.replace("/", "--"))
 
 
-def _link(blob: Path, pointer: Path) -> None:
+def inside(root: Path, path: Path) -> Path:
+    """`path` with its folders resolved, refused unless it lies inside `root` (the cache folder).
+
+    Called before every write, link, rename and removal. The last part is not followed: unlink,
+    replace and symlink act on a link itself, never on what it points to.
+    """
+    real_root = Path(os.path.realpath(root))
+    real = Path(os.path.realpath(path.parent)) / path.name
+    if path.name in ("", ".", "..") or real_root not in real.parents:
+        raise SpecDeskError(f"refused to write {path}: it lies outside the download folder {real_root}; "
+                            f"nothing outside it was changed")
+    return real
+
+
+def _link(cache: Path, blob: Path, pointer: Path) -> None:
     """snapshots/<commit>/<file> -> ../../blobs/<etag>, as huggingface_hub makes it."""
-    pointer.parent.mkdir(parents=True, exist_ok=True)
+    inside(cache, blob)
+    inside(cache, pointer)
+    inside(cache, pointer.parent).mkdir(parents=True, exist_ok=True)
     if pointer.exists() or pointer.is_symlink():
         pointer.unlink()
     try:
@@ -205,6 +265,15 @@ def _link(blob: Path, pointer: Path) -> None:
             os.link(blob, pointer)
         except OSError:
             shutil.copy2(blob, pointer)
+
+
+def _write_ref(cache: Path, storage: Path, revision: str, commit: str) -> None:
+    """refs/<branch or tag> holds the commit it stands for, as huggingface_hub writes it."""
+    ref = inside(cache, storage / "refs" / revision)
+    inside(cache, ref.parent).mkdir(parents=True, exist_ok=True)
+    temporary = inside(cache, ref.with_name(f"{ref.name}.{os.getpid()}.tmp"))
+    temporary.write_text(commit)
+    os.replace(temporary, ref)  # replaces a link at refs/<revision> itself, never what it points to
 
 
 def _free_bytes(folder: Path) -> tuple[Path, int]:
@@ -249,48 +318,96 @@ def _resume_state(partial: Path, size: int, lfs: bool) -> tuple[int, _Checksum]:
     return done, checksum
 
 
+# --- what the server says about a file ------------------------------------------------
+@dataclass(frozen=True)
+class _Served:
+    """The HEAD answer for one file, checked: safe to put into paths and to download from."""
+
+    commit: str
+    etag: str
+    url: str
+    size: int
+
+
+def _check_served(what: str, asked_url: str, meta, listed_size: int) -> _Served:
+    where = endpoint()
+
+    def refuse(header: str, value, why: str) -> SpecDeskError:
+        shown = _short(str(value)) if value is not None else None
+        return SpecDeskError(f"{what}: refused {header} {shown!r} from {where}: {why}; is HF_ENDPOINT a hub?")
+
+    if not meta.commit_hash or not meta.etag:
+        raise SpecDeskError(f"{what}: {where} did not send X-Repo-Commit and ETag: is HF_ENDPOINT a hub?")
+    if not COMMIT.fullmatch(meta.commit_hash):
+        raise refuse("X-Repo-Commit", meta.commit_hash, "a commit is 40 lowercase hex digits")
+    if not OBJECT_ID.fullmatch(meta.etag):
+        raise refuse("ETag", meta.etag, "an ETag is a git sha1 or a sha256 (40 or 64 lowercase hex digits)")
+    url = urljoin(asked_url, meta.location or asked_url)  # a relative Location counts from the file's URL
+    parts = urlparse(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise refuse("redirect", meta.location, "a download URL is http or https with a host")
+    if listed_size < 0 or (meta.size is not None and meta.size != listed_size):
+        raise SpecDeskError(f"{what}: {where} gives two sizes for this file: {listed_size} bytes in the listing, "
+                            f"{meta.size} in its headers; is HF_ENDPOINT a hub?")
+    return _Served(meta.commit_hash, meta.etag, url, listed_size)
+
+
 def download(repo_id: str, filename: str, revision: str = "main", cache_dir: Optional[Path] = None,
              cancel: Optional[threading.Event] = None,
              progress: Optional[Callable[[DownloadProgress], None]] = None) -> Path:
     """Download one file into the HF cache; returns its snapshot path. Resumes a partial file."""
     from huggingface_hub import get_hf_file_metadata, hf_hub_url
-    from huggingface_hub.utils import WeakFileLock
 
     check_repo_id(repo_id)
     check_filename(filename)
+    check_revision(revision)
     cancel = cancel or threading.Event()
     cache = Path(cache_dir) if cache_dir is not None else hf_cache_dir()
     storage = repo_folder(cache, repo_id)
-    what = f"{repo_id}/{filename}"
-    if COMMIT.match(revision) and (storage / "snapshots" / revision / filename).exists():
+    what = f"{repo_id}/{_short(filename, 120)}"
+    if COMMIT.fullmatch(revision) and (storage / "snapshots" / revision / filename).exists():
         return storage / "snapshots" / revision / filename
 
     expected = remote_file(repo_id, filename, revision)
+    url = hf_hub_url(repo_id, filename, revision=revision, endpoint=endpoint())
     try:
-        meta = get_hf_file_metadata(hf_hub_url(repo_id, filename, revision=revision, endpoint=endpoint()),
-                                    endpoint=endpoint())
+        meta = get_hf_file_metadata(url, endpoint=endpoint())
     except _hub_errors() as e:
         raise _explain(e, what) from e
-    if not meta.commit_hash or not meta.etag:
-        raise SpecDeskError(f"{what}: {endpoint()} did not send X-Repo-Commit and ETag: is HF_ENDPOINT a hub?")
-    size = meta.size if meta.size is not None else expected.size
+    served = _check_served(what, url, meta, expected.size)
     lfs = expected.sha256 is not None
-    want = expected.sha256 if lfs else (expected.blob_id or meta.etag)
-    blob = storage / "blobs" / meta.etag
-    pointer = storage / "snapshots" / meta.commit_hash / filename
-    if revision != meta.commit_hash:
-        (storage / "refs").mkdir(parents=True, exist_ok=True)
-        (storage / "refs" / revision).write_text(meta.commit_hash)
+    want = expected.sha256 if lfs else (expected.blob_id or served.etag)
+    try:
+        return _store(cache, storage, repo_id, filename, revision, served, lfs, want, what, cancel, progress)
+    except OSError as e:  # a path the file system refuses, a read-only cache: one line, not a traceback
+        raise SpecDeskError(f"{what}: cannot write {_short(str(e.filename or cache), 120)}: "
+                            f"{e.strerror or e}") from e
+
+
+def _store(cache: Path, storage: Path, repo_id: str, filename: str, revision: str, served: _Served, lfs: bool,
+           want: Optional[str], what: str, cancel: threading.Event,
+           progress: Optional[Callable[[DownloadProgress], None]]) -> Path:
+    """Fetch (or resume) the blob, check it, and link it into the snapshot; every path stays in `cache`."""
+    from huggingface_hub.utils import WeakFileLock
+
+    size = served.size
+    # Checked here and again at each write; the paths handed back keep the cache's own spelling.
+    blob = storage / "blobs" / served.etag
+    pointer = storage / "snapshots" / served.commit / filename
+    inside(cache, blob)
+    inside(cache, pointer)
+    if revision != served.commit:
+        _write_ref(cache, storage, revision, served.commit)
     if pointer.exists():
         return pointer
     if blob.exists():
-        _link(blob, pointer)
+        _link(cache, blob, pointer)
         return pointer
 
-    partial = blob.with_name(blob.name + ".incomplete")
-    lock = cache / ".locks" / storage.name / f"{meta.etag}.lock"
-    lock.parent.mkdir(parents=True, exist_ok=True)
-    blob.parent.mkdir(parents=True, exist_ok=True)
+    partial = inside(cache, blob.with_name(blob.name + ".incomplete"))
+    lock = inside(cache, cache / ".locks" / storage.name / f"{served.etag}.lock")
+    inside(cache, lock.parent).mkdir(parents=True, exist_ok=True)
+    inside(cache, blob.parent).mkdir(parents=True, exist_ok=True)
     with WeakFileLock(str(lock)):
         done, checksum = _resume_state(partial, size, lfs)
         folder, free = _free_bytes(blob.parent)
@@ -299,7 +416,7 @@ def download(repo_id: str, filename: str, revision: str = "main", cache_dir: Opt
                                 f"{folder} has {human_bytes(free)} free (the disk is full); free some space "
                                 f"or set HF_HUB_CACHE to a bigger disk")
         if done < size:
-            done, checksum = _fetch(meta.location, what, partial, done, size, checksum, cancel,
+            done, checksum = _fetch(served.url, what, partial, done, size, checksum, cancel,
                                     lambda n, start: progress and progress(
                                         DownloadProgress(repo_id, filename, n, size, start)))
         actual = checksum.hexdigest()
@@ -310,13 +427,13 @@ def download(repo_id: str, filename: str, revision: str = "main", cache_dir: Opt
                                 f"says {want[:16]}…; the corrupt download was deleted, download it again")
         os.chmod(partial, 0o644)
         os.replace(partial, blob)
-    _link(blob, pointer)
+    _link(cache, blob, pointer)
     return pointer
 
 
 def _fetch(url: str, what: str, partial: Path, done: int, size: int, checksum: _Checksum,
            cancel: threading.Event, report: Callable[[int, int], None]) -> tuple[int, _Checksum]:
-    """Append the missing bytes to the partial file; a cancel keeps it, a full disk removes it."""
+    """Append the missing bytes to the partial file, never past `size`; a cancel keeps it, a full disk removes it."""
     from huggingface_hub.utils import build_hf_headers, hf_raise_for_status, http_stream_backoff
 
     headers = build_hf_headers()
@@ -326,18 +443,28 @@ def _fetch(url: str, what: str, partial: Path, done: int, size: int, checksum: _
         headers["Range"] = f"bytes={done}-"
     start = done
     try:
+        # No retry on exceptions: one raised while reading the body would be thrown into the retrying
+        # generator, which cannot yield a second response (RuntimeError); a new download resumes instead.
         with http_stream_backoff("GET", url, headers=headers, timeout=TIMEOUT_S, follow_redirects=True,
-                                 retry_on_status_codes=(408, 429)) as response:
+                                 retry_on_exceptions=(), retry_on_status_codes=(408, 429)) as response:
             hf_raise_for_status(response)
             mode = "ab"
             if done and response.status_code == 200:  # the server ignored Range: start over
                 done, start, checksum, mode = 0, 0, _Checksum(checksum.lfs, size), "wb"
+            _refuse_announced_overlong(what, response, size - done)
             report(done, start)
             with open(partial, mode) as out:
                 for chunk in response.iter_bytes():
                     if cancel.is_set():
                         raise DownloadCancelled(f"{what}: download cancelled at {human_bytes(done)} of "
                                                 f"{human_bytes(size)}; download it again to resume from there")
+                    room = size - done
+                    if len(chunk) > room:  # a close-delimited or lying body: keep what fits, not a byte more
+                        out.write(chunk[:room])
+                        checksum.update(chunk[:room])
+                        raise SpecDeskError(f"{what}: the server sent more than the {size} bytes the hub listed; "
+                                            f"the transfer was cut off at {size} bytes; check HF_ENDPOINT, then "
+                                            f"download again (the checksum decides)")
                     out.write(chunk)
                     checksum.update(chunk)
                     done += len(chunk)
@@ -348,7 +475,7 @@ def _fetch(url: str, what: str, partial: Path, done: int, size: int, checksum: _
             raise SpecDeskError(f"{what}: the disk is full ({partial.parent}): the partial file was removed; "
                                 f"free some space or set HF_HUB_CACHE to a bigger disk, then download again") from e
         raise SpecDeskError(f"{what}: cannot write {partial}: {e.strerror or e}") from e
-    except DownloadCancelled:
+    except (DownloadCancelled, SpecDeskError):
         raise
     except _hub_errors() as e:
         raise _explain(e, f"{what} (the download stopped at {human_bytes(done)}; download again to resume)") from e
@@ -358,11 +485,24 @@ def _fetch(url: str, what: str, partial: Path, done: int, size: int, checksum: _
     return done, checksum
 
 
+def _refuse_announced_overlong(what: str, response, expected: int) -> None:
+    """A Content-Length beyond the missing bytes is refused before a byte is written.
+
+    Only for an unencoded body: a compressed one's length is not the file's (the hub gzips text files).
+    """
+    length = response.headers.get("Content-Length")
+    encoding = response.headers.get("Content-Encoding", "identity").strip().lower()
+    if length and length.strip().isdigit() and encoding in ("", "identity") and int(length) > expected:
+        raise SpecDeskError(f"{what}: the server announced {int(length)} bytes where {expected} were expected; "
+                            f"nothing was written; check HF_ENDPOINT")
+
+
 def download_files(repo_id: str, filenames: list[str], revision: str = "main", cache_dir: Optional[Path] = None,
                    cancel: Optional[threading.Event] = None,
                    progress: Optional[Callable[[DownloadProgress], None]] = None) -> list[Path]:
     """Several files of one repository; with no names, its GGUF files (or all of a checkpoint)."""
     check_repo_id(repo_id)
+    check_revision(revision)
     for name in filenames:
         check_filename(name)
     if not filenames:

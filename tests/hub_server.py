@@ -16,7 +16,8 @@ mid-file; `corrupt` flips one byte of a file's body.
 Hostile modes, for tests of what a client trusts: `fake_commit`, `fake_etag` and
 `fake_location` replace X-Repo-Commit, the ETag (X-Linked-Etag for LFS files) and the CDN
 redirect of every resolve answer; `overlong` sends each GET body that many times over, with
-no Content-Length (ended by closing the connection) unless `overlong_length` is set.
+no Content-Length (ended by closing the connection) unless `overlong_length` is set;
+`hang_up_at` closes the connection after that many bytes of a body it promised in full.
 """
 
 from __future__ import annotations
@@ -126,6 +127,7 @@ class HubServer:
         self.fake_location: Optional[str] = None
         self.overlong: int = 0
         self.overlong_length: bool = False
+        self.hang_up_at: Optional[int] = None
         self._lock = threading.Lock()
         self._server = _Server(("127.0.0.1", 0), self._handler())
         self.port = self._server.server_address[1]
@@ -322,8 +324,8 @@ class HubServer:
                 if key in hub.corrupt and data:
                     middle = len(data) // 2
                     data = data[:middle] + bytes([data[middle] ^ 0xFF]) + data[middle + 1:]
-                if hub.overlong and not head:
-                    return self._overlong_body(data * hub.overlong, headers)
+                if (hub.overlong or hub.hang_up_at is not None) and not head:
+                    return self._hostile_body(data, headers)
                 start, end, status = 0, len(data), 200
                 requested = self.headers.get("Range")
                 if requested:
@@ -358,17 +360,21 @@ class HubServer:
                     if hub.throttle_s:
                         time.sleep(hub.throttle_s)
 
-            def _overlong_body(self, data: bytes, headers: dict) -> None:
-                """The whole body, longer than the file; close-delimited unless overlong_length is set."""
+            def _hostile_body(self, data: bytes, headers: dict) -> None:
+                """The whole file, `overlong` times over or cut at `hang_up_at`; Range is ignored."""
                 self.send_response(200)
                 for k, v in headers.items():
                     self.send_header(k, v)
-                if hub.overlong_length:
+                if hub.overlong:
+                    data = data * hub.overlong
+                if hub.overlong_length or hub.hang_up_at is not None:
                     self.send_header("Content-Length", str(len(data)))
-                else:
+                if not hub.overlong_length:
                     self.send_header("Connection", "close")
                     self.close_connection = True
                 self.end_headers()
+                if hub.hang_up_at is not None:
+                    data = data[:hub.hang_up_at]
                 for offset in range(0, len(data), CHUNK):
                     piece = data[offset:offset + CHUNK]
                     self.wfile.write(piece)
