@@ -222,6 +222,9 @@ def _call(conn, engine, name: str, args: tuple, kwargs: dict) -> None:
 def host_main(conn, spec: HostSpec, log_path: str) -> None:
     """Entry point of the child process (multiprocessing 'spawn')."""
     _redirect_output(log_path)
+    # ggml answers an assert by attaching gdb and dumping every thread's stack: seconds of
+    # waiting and hundreds of lines that bury its one-line reason under "Details".
+    os.environ.setdefault("GGML_NO_BACKTRACE", "1")
     try:
         engine = open_engine(spec, progress=lambda fraction: conn.send(("progress", fraction)))
     except BaseException as e:  # noqa: BLE001

@@ -64,15 +64,15 @@ class Params:
 
 
 def _field(body: dict, name: str, kind: type, default: Any) -> Any:
+    """body[name] as `kind` (an int is a float too; a bool is never a number), or `default` when absent."""
     value = body.get(name)
     if value is None:
         return default
-    ok = isinstance(value, kind) and not isinstance(value, bool) if kind in (int, float) else isinstance(value, kind)
     if kind is float and isinstance(value, int) and not isinstance(value, bool):
-        value, ok = float(value), True
-    if not ok:
-        raise RequestError(400, f"'{name}' must be {'a number' if kind is float else kind.__name__}, "
-                                f"not {json.dumps(value)[:40]}", name)
+        return float(value)
+    if not isinstance(value, kind) or (isinstance(value, bool) and kind is not bool):
+        wanted = {float: "a number", int: "an integer", bool: "true or false", dict: "an object"}.get(kind, kind.__name__)
+        raise RequestError(400, f"'{name}' must be {wanted}, not {json.dumps(value)[:40]}", name)
     return value
 
 

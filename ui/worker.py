@@ -147,6 +147,8 @@ class _Runner(QObject):
             try:
                 self.draft_kind = jobs.load_drafter(engine, draft, self._fraction_reporter())
                 self.draft_path = draft
+            except EngineHostDied:
+                raise  # not a refused draft: the target went with the process
             except SpecDeskError as e:
                 draft_error = str(e)
                 self.draft_path, self.draft_kind = previous
