@@ -313,3 +313,16 @@ def test_stop_ends_a_hung_host_and_closing_never_waits_long(qtbot, window):
     from specdesk.ui.worker import running_threads
 
     assert not running_threads()
+
+
+def test_the_cli_says_what_happened_in_one_line_then_the_details(crafted):
+    import subprocess
+    import sys
+
+    run = subprocess.run([sys.executable, "-m", "specdesk.app.main", "compare", "--target", str(crafted["nan_eps"]),
+                          "--method", "ngram", "--prompt", "def f(x):", "--threads", "1", "--max-tokens", "8"],
+                         capture_output=True, text=True, timeout=120)
+    lines = run.stderr.splitlines()
+    assert run.returncode == 2 and lines, run.stderr
+    assert lines[0].startswith("specdesk: error: the engine process for nan-eps.gguf stopped (SIG"), lines[0]
+    assert "while generating" in lines[0] and len(lines) > 1  # the process's last output follows
