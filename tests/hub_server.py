@@ -15,9 +15,10 @@ mid-file; `corrupt` flips one byte of a file's body.
 
 Hostile modes, for tests of what a client trusts: `fake_commit`, `fake_etag` and
 `fake_location` replace X-Repo-Commit, the ETag (X-Linked-Etag for LFS files) and the CDN
-redirect of every resolve answer; `overlong` sends each GET body that many times over, with
-no Content-Length (ended by closing the connection) unless `overlong_length` is set;
-`hang_up_at` closes the connection after that many bytes of a body it promised in full.
+redirect of every resolve answer, `fake_size` the X-Linked-Size of LFS files; `overlong`
+sends each GET body that many times over, with no Content-Length (ended by closing the
+connection) unless `overlong_length` is set; `hang_up_at` closes the connection after that
+many bytes of a body it promised in full.
 """
 
 from __future__ import annotations
@@ -128,6 +129,7 @@ class HubServer:
         self.overlong: int = 0
         self.overlong_length: bool = False
         self.hang_up_at: Optional[int] = None
+        self.fake_size: Optional[int] = None
         self._lock = threading.Lock()
         self._server = _Server(("127.0.0.1", 0), self._handler())
         self.port = self._server.server_address[1]
@@ -304,7 +306,7 @@ class HubServer:
                     self.send_header("Location", hub.fake_location if hub.fake_location is not None else location)
                     self.send_header("X-Repo-Commit", commit)
                     self.send_header("X-Linked-Etag", f'"{hub.fake_etag or f.sha256}"')
-                    self.send_header("X-Linked-Size", str(f.size))
+                    self.send_header("X-Linked-Size", str(hub.fake_size if hub.fake_size is not None else f.size))
                     self.send_header("ETag", f'"{git_blob_sha1(f.data)}"')
                     self.send_header("Content-Length", "0")
                     self.end_headers()

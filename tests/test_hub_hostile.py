@@ -240,3 +240,12 @@ def test_a_server_that_hangs_up_mid_body_leaves_a_partial_file_to_resume(server,
     assert hub.download(REPO, GGUF_NAME).read_bytes() == DATA
     last = server.requests("GET", "/cdn/")[-1]
     assert last.range == f"bytes={kept}-" and last.sent == len(DATA) - kept
+
+
+def test_a_size_in_the_headers_that_differs_from_the_listing_is_refused(server, tmp_path):
+    server.fake_size = len(DATA) * 10  # X-Linked-Size says ten times what the listing says
+    with pytest.raises(SpecDeskError) as error:
+        hub.download(REPO, GGUF_NAME)
+    assert f"two sizes for this file: {len(DATA)} bytes in the listing, {len(DATA) * 10} in its headers" \
+        in one_line(error)
+    assert not server.requests("GET", "/cdn/") and no_model_in_cache(tmp_path)
