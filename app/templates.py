@@ -245,8 +245,12 @@ class _LimitedEnvironment(ImmutableSandboxedEnvironment):
 
     def _range(self, *args: int) -> range:
         numbers = range(*args)
-        if len(numbers) > self.budget.limits.max_range:
-            raise TemplateLimitExceeded(f"range({', '.join(map(str, args))}) has {_amount(len(numbers))} items, "
+        try:
+            count = len(numbers)
+        except OverflowError:  # more items than a C integer counts: len() cannot say how many
+            count = (abs(numbers.stop - numbers.start) + abs(numbers.step) - 1) // abs(numbers.step)
+        if count > self.budget.limits.max_range:
+            raise TemplateLimitExceeded(f"range({', '.join(map(str, args))}) has {_amount(count)} items, "
                                         f"over the limit of {self.budget.limits.max_range:,}")
         return numbers
 

@@ -105,6 +105,7 @@ HOSTILE_TEMPLATES = {
     "nested string loops": ("{% for a in 'x' * 99999 %}{% for b in 'y' * 99999 %}{{ '' }}{% endfor %}{% endfor %}",
                             SLOW),
     "huge range": ("{{ range(10**9) | length }}", "range(1000000000) has 1,000,000,000 items"),
+    "astronomic range": ("{% for i in range(10**100) %}{% endfor %}", "has about 10^100 items"),
     "huge range in a loop": ("{% for i in range(10**9) %}{{ i }}{% endfor %}", "over the limit of 100,000"),
     "string repetition": ("{{ 'x' * 10**10 }}", "a repetition would be 10,000,000,000 characters"),
     "list repetition": ("{{ ['x' * 1000] * 10**6 }}", "a repetition would be"),
