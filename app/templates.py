@@ -192,7 +192,7 @@ class _LimitedEnvironment(ImmutableSandboxedEnvironment):
         budget = self.budget
         budget.tick()
         if obj is not self._checked_range:  # range() checks its own length
-            _check_arguments(budget, obj, args, kwargs)
+            args = _check_arguments(budget, obj, args, kwargs)
         budget.depth += 1
         try:
             if budget.depth > budget.limits.max_depth:
@@ -289,25 +289,29 @@ def _bounded(budget: _Budget, items: Iterable) -> Iterator:
         yield item
 
 
-def _check_arguments(budget: _Budget, obj: Any, args: tuple, kwargs: dict) -> None:
+def _check_arguments(budget: _Budget, obj: Any, args: tuple, kwargs: dict) -> tuple:
     """Before a call: no argument over the limits, and for the string methods that multiply
-    their input, the size of what they would build."""
+    their input, the size of what they would build. Returns the arguments to call with (a
+    generator given to str.join is read here, so the call gets what it held)."""
+    target = getattr(obj, "__wrapped__", obj)  # the sandbox wraps str.format
+    text = getattr(target, "__self__", None)
+    if isinstance(text, str) and getattr(target, "__name__", "") == "join" and args \
+            and not isinstance(args[0], (list, tuple)):
+        args = (list(_bounded(budget, args[0])), *args[1:])
     values = (*args, *kwargs.values())
     for value in values:
         if isinstance(value, int) and not isinstance(value, bool) and abs(value) > budget.max_chars:
             raise TemplateLimitExceeded(f"{_name(obj)}() was given {_amount(abs(value))}, over the limit of "
                                         f"{budget.max_chars:,}")
         budget.check(value, f"an argument of {_name(obj)}()")
-    target = getattr(obj, "__wrapped__", obj)  # the sandbox wraps str.format
-    text = getattr(target, "__self__", None)
     if isinstance(text, str):
         _check_string_method(budget, text, getattr(target, "__name__", ""), args, kwargs)
+    return args
 
 
 def _check_string_method(budget: _Budget, text: str, method: str, args: tuple, kwargs: dict) -> None:
-    if method == "join" and args:
-        items = args[0] if isinstance(args[0], (list, tuple)) else list(_bounded(budget, args[0]))
-        budget.allow(sum(budget.size(i) for i in items) + len(text) * len(items), "a join")
+    if method == "join" and args and isinstance(args[0], (list, tuple)):
+        budget.allow(sum(budget.size(i) for i in args[0]) + len(text) * len(args[0]), "a join")
     elif method == "replace" and len(args) >= 2 and isinstance(args[0], str) and isinstance(args[1], str):
         _check_replace(budget, text, args[0], args[1], args[2] if len(args) > 2 else -1)
     elif method == "expandtabs":

@@ -62,7 +62,8 @@ REAL_TEMPLATES = {
         "{%- set content = content.split('</think>')[-1].lstrip('\\n') %}{%- endif %}"
         "{{- '<|im_start|>' ~ message.role ~ '\\n' ~ content ~ '<|im_end|>\\n' }}"
         "{%- endfor %}{{- '%d/%s' % (ns.last_query_index, messages|map(attribute='role')|join(',')) }}"
-        "{{- ' {}'.format(messages|selectattr('role', 'equalto', 'user')|list|length) }}"),
+        "{{- ' {}'.format(messages|selectattr('role', 'equalto', 'user')|list|length) }}"
+        "{{- ' ' + '/'.join(messages|map(attribute='role')) }}"),
     "schema-macro": (
         "{%- macro render(value, depth) -%}{%- if value is mapping -%}{{ '{' }}"
         "{%- for key, item in value|dictsort -%}{{ key }}: {{ render(item, depth + 1) }}{{ ', ' if not loop.last }}"
