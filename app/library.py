@@ -19,6 +19,9 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Iterable, Iterator, Optional
 
+from specdesk.engines.files import require_regular_file
+from specdesk.engines.types import SpecDeskError
+
 from .paths import assets_dir, cache_dir
 
 log = logging.getLogger(__name__)
@@ -78,86 +81,69 @@ class ModelEntry:
 
 
 # --- GGUF ------------------------------------------------------------------------
-def _field(reader, key: str):
-    f = reader.fields.get(key)
-    if f is None:
-        return None
-    try:
-        return f.contents()
-    except (ValueError, IndexError, UnicodeDecodeError):
-        return None
+def _whole(value) -> int:
+    """A header value as a count: per-layer lists give their largest, anything else not a whole
+    number gives 0 (the validation has already named it)."""
+    if isinstance(value, list):
+        value = max((v for v in value if isinstance(v, int)), default=0)
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
 
 
-def _array_length(reader, key: str) -> Optional[int]:
-    f = reader.fields.get(key)
-    return len(f.data) if f is not None else None  # without decoding 150k strings
+def _quantization(fields: dict, tensors: dict) -> Optional[str]:
+    from gguf import LlamaFileType
 
-
-def _quantization(reader) -> Optional[str]:
-    from gguf import GGMLQuantizationType, LlamaFileType
-
-    file_type = _field(reader, "general.file_type")
+    file_type = fields.get("general.file_type")
     if isinstance(file_type, int):
         try:
             return LlamaFileType(file_type).name.removeprefix("MOSTLY_").removeprefix("ALL_")
         except ValueError:
             pass
     counts: dict[str, int] = {}
-    for t in reader.tensors:
-        name = GGMLQuantizationType(t.tensor_type).name
-        counts[name] = counts.get(name, 0) + int(t.n_elements)
+    for t in tensors.values():
+        counts[t.type_name] = counts.get(t.type_name, 0) + t.n_elements
     return max(counts, key=counts.get) if counts else None
 
 
 def read_gguf(path: Path, source: str, name: Optional[str] = None, repo_id: Optional[str] = None) -> ModelEntry:
-    """Metadata of one GGUF file, from its header only (tensor data is never read)."""
-    from gguf import GGUFReader
+    """Metadata of one GGUF file, from its header only (bounded read; tensor data is never read).
+    A file that parses but fails engines/llama/validate.py's checks keeps its metadata and
+    gets `error` with every reason, so it is listed but never offered as usable."""
+    from specdesk.engines.llama.header import read_gguf_header
+    from specdesk.engines.llama.validate import describe_problems, gguf_problems
 
     path = Path(path)
-    size = path.stat().st_size
-    try:
-        reader = GGUFReader(str(path))
-    except (ValueError, IndexError, KeyError, TypeError) as e:  # numpy views over missing bytes, bad types
-        raise ValueError(f"corrupt or truncated GGUF file: {e}") from e
-    arch = str(_field(reader, "general.architecture") or "")
-    weights = 0
-    parameters = 0
-    for tensor in reader.tensors:
-        end = tensor.data_offset + tensor.n_bytes
-        if end > size:
-            raise ValueError(f"truncated GGUF file: tensor {tensor.name} ends at byte {end} but the file has {size} bytes")
-        weights += int(tensor.n_bytes)
-        parameters += int(tensor.n_elements)
+    header = read_gguf_header(path)
+    fields, arch = header.fields, header.architecture
 
     def meta(key: str, default=None):
-        value = _field(reader, f"{arch}.{key}")
-        return default if value is None else value
+        return fields.get(f"{arch}.{key}", default)
 
-    n_head = int(meta("attention.head_count", 0) or 0)
-    n_embd = int(meta("embedding_length", 0) or 0)
+    n_head = _whole(meta("attention.head_count"))
+    n_embd = _whole(meta("embedding_length"))
     head_dim = n_embd // n_head if n_head else 0
-    shape = Shape(n_layer=int(meta("block_count", 0) or 0), n_embd=n_embd, n_ff=int(meta("feed_forward_length", 0) or 0),
-                  n_head=n_head, n_head_kv=int(meta("attention.head_count_kv", n_head) or n_head),
-                  key_length=int(meta("attention.key_length", head_dim) or head_dim),
-                  value_length=int(meta("attention.value_length", head_dim) or head_dim))
-    tokenizer_model = _field(reader, "tokenizer.ggml.model")
-    vocab_size = _array_length(reader, "tokenizer.ggml.tokens") or meta("vocab_size")
+    shape = Shape(n_layer=_whole(meta("block_count")), n_embd=n_embd, n_ff=_whole(meta("feed_forward_length")),
+                  n_head=n_head, n_head_kv=_whole(meta("attention.head_count_kv")) or n_head,
+                  key_length=_whole(meta("attention.key_length")) or head_dim,
+                  value_length=_whole(meta("attention.value_length")) or head_dim)
+    tokenizer_model = fields.get("tokenizer.ggml.model")
+    vocab_size = header.array_lengths.get("tokenizer.ggml.tokens") or _whole(meta("vocab_size")) or None
     drafter = arch if arch in DRAFTER_ARCHITECTURES else None
     drafter_config = {}
     if drafter:
-        drafter_config = {key.split(".", 1)[1]: _field(reader, key) for key in reader.fields
-                          if key.startswith(f"{arch}.") and not isinstance(_field(reader, key), list)}
+        drafter_config = {key.split(".", 1)[1]: value for key, value in fields.items()
+                          if key.startswith(f"{arch}.") and not isinstance(value, list)}
+    problems = gguf_problems(header)
     return ModelEntry(
         path=str(path), format="gguf", source=source,
-        name=name or str(_field(reader, "general.name") or path.name),
-        architecture=arch or None, parameters=parameters, quantization=_quantization(reader),
-        context_length=meta("context_length"),
-        vocab_type=GGUF_VOCAB_TYPES.get(str(tokenizer_model), tokenizer_model) if tokenizer_model else None,
-        vocab_size=int(vocab_size) if vocab_size is not None else None,
-        chat_template=bool(_field(reader, "tokenizer.chat_template")),
-        mtp_layers=int(meta("nextn_predict_layers", 0) or 0),
-        drafter=drafter, drafter_config=drafter_config,
-        size_bytes=size, weights_bytes=weights, shape=shape, repo_id=repo_id,
+        name=name or str(fields.get("general.name") or path.name),
+        architecture=arch or None, parameters=sum(t.n_elements for t in header.tensor_infos.values()),
+        quantization=_quantization(fields, header.tensor_infos),
+        context_length=_whole(meta("context_length")) or None,
+        vocab_type=GGUF_VOCAB_TYPES.get(str(tokenizer_model), str(tokenizer_model)) if tokenizer_model else None,
+        vocab_size=vocab_size, chat_template=bool(fields.get("tokenizer.chat_template")),
+        mtp_layers=_whole(meta("nextn_predict_layers")), drafter=drafter, drafter_config=drafter_config,
+        size_bytes=header.size, weights_bytes=sum(t.n_bytes for t in header.tensor_infos.values()),
+        shape=shape, repo_id=repo_id, error=describe_problems(path, problems) if problems else None,
     )
 
 
@@ -184,7 +170,8 @@ def _safetensors_parameters(path: Path) -> tuple[int, int]:
 
 def drafter_kind(config: dict) -> Optional[str]:
     """'dflash' or 'eagle3' for a drafter checkpoint's config.json, else None."""
-    architectures = " ".join(config.get("architectures") or []).lower()
+    names = config.get("architectures")
+    architectures = " ".join(str(a) for a in names).lower() if isinstance(names, list) else ""
     if "dflash" in architectures or "dflash_config" in config:
         return "dflash"
     if "eagle3" in architectures or "eagle_config" in config or "draft_vocab_size" in config:
@@ -194,48 +181,55 @@ def drafter_kind(config: dict) -> Optional[str]:
 
 def read_hf_folder(folder: Path, source: str, name: Optional[str] = None,
                    repo_id: Optional[str] = None) -> ModelEntry:
+    """Metadata of a checkpoint folder from config.json and the safetensors headers. A config
+    with bad keys (engines/hf_config.py) keeps what could be read and gets `error` naming them."""
+    from specdesk.engines.hf_config import config_problems, effective, read_config
+
     folder = Path(folder)
-    config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
-    if not isinstance(config, dict):
-        raise ValueError("config.json is not a JSON object")
-    text = config.get("text_config") if isinstance(config.get("text_config"), dict) else {}
+    config = read_config(folder / "config.json")
+    problems = config_problems(config)
 
     def key(name: str, default=None):
-        return config.get(name, text.get(name, default))
+        return effective(config, name, default)
 
     parameters = weights = size = 0
     for file in folder.iterdir():
-        if file.is_file():
-            size += file.stat().st_size
+        if not file.is_file():  # folders, and FIFOs or devices, which would block or never end
+            continue
+        size += file.stat().st_size
         if file.suffix == ".safetensors":
             p, b = _safetensors_parameters(file)
             parameters, weights = parameters + p, weights + b
     drafter = drafter_kind(config)
     drafter_config = {}
     if drafter == "dflash":
-        drafter_config = {**(config.get("dflash_config") or {}),
+        drafter_config = {**(config.get("dflash_config") if isinstance(config.get("dflash_config"), dict) else {}),
                           **{k: config[k] for k in ("block_size", "num_target_layers") if k in config}}
     elif drafter == "eagle3":
         drafter_config = {k: config[k] for k in ("draft_vocab_size", "eagle_aux_hidden_state_layer_ids",
                                                  "eagle_config") if k in config}
-    n_head = int(key("num_attention_heads", 0) or 0)
-    n_embd = int(key("hidden_size", 0) or 0)
-    head_dim = int(key("head_dim", 0) or (n_embd // n_head if n_head else 0))
+    n_head = _whole(key("num_attention_heads", 0))
+    n_embd = _whole(key("hidden_size", 0))
+    head_dim = _whole(key("head_dim", 0)) or (n_embd // n_head if n_head else 0)
     tokenizer = folder / "tokenizer.json"
+    architectures = config.get("architectures") if isinstance(config.get("architectures"), list) else []
+    model_type = config.get("model_type") if isinstance(config.get("model_type"), str) else None
+    dtype = key("torch_dtype") or key("dtype")
     return ModelEntry(
         path=str(folder), format="hf", source=source, name=name or folder.name,
-        architecture=", ".join(config.get("architectures") or []) or config.get("model_type"),
-        parameters=parameters or None, quantization=str(key("torch_dtype") or key("dtype") or "") or None,
-        context_length=key("max_position_embeddings"),
-        vocab_type="tokenizer.json" if tokenizer.exists() else None, vocab_size=key("vocab_size"),
+        architecture=", ".join(str(a) for a in architectures) or model_type,
+        parameters=parameters or None, quantization=str(dtype) if isinstance(dtype, str) and dtype else None,
+        context_length=_whole(key("max_position_embeddings")) or None,
+        vocab_type="tokenizer.json" if tokenizer.exists() else None, vocab_size=_whole(key("vocab_size")) or None,
         chat_template=(folder / "chat_template.jinja").exists() or _has_chat_template(folder),
-        mtp_layers=int(key("num_nextn_predict_layers", 0) or key("mtp_num_hidden_layers", 0) or 0),
+        mtp_layers=_whole(key("num_nextn_predict_layers", 0)) or _whole(key("mtp_num_hidden_layers", 0)),
         drafter=drafter, drafter_config=drafter_config, size_bytes=size, weights_bytes=weights,
-        shape=Shape(n_layer=int(key("num_hidden_layers", 0) or 0), n_embd=n_embd,
-                    n_ff=int(key("intermediate_size", 0) or 0), n_head=n_head,
-                    n_head_kv=int(key("num_key_value_heads", n_head) or n_head), key_length=head_dim,
+        shape=Shape(n_layer=_whole(key("num_hidden_layers", 0)), n_embd=n_embd,
+                    n_ff=_whole(key("intermediate_size", 0)), n_head=n_head,
+                    n_head_kv=_whole(key("num_key_value_heads")) or n_head, key_length=head_dim,
                     value_length=head_dim),
         repo_id=repo_id,
+        error=f"{folder / 'config.json'}: {'; '.join(problems)}" if problems else None,
     )
 
 
@@ -267,19 +261,16 @@ def read_model(path: str | os.PathLike, source: str = "user", name: Optional[str
     try:
         if p.is_dir():
             return read_hf_folder(p, source, name, repo_id)
-        if not p.exists():
-            raise FileNotFoundError("no such file")
-        if not is_gguf(p):
-            with open(p, "rb") as f:
-                magic = f.read(4)
-            raise ValueError(f"not a GGUF file (it starts with {magic!r}, a GGUF file starts with b'GGUF')")
-        return read_gguf(p, source, name, repo_id)
+        return read_gguf(require_regular_file(p, "GGUF model file"), source, name, repo_id)
     except Exception as e:  # noqa: BLE001 - any damage in one file is reported on its entry
         fmt = "hf" if p.is_dir() else "gguf"
         message = str(e) or type(e).__name__
+        if isinstance(e, SpecDeskError) and message.startswith(str(p)):
+            error = message  # already names the file
+        else:
+            error = f"{p}: cannot read this model ({message})"
         return ModelEntry(path=str(p), format=fmt, source=source, name=name or p.name, repo_id=repo_id,
-                          size_bytes=p.stat().st_size if p.is_file() else 0,
-                          error=f"{p}: cannot read this model ({message})")
+                          size_bytes=p.stat().st_size if p.is_file() else 0, error=error)
 
 
 # --- sources -------------------------------------------------------------------------
@@ -345,6 +336,8 @@ def walk_models(root: Path, max_depth: int = MAX_FOLDER_DEPTH) -> Iterator[Path]
             yield root
         return
     if not root.is_dir():
+        if root.exists():  # a FIFO, socket or device named directly: listed with why it is refused
+            yield root
         return
     if is_hf_folder(root):
         yield root

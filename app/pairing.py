@@ -14,12 +14,11 @@ import json
 import logging
 import os
 import re
-import subprocess
-import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Iterable, Optional
 
+from specdesk.engines.memory import MemoryInfo, available_memory  # noqa: F401 - part of this module's API
 from specdesk.engines.types import SpecDeskError
 
 from .library import ModelEntry, Shape, find_entry, read_model
@@ -34,7 +33,7 @@ log = logging.getLogger(__name__)
 # attention as llama.cpp chooses it by default). Measured once on Linux x86-64 with
 # llama-cpp-python 0.3.36 by loading the demo families in a fresh process and reading
 # VmRSS (tests/test_pairing.py repeats that measurement against this estimate).
-RUNTIME_OVERHEAD_BYTES = 17_000_000  # the first model: ggml CPU backend, threads, llama.cpp state
+RUNTIME_OVERHEAD_BYTES = 14_500_000  # the first model: ggml CPU backend, threads, llama.cpp state
 MODEL_OVERHEAD_BYTES = 1_000_000  # each model: tensor and graph metadata
 MODEL_OVERHEAD_PER_TOKEN = 1_000  # each model: the vocabulary's strings and maps
 N_UBATCH = 512
@@ -54,83 +53,6 @@ def vocab_view(path: str | os.PathLike):
 
 
 # --- memory ----------------------------------------------------------------------------
-@dataclass(frozen=True)
-class MemoryInfo:
-    ram_available: int
-    ram_total: int
-    vram_free: Optional[int] = None  # None: no CUDA device visible to torch
-    vram_total: Optional[int] = None
-
-
-def _meminfo_linux() -> tuple[int, int]:
-    values = {}
-    with open("/proc/meminfo") as f:
-        for line in f:
-            key, _, rest = line.partition(":")
-            values[key] = int(rest.split()[0]) * 1024
-    return values.get("MemAvailable", values.get("MemFree", 0)), values.get("MemTotal", 0)
-
-
-def _meminfo_macos() -> tuple[int, int]:
-    total = int(subprocess.run(["sysctl", "-n", "hw.memsize"], capture_output=True, text=True, check=True).stdout)
-    out = subprocess.run(["vm_stat"], capture_output=True, text=True, check=True).stdout
-    page = int(re.search(r"page size of (\d+)", out).group(1))
-    pages = {m.group(1): int(m.group(2)) for m in re.finditer(r"Pages (\w[\w ]*?):\s+(\d+)", out)}
-    free = sum(pages.get(k, 0) for k in ("free", "inactive", "speculative", "purgeable"))
-    return free * page, total
-
-
-def _meminfo_windows() -> tuple[int, int]:
-    import ctypes
-
-    class MemoryStatus(ctypes.Structure):
-        _fields_ = [("dwLength", ctypes.c_ulong), ("dwMemoryLoad", ctypes.c_ulong),
-                    ("ullTotalPhys", ctypes.c_ulonglong), ("ullAvailPhys", ctypes.c_ulonglong),
-                    ("ullTotalPageFile", ctypes.c_ulonglong), ("ullAvailPageFile", ctypes.c_ulonglong),
-                    ("ullTotalVirtual", ctypes.c_ulonglong), ("ullAvailVirtual", ctypes.c_ulonglong),
-                    ("ullAvailExtendedVirtual", ctypes.c_ulonglong)]
-
-    status = MemoryStatus()
-    status.dwLength = ctypes.sizeof(MemoryStatus)
-    ctypes.windll.kernel32.GlobalMemoryStatusEx(ctypes.byref(status))
-    return int(status.ullAvailPhys), int(status.ullTotalPhys)
-
-
-def _vram() -> tuple[Optional[int], Optional[int]]:
-    """Free and total memory of CUDA device 0, only where torch is installed and sees one."""
-    import importlib.util
-
-    if importlib.util.find_spec("torch") is None:
-        return None, None
-    try:
-        import torch
-
-        if not torch.cuda.is_available():
-            return None, None
-        free, total = torch.cuda.mem_get_info(0)
-        return int(free), int(total)
-    except Exception:  # noqa: BLE001 - a broken driver means no usable VRAM, not a crash
-        return None, None
-
-
-def available_memory() -> MemoryInfo:
-    try:
-        if sys.platform.startswith("linux"):
-            available, total = _meminfo_linux()
-        elif sys.platform == "darwin":
-            available, total = _meminfo_macos()
-        elif sys.platform.startswith("win"):
-            available, total = _meminfo_windows()
-        else:
-            raise OSError(sys.platform)
-    except (OSError, ValueError, AttributeError, subprocess.SubprocessError):
-        page = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
-        available = os.sysconf("SC_AVPHYS_PAGES") * page if hasattr(os, "sysconf") else 0
-        total = os.sysconf("SC_PHYS_PAGES") * page if hasattr(os, "sysconf") else 0
-    vram_free, vram_total = _vram()
-    return MemoryInfo(available, total, vram_free, vram_total)
-
-
 def default_context(entry: ModelEntry, n_ctx: int = 0) -> int:
     """The engine's choice (engines/llama/engine.py): the model's own context, at most 4096."""
     return n_ctx or min(int(entry.context_length or 4096), 4096)

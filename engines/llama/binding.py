@@ -17,7 +17,10 @@ from typing import Callable, Optional, Sequence
 
 import numpy as np
 
+from ..files import require_regular_file
 from ..types import SpecDeskError
+from .header import GgufHeader, read_gguf_header
+from .validate import check_gguf
 
 _init_lock = threading.Lock()
 _initialised = False
@@ -52,12 +55,8 @@ def llama_lib():
 
 
 def check_gguf_file(path: str | os.PathLike) -> Path:
-    """Reject a missing, empty or non-GGUF file before llama.cpp sees it."""
-    p = Path(path)
-    if not p.exists():
-        raise SpecDeskError(f"{p}: no such file (check the path, or choose another model)")
-    if p.is_dir():
-        raise SpecDeskError(f"{p}: is a folder, not a GGUF file (choose the .gguf file inside it)")
+    """Reject a missing, empty, special (FIFO, device) or non-GGUF file before llama.cpp sees it."""
+    p = require_regular_file(path, "GGUF model file")
     with open(p, "rb") as f:
         magic = f.read(4)
     if magic != GGUF_MAGIC:
@@ -66,53 +65,23 @@ def check_gguf_file(path: str | os.PathLike) -> Path:
     return p
 
 
-@dataclass(frozen=True)
-class GgufHeader:
-    """What a GGUF file's header says, without its vocabulary (llama.cpp reads that itself)."""
-
-    fields: dict  # metadata key -> value
-    tensors: dict  # tensor name -> shape
-    tensor_ends: dict  # tensor name -> byte offset just past its data
-
-
 def gguf_header(path: str | os.PathLike) -> GgufHeader:
-    """The header of a GGUF file, parsed once per (size, modification time): parsing walks the
-    whole vocabulary, and the truncation check, the MTP and drafter checks and the app all
-    ask for it."""
-    p = Path(path)
+    """The header of a GGUF file (bounded read, header.py), parsed once per (size, modification
+    time): the validation, the MTP and drafter checks and the app all ask for it."""
+    p = require_regular_file(path, "GGUF model file")
     st = p.stat()
-    return _read_header(str(p.resolve()), st.st_size, st.st_mtime_ns)
+    return _read_header(os.path.abspath(p), st.st_size, st.st_mtime_ns)  # messages name the path as given
 
 
 @functools.lru_cache(maxsize=16)
 def _read_header(path: str, size: int, mtime_ns: int) -> GgufHeader:
-    try:
-        from gguf import GGUFReader
-
-        reader = GGUFReader(path)
-    except (ValueError, IndexError, OSError, KeyError) as e:
-        raise SpecDeskError(f"{path}: corrupt or truncated GGUF file ({e})") from e
-    fields = {}
-    for name, field in reader.fields.items():
-        if name.startswith(("GGUF.", "tokenizer.")):
-            continue
-        try:
-            fields[name] = field.contents()
-        except (ValueError, IndexError):  # pragma: no cover - unusual field types
-            continue
-    return GgufHeader(fields,
-                      {t.name: tuple(int(d) for d in t.shape) for t in reader.tensors},
-                      {t.name: int(t.data_offset + t.n_bytes) for t in reader.tensors})
+    return read_gguf_header(path)
 
 
-def _check_gguf_complete(p: Path) -> None:
-    """A truncated GGUF parses its header fine; its tensors then run past the end."""
-    size = p.stat().st_size
-    for name, end in gguf_header(p).tensor_ends.items():
-        if end > size:
-            raise SpecDeskError(
-                f"{p}: truncated GGUF file: tensor {name} ends at byte {end} but the file has {size} bytes"
-            )
+def validated_header(path: str | os.PathLike) -> GgufHeader:
+    """The header of a GGUF file that passed validate.py's checks, else a one-line SpecDeskError
+    naming the file and every problem."""
+    return check_gguf(gguf_header(check_gguf_file(path)))
 
 
 @dataclass(frozen=True)
@@ -132,8 +101,7 @@ class GgufModel:
         """progress(fraction) is called from this thread while the weights load; vocab_only
         reads the vocabulary and metadata without the weights (for compatibility checks)."""
         self.path = check_gguf_file(path)
-        if not vocab_only:  # a vocabulary-only read never touches the tensors
-            _check_gguf_complete(self.path)
+        self.header = validated_header(self.path)
         lib = llama_lib()
         self._lib = lib
         params = lib.llama_model_default_params()

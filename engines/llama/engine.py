@@ -20,9 +20,10 @@ from ..spec.ngram import NgramPoolProposer, PromptLookupProposer
 from ..spec.verify import verify
 from ..text import IncrementalDetokenizer
 from ..types import Draft, GenerationRequest, SpecConfig, SpecDeskError, StepEvent
-from .binding import GgufContext, GgufModel
+from .binding import GgufContext, GgufModel, validated_header
 from .compat import describe, incompatibilities
 from .draft import DraftModelProposer
+from .validate import check_context
 
 SUPPORTED_METHODS = ("none", "ngram", "ngram-pool", "draft", "mtp", "dflash", "eagle3")
 
@@ -41,8 +42,10 @@ class LlamaEngine:
             raise SpecDeskError(f"threads = {self.n_threads} is out of range: use 1 or more")
         from .mtp import nextn_layers
 
+        header = validated_header(target_path)
+        self.n_ctx = n_ctx or min(int(header.arch_value("context_length") or 4096), 4096)
+        check_context(header, self.n_ctx)  # before any weights load
         self.target = GgufModel(target_path, load_mtp=nextn_layers(target_path) > 0, progress=progress)
-        self.n_ctx = n_ctx or min(self.target.n_ctx_train or 4096, 4096)
         self.context = GgufContext(self.target, self.n_ctx, self.n_threads, n_batch)
         self._drafts: dict[str, GgufContext] = {}
         self._native: dict = {}  # MTP / DFlash drafters over this target, created on first use
@@ -56,6 +59,7 @@ class LlamaEngine:
         """Load (once) and check a draft model; refusals say which property differed."""
         key = os.path.abspath(path)
         if key not in self._drafts:
+            check_context(validated_header(path), self.n_ctx)  # before any weights load
             draft = GgufModel(path, progress=progress)
             reasons = incompatibilities(self.target, draft)
             if reasons:
