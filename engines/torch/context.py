@@ -13,7 +13,7 @@ from typing import Sequence
 import torch
 
 from ..types import SpecDeskError
-from .loader import Checkpoint, load_module, open_checkpoint
+from .loader import Checkpoint, check_module, load_module, open_checkpoint
 from .model import ForwardOutput, Transformer, config_from_hf
 from .tokenizer import HfTokenizer
 
@@ -26,6 +26,7 @@ class TorchModel:
         self.device, self.dtype = device, dtype
         with torch.device("meta"):
             network = Transformer(self.config)
+        check_module(network, self.checkpoint)  # shapes from the headers, before memory is allocated
         network = network.to(dtype=dtype).to_empty(device=device)
         load_module(network, self.checkpoint, dtype=dtype, device=device)
         self.network = network.eval()
@@ -57,12 +58,35 @@ class TorchModel:
         self.network = None
 
 
+def _free_bytes(device) -> int:
+    """Free memory where the cache will live: the CUDA device's, else RAM (CPU, Metal)."""
+    from ..memory import ram_available
+
+    if torch.device(device).type == "cuda":
+        return int(torch.cuda.mem_get_info(torch.device(device))[0])
+    return ram_available()
+
+
+def _check_cache_fits(model: TorchModel, n_ctx: int) -> None:
+    """Refuse, before allocating it, a KV cache larger than the free memory."""
+    config = model.config
+    if n_ctx < 1:
+        raise SpecDeskError(f"a context of {n_ctx} tokens is out of range: use 1 or more (or 0 for the model's own)")
+    element = torch.empty((), dtype=model.dtype).element_size()
+    need = 2 * config.num_hidden_layers * n_ctx * config.num_key_value_heads * config.head_dim * element
+    free = _free_bytes(model.device)
+    if free and need > free:
+        raise SpecDeskError(f"{model.path}: a context of {n_ctx} tokens needs {need:,} bytes of KV cache but "
+                            f"{free:,} bytes of memory are free: use a smaller --ctx")
+
+
 class TorchContext:
     """One sequence in a static KV cache of n_ctx positions; rollback is by position."""
 
     def __init__(self, model: TorchModel, n_ctx: int):
         self.model = model
         self.n_ctx = n_ctx
+        _check_cache_fits(model, n_ctx)
         model.network.setup_cache(n_ctx)
         self.tokens: list[int] = []  # what the cache holds, position by position
 

@@ -9,7 +9,7 @@ file, before any weights are used.
 
 from __future__ import annotations
 
-import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
@@ -17,6 +17,8 @@ from typing import Optional
 import torch
 import torch.nn as nn
 
+from ..files import require_regular_file
+from ..hf_config import read_config
 from ..types import SpecDeskError
 
 INDEX_NAME = "model.safetensors.index.json"
@@ -41,25 +43,15 @@ class Checkpoint:
 
 
 def read_json(path: Path) -> dict:
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError as e:
-        raise SpecDeskError(f"{path} is missing: a Hugging Face model folder needs it") from e
-    except (OSError, json.JSONDecodeError) as e:
-        raise SpecDeskError(f"{path}: cannot read it ({e})") from e
-    if not isinstance(data, dict):
-        raise SpecDeskError(f"{path}: expected a JSON object")
-    return data
+    """A JSON object file of the folder (regular file, plausible size, sane nesting: hf_config.py)."""
+    if not os.path.lexists(path):
+        raise SpecDeskError(f"{path} is missing: a Hugging Face model folder needs it")
+    return read_config(path, f"{path.name} file")
 
 
 def _safetensors_names(path: Path) -> list[str]:
-    from safetensors import safe_open
-
-    try:
-        with safe_open(str(path), framework="pt") as f:
-            return list(f.keys())
-    except Exception as e:  # safetensors raises its own error types for damaged headers
-        raise SpecDeskError(f"{path}: cannot read the safetensors header ({e})") from e
+    with _open_safetensors(path) as f:
+        return list(f.keys())
 
 
 def open_checkpoint(folder: str | Path) -> Checkpoint:
@@ -84,17 +76,22 @@ def open_checkpoint(folder: str | Path) -> Checkpoint:
     return Checkpoint(folder, config, {name: SINGLE_NAME for name in _safetensors_names(single)})
 
 
-def load_module(module: nn.Module, checkpoint: Checkpoint, prefix: str = "",
-                dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu",
-                renames: Optional[dict[str, str]] = None) -> None:
-    """Fill every parameter of `module` from checkpoint tensors named prefix + its name.
-
-    `renames` maps a module name to a different checkpoint name where a format spells it
-    otherwise. Tensors are checked (present, right shape) before any is copied.
-    """
+def _open_safetensors(path: Path):
     from safetensors import safe_open
 
-    renames = renames or {}
+    require_regular_file(path, "safetensors file")  # a FIFO would block the open
+    try:
+        return safe_open(str(path), framework="pt")
+    except Exception as e:
+        raise SpecDeskError(f"{path}: cannot read the safetensors file ({e})") from e
+
+
+def _checked_plan(module: nn.Module, checkpoint: Checkpoint, prefix: str,
+                  renames: dict[str, str]) -> dict[str, list[tuple[str, str]]]:
+    """File name -> (module name, tensor name) for every tensor of `module`, each checked to be
+    in the checkpoint with the module's shape. Only headers are read and only shapes are
+    asked of `module`, so this runs on a meta-device module before any memory is allocated:
+    a config.json claiming more than the checkpoint holds is refused before it costs memory."""
     expected = {name: tuple(t.shape) for name, t in module.state_dict().items()}
     plan: dict[str, list[tuple[str, str]]] = {}
     for name in expected:
@@ -103,14 +100,9 @@ def load_module(module: nn.Module, checkpoint: Checkpoint, prefix: str = "",
             raise SpecDeskError(f"{checkpoint.folder}: tensor {tensor_name} is missing "
                                 f"(config.json implies it; the checkpoint does not have it)")
         plan.setdefault(checkpoint.weight_map[tensor_name], []).append((name, tensor_name))
-    loaded: dict[str, torch.Tensor] = {}
     for file_name, names in plan.items():
         path = checkpoint.folder / file_name
-        try:
-            handle = safe_open(str(path), framework="pt")
-        except Exception as e:
-            raise SpecDeskError(f"{path}: cannot read the safetensors file ({e})") from e
-        with handle as f:
+        with _open_safetensors(path) as f:
             available = set(f.keys())
             for name, tensor_name in names:
                 if tensor_name not in available:
@@ -119,6 +111,29 @@ def load_module(module: nn.Module, checkpoint: Checkpoint, prefix: str = "",
                 if shape != expected[name]:
                     raise SpecDeskError(f"{path}: tensor {tensor_name} has shape {shape}, "
                                         f"config.json implies {expected[name]}")
+    return plan
+
+
+def check_module(module: nn.Module, checkpoint: Checkpoint, prefix: str = "",
+                 renames: Optional[dict[str, str]] = None) -> None:
+    """Refuse, naming the tensor, a checkpoint that lacks a tensor of `module` or has it in
+    another shape (headers only; use it on a meta-device module before allocating it)."""
+    _checked_plan(module, checkpoint, prefix, renames or {})
+
+
+def load_module(module: nn.Module, checkpoint: Checkpoint, prefix: str = "",
+                dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu",
+                renames: Optional[dict[str, str]] = None) -> None:
+    """Fill every parameter of `module` from checkpoint tensors named prefix + its name.
+
+    `renames` maps a module name to a different checkpoint name where a format spells it
+    otherwise. Tensors are checked (present, right shape) before any is copied.
+    """
+    plan = _checked_plan(module, checkpoint, prefix, renames or {})
+    loaded: dict[str, torch.Tensor] = {}
+    for file_name, names in plan.items():
+        with _open_safetensors(checkpoint.folder / file_name) as f:
+            for name, tensor_name in names:
                 loaded[name] = f.get_tensor(tensor_name)
     module.load_state_dict({n: t.to(dtype) for n, t in loaded.items()}, strict=True)
     module.to(device=device, dtype=dtype)

@@ -17,6 +17,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from ..hf_config import check_config
 from ..types import SpecDeskError
 
 ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM",
@@ -43,7 +44,10 @@ class ModelConfig:
 
 
 def config_from_hf(raw: dict, source: str) -> ModelConfig:
-    """Read a transformers config.json dict; refuse what this implementation cannot run."""
+    """Read a transformers config.json dict; refuse what this implementation cannot run, and
+    any key whose value is the wrong type or outside hf_config.py's limits (one line naming
+    `source` and the keys)."""
+    check_config(raw, source)
     architecture = (raw.get("architectures") or ["LlamaForCausalLM"])[0]
     if architecture not in ARCHITECTURES:
         raise SpecDeskError(f"{source}: architecture {architecture} is not supported by the PyTorch engine "
@@ -56,6 +60,11 @@ def config_from_hf(raw: dict, source: str) -> ModelConfig:
         if rope_scaling and rope_scaling.get("rope_type", rope_scaling.get("type")) not in ("llama3", "default", None):
             raise SpecDeskError(f"{source}: rope_scaling type {rope_scaling.get('rope_type')!r} is not supported "
                                 "(supported: llama3, none)")
+        if rope_scaling and rope_scaling.get("rope_type", rope_scaling.get("type")) == "llama3":
+            for key in ("factor", "original_max_position_embeddings"):
+                value = rope_scaling.get(key)
+                if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+                    raise SpecDeskError(f"{source}: rope_scaling.{key} is {value!r}; llama3 scaling needs a positive number")
         return ModelConfig(
             vocab_size=int(raw["vocab_size"]),
             hidden_size=hidden,
