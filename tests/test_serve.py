@@ -7,6 +7,7 @@ with a seed; /metrics must add up to the per-request numbers each response carri
 from __future__ import annotations
 
 import json
+import os
 import re
 import select
 import signal
@@ -16,6 +17,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from pathlib import Path
 
 import pytest
 
@@ -245,17 +247,37 @@ def test_serve_listens_on_localhost_unless_told(server):
     assert server.startswith("http://127.0.0.1:")
 
 
-def test_a_model_that_aborts_gets_an_error_reply_and_the_server_stays_up(demo_family, tmp_path):
-    from test_engine_host import craft_gguf
+def engine_processes(server_pid: int) -> list[int]:
+    """The server's engine host processes (multiprocessing 'spawn' children), from /proc."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+                command = (entry / "cmdline").read_bytes()
+            except OSError:
+                continue
+            parent = int(stat.rsplit(")", 1)[1].split()[1])
+            if parent == server_pid and b"spawn_main" in command:
+                found.append(int(entry.name))
+    return found
 
-    nan_model = craft_gguf(demo_family["target_gguf"], tmp_path / "nan-eps.gguf",
-                           {"{arch}.attention.layer_norm_rms_epsilon": float("nan")})
-    child, url = start_server("--target", str(nan_model), "--method", "none", "--threads", "1")
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="finds the engine process through /proc")
+def test_an_engine_that_aborts_mid_request_gets_an_error_and_the_next_request_a_new_engine(demo_family, local):
+    child, url = start_server("--target", demo_family["target_gguf"], "--method", "none", "--threads", "1",
+                              "--ctx", "4096")
     try:
-        body = json.dumps({"model": "nan-eps", "messages": CHAT, "max_tokens": 8}).encode()
-        for _ in range(2):  # the second request runs on a fresh engine process, which aborts again
-            status, reply = http(url, "/v1/chat/completions", body=body, key=None)
-            assert status == 503 and "engine process" in reply["error"]["message"] and "SIG" in reply["error"]["message"]
-        assert http(url, "/v1/models", key=None)[0] == 200 and child.poll() is None
+        client = openai.OpenAI(base_url=url, api_key="none", max_retries=0, timeout=120)
+        with pytest.raises(openai.APIError, match=r"engine process .* stopped \(SIGABRT\) while generating"):
+            for i, _ in enumerate(client.completions.create(model=MODEL, prompt="import os\n", max_tokens=4000,
+                                                            temperature=0, stream=True)):
+                if i == 3:
+                    (host,) = engine_processes(child.pid)
+                    os.kill(host, signal.SIGABRT)  # what llama.cpp's GGML_ASSERT does
+        expected = reference(local, demo_family, local.tokenize("import os\n"), 16, method="none")
+        reply = client.completions.create(model=MODEL, prompt="import os\n", max_tokens=16, temperature=0)
+        assert reply.choices[0].text == expected.text and child.poll() is None
+        assert len(engine_processes(child.pid)) == 1  # the dead one was reaped, a new one serves
     finally:
         stop_server(child)
