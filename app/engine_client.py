@@ -4,7 +4,8 @@
 compare, sweep and charts do not know the difference. What the process cannot survive (an
 abort in llama.cpp, an out-of-memory kill) ends the host, not the app: the client raises
 EngineHostDied with one sentence and the host's last output lines. A step or a chat template
-that never returns is ended by Stop: after STOP_GRACE_S the client ends the host and says so.
+that never returns is ended by Stop: after STOP_GRACE_S (longer for a model whose steps
+take longer) the client ends the host and says so.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from specdesk.engines.types import GenerationRequest, SpecDeskError, StepEvent
 from .engine_host import HostSpec, host_main
 
 STOP_GRACE_S = 2.0  # how long Stop waits for a step to end before it ends the host
+SLOW_STEP_FACTOR = 2.0  # ... or this many times the slowest step this host has taken, if longer
 CLOSE_GRACE_S = 1.0  # how long close() waits for the host to unload before ending it
 POLL_S = 0.05  # how often a waiting client looks at its cancel event
 DETAIL_LINES = 30  # host output lines kept behind "Details"
@@ -100,6 +102,7 @@ class EngineClient:
         self._owner: Optional[int] = None  # the thread holding _lock
         self._watched: Optional[threading.Event] = None
         self._generations = 0
+        self._slowest_step_s = 0.0  # a big model on a CPU may legitimately take seconds per step
         self._closed = False
         self._dead: Optional[EngineHostDied] = None
         log = tempfile.NamedTemporaryFile(prefix="specdesk-engine-", suffix=".log", delete=False)
@@ -144,11 +147,16 @@ class EngineClient:
             gen_id = self._generations
             self._send(("generate", gen_id, request), "generating")
             finished = False
+            sent, first = time.monotonic(), True
             try:
                 for message in self._replies("generating", cancel, lambda: self._send(("cancel", gen_id),
                                                                                       "generating")):
                     if message[0] == "event":
-                        yield message[1]
+                        event = message[1]
+                        # the host's own step timing; the first event also waited for the prompt
+                        took = time.monotonic() - sent if first else event.draft_s + event.verify_s
+                        self._slowest_step_s, first = max(self._slowest_step_s, took), False
+                        yield event
                     elif message[0] == "done":
                         finished = True
                         return
@@ -245,6 +253,10 @@ class EngineClient:
         self.kill()
         self._process.join(CLOSE_GRACE_S)
 
+    def stop_grace_s(self) -> float:
+        """How long Stop waits for the step in progress before ending the host."""
+        return max(STOP_GRACE_S, SLOW_STEP_FACTOR * self._slowest_step_s)
+
     # --- plumbing ------------------------------------------------------------------
     @contextmanager
     def _exclusive(self):
@@ -274,17 +286,18 @@ class EngineClient:
     def _replies(self, activity: str, cancel: Optional[threading.Event], on_cancel: Optional[Callable[[], None]],
                  progress: Optional[Callable[[float], None]] = None) -> Iterator[tuple]:
         """Messages from the host until the caller stops reading; ends a host that does not
-        answer within STOP_GRACE_S of `cancel` being set."""
+        answer within stop_grace_s() of `cancel` being set."""
         cancelled_at = None
+        grace = self.stop_grace_s()
         while True:
             if cancel is not None and cancel.is_set() and cancelled_at is None:
                 cancelled_at = time.monotonic()
                 if on_cancel is not None:
                     on_cancel()
-            if cancelled_at is not None and time.monotonic() - cancelled_at > STOP_GRACE_S:
+            if cancelled_at is not None and time.monotonic() - cancelled_at > grace:
                 self._end()
                 self._dead = self._died_error(
-                    f"the engine process did not answer within {STOP_GRACE_S:.0f} s of Stop while {activity} "
+                    f"the engine process did not answer within {grace:.0f} s of Stop while {activity} "
                     f"and was ended: reload the model to continue")
                 raise self._dead
             try:

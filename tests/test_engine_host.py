@@ -11,6 +11,7 @@ kernel looks exactly like that from outside).
 from __future__ import annotations
 
 import os
+import re
 import signal
 import threading
 import time
@@ -211,17 +212,18 @@ def test_stop_ends_a_host_whose_step_never_returns(demo_family):
     engine = EngineClient(demo_family["target_gguf"], n_threads=1, n_ctx=4096)  # a run of seconds
     cancel = threading.Event()
     request = GenerationRequest(tuple(engine.tokenize("import os\n")), max_tokens=100_000, stop_at_eos=False)
-    stopped_at = [0.0]
+    stopped_at, grace = [0.0], [0.0]
     try:
         with pytest.raises(EngineHostDied) as caught:
             for i, _ in enumerate(engine.generate(request, cancel)):
                 if i == 3:
                     os.kill(engine.pid, signal.SIGSTOP)  # the step in progress never ends
                     cancel.set()
-                    stopped_at[0] = time.monotonic()
+                    stopped_at[0], grace[0] = time.monotonic(), engine.stop_grace_s()
         elapsed = time.monotonic() - stopped_at[0]
-        assert_one_sentence(caught.value, f"within {STOP_GRACE_S:.0f} s of Stop")
-        assert STOP_GRACE_S <= elapsed < STOP_GRACE_S + 3
+        assert grace[0] >= STOP_GRACE_S  # more only after a step that took longer (a loaded machine)
+        assert_one_sentence(caught.value, f"within {grace[0]:.0f} s of Stop")
+        assert grace[0] <= elapsed < grace[0] + 3
         assert not engine.alive
     finally:
         engine.close()
@@ -331,7 +333,7 @@ def test_stop_ends_a_hung_host_and_closing_never_waits_long(qtbot, window):
     start_a_step_that_never_ends(qtbot, win, "hello")
     with qtbot.waitSignal(win.worker.errored, timeout=15_000) as blocker:
         win.chat_view.stop_button.click()
-    assert "within 2 s of Stop" in blocker.args[0].message and win.engine_stop_box.isVisible()
+    assert re.search(r"within \d+ s of Stop", blocker.args[0].message) and win.engine_stop_box.isVisible()
     assert [m.role for m in win.history.messages(win.chat_id)] == ["user", "assistant", "user"]
 
     # reload, hang again, and close the window while it hangs
