@@ -20,7 +20,6 @@ from pathlib import Path
 from typing import Callable, Iterable, Iterator, Optional
 
 from specdesk.engines.files import require_regular_file
-from specdesk.engines.types import SpecDeskError
 
 from .paths import assets_dir, cache_dir
 
@@ -265,12 +264,10 @@ def read_model(path: str | os.PathLike, source: str = "user", name: Optional[str
     except Exception as e:  # noqa: BLE001 - any damage in one file is reported on its entry
         fmt = "hf" if p.is_dir() else "gguf"
         message = str(e) or type(e).__name__
-        if isinstance(e, SpecDeskError) and message.startswith(str(p)):
-            error = message  # already names the file
-        else:
-            error = f"{p}: cannot read this model ({message})"
+        message = message.removeprefix(f"{p}: ")  # named once, below
         return ModelEntry(path=str(p), format=fmt, source=source, name=name or p.name, repo_id=repo_id,
-                          size_bytes=p.stat().st_size if p.is_file() else 0, error=error)
+                          size_bytes=p.stat().st_size if p.is_file() else 0,
+                          error=f"{p}: cannot read this model ({message})")
 
 
 # --- sources -------------------------------------------------------------------------

@@ -56,7 +56,10 @@ def llama_lib():
 
 def check_gguf_file(path: str | os.PathLike) -> Path:
     """Reject a missing, empty, special (FIFO, device) or non-GGUF file before llama.cpp sees it."""
-    p = require_regular_file(path, "GGUF model file")
+    p = Path(path)
+    if not p.exists():  # stat only: never blocks
+        raise SpecDeskError(f"{p}: no such file (check the path, or choose another model)")
+    require_regular_file(p, "GGUF model file")
     with open(p, "rb") as f:
         magic = f.read(4)
     if magic != GGUF_MAGIC:
