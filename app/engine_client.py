@@ -96,7 +96,8 @@ class EngineClient:
 
     def __init__(self, target: str | os.PathLike, kind: str = "llama", n_ctx: int = 0,
                  n_threads: Optional[int] = None, device: str = "auto",
-                 progress: Optional[Callable[[float], None]] = None):
+                 progress: Optional[Callable[[float], None]] = None, cancel: Optional[threading.Event] = None):
+        """Start the host and wait until it has loaded `target`; `cancel` ends a load at once."""
         self.spec = HostSpec(str(target), kind, n_ctx, n_threads, device)
         self._lock = threading.Lock()
         self._owner: Optional[int] = None  # the thread holding _lock
@@ -114,7 +115,7 @@ class EngineClient:
                                         name="specdesk-engine", daemon=True)
         self._process.start()
         child_conn.close()  # only the child holds its end: its death reads as end-of-file here
-        facts = self._wait(f"loading {Path(target).name}", progress=progress)
+        facts = self._wait(f"loading {Path(target).name}", progress, cancel)
         self.name: str = facts["name"]
         self.n_ctx: int = facts["n_ctx"]
         self.n_threads: int = facts["n_threads"]
@@ -313,9 +314,13 @@ class EngineClient:
                 continue
             yield message
 
-    def _wait(self, activity: str, progress: Optional[Callable[[float], None]]) -> dict:
+    def _wait(self, activity: str, progress: Optional[Callable[[float], None]],
+              cancel: Optional[threading.Event]) -> dict:
+        def stop_loading() -> None:  # nothing is lost by ending a load: no waiting for it
+            raise SpecDeskError(f"{activity} was stopped")
+
         try:
-            for message in self._replies(activity, None, None, progress):
+            for message in self._replies(activity, cancel, stop_loading, progress):
                 if message[0] == "ready":
                     return message[1]
                 raise self._error(message)

@@ -240,6 +240,15 @@ def test_stop_ends_a_host_whose_step_never_returns(demo_family):
         engine.close()
 
 
+def test_a_load_can_be_stopped_at_once(demo_family):
+    cancel = threading.Event()
+    cancel.set()  # as closing the window does to a load in progress
+    started = time.monotonic()
+    with pytest.raises(SpecDeskError, match="loading specdesk-demo-target-F16.gguf was stopped"):
+        EngineClient(demo_family["target_gguf"], n_threads=1, cancel=cancel)
+    assert time.monotonic() - started < STOP_GRACE_S
+
+
 def test_closing_ends_the_host_process(demo_family):
     engine = EngineClient(demo_family["target_gguf"], n_threads=1)
     pid, log = engine.pid, engine.log_path

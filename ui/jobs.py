@@ -169,12 +169,13 @@ def resolve_demo(target: str, draft: Optional[str], demo_size: str,
     return targets.get(target, target), drafts.get(draft, draft)
 
 
-def open_engine(target: str, n_ctx: int, threads: int, progress: Callable[[float], None]):
+def open_engine(target: str, n_ctx: int, threads: int, progress: Callable[[float], None],
+                cancel: Optional[threading.Event] = None):
     """The engine in its own process: a model that aborts or hangs there never takes the window down."""
     from specdesk.app.engine_client import EngineClient
 
     return EngineClient(target, kind="torch" if os.path.isdir(target) else "llama", n_ctx=n_ctx, n_threads=threads,
-                        progress=progress)
+                        progress=progress, cancel=cancel)
 
 
 def drafter_kind(path: str) -> str:

@@ -133,7 +133,7 @@ class _Runner(QObject):
         if engine is None or not jobs.same_file(engine.target.path, target) or a["n_ctx"] != self._n_ctx:
             self._kept_target = False
             self.progress.emit(f"loading {jobs.file_label(target)}")
-            new_engine = jobs.open_engine(target, a["n_ctx"], threads, self._fraction_reporter())
+            new_engine = jobs.open_engine(target, a["n_ctx"], threads, self._fraction_reporter(), job.cancel)
             self._close_engine()  # only once the new one loaded: a bad file keeps the old model
             self.engine, self._n_ctx, engine = new_engine, a["n_ctx"], new_engine
         elif engine.n_threads != threads:
