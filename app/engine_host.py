@@ -122,6 +122,13 @@ def _target_call(method: str):
     return lambda engine, *args, **kwargs: getattr(engine.target, method)(*args, **kwargs)
 
 
+def _load_draft(engine, path: str, progress: Optional[Callable[[float], None]] = None) -> None:
+    if engine.name == "torch":  # safetensors load in one go: no progress to report
+        engine.load_draft(path)
+    else:
+        engine.load_draft(path, progress=progress)
+
+
 def _set_threads(engine, n_threads: int) -> int:
     engine.set_threads(n_threads)
     return engine_threads(engine)
@@ -129,8 +136,7 @@ def _set_threads(engine, n_threads: int) -> int:
 
 # The whole surface a client can reach: nothing else in the host is callable by name.
 CALLS: dict[str, Callable[..., Any]] = {
-    "load_draft": lambda engine, path, progress=None: engine.load_draft(path, progress=progress)
-    if engine.name != "torch" else engine.load_draft(path),
+    "load_draft": _load_draft,
     "load_native": lambda engine, method, path=None: engine.load_native(method, path),
     "load_mtp": lambda engine: engine.load_mtp(),
     "load_dflash": lambda engine, path: engine.load_dflash(path),
