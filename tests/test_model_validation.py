@@ -21,7 +21,7 @@ import pytest
 from specdesk.app.library import LibraryConfig, read_model, scan_library
 from specdesk.app.pairing import check_draft
 from specdesk.engines.files import require_regular_file
-from specdesk.engines.llama.header import GgufFormatError, read_gguf_header
+from specdesk.engines.llama.header import GgufFormatError, GgufHeader, read_gguf_header
 from specdesk.engines.types import SpecDeskError
 
 GENEROUS_S = 10.0  # only catches an endless loop; speed lives in benchmarks/
@@ -218,6 +218,37 @@ def test_the_scanner_lists_a_folder_with_the_bomb_with_bounded_memory(demo_famil
 
 
 # --- files llama.cpp cannot use -------------------------------------------------------
+def literal_header(arch: str = "llama", **fields) -> GgufHeader:
+    keys = {"general.architecture": arch, "tokenizer.ggml.model": "gpt2", f"{arch}.block_count": 2,
+            f"{arch}.embedding_length": 8, f"{arch}.attention.head_count": 4, f"{arch}.context_length": 64}
+    keys.update({key.replace("{arch}", arch): value for key, value in fields.items()})
+    keys = {key: value for key, value in keys.items() if value is not None}
+    return GgufHeader("m.gguf", 1000, 3, keys, {"tokenizer.ggml.tokens": 10}, {}, 32)
+
+
+def test_validation_rules_on_literal_headers():
+    from specdesk.engines.llama.validate import gguf_problems, kv_cache_bytes
+
+    assert gguf_problems(literal_header()) == []
+    assert gguf_problems(literal_header(**{"{arch}.attention.head_count": [4, 4, 4]})) == [
+        "llama.attention.head_count has 3 values for 2 layers"]
+    assert gguf_problems(literal_header(**{"{arch}.attention.head_count": [4, 0],
+                                           "{arch}.attention.head_count_kv": [2, 0]})) == []
+    assert gguf_problems(literal_header(**{"{arch}.attention.head_count_kv": 0})) == [
+        "llama.attention.head_count_kv is 0 while head_count is 4"]
+    assert gguf_problems(literal_header(**{"{arch}.embedding_length": 10})) == [
+        "llama.embedding_length 10 is not a multiple of head_count 4 (and no attention.key_length says otherwise)"]
+    assert gguf_problems(literal_header(**{"{arch}.attention.layer_norm_rms_epsilon": float("inf")})) == [
+        "llama.attention.layer_norm_rms_epsilon is inf; it must be a small positive number (like 1e-6)"]
+    assert gguf_problems(literal_header(**{"tokenizer.ggml.model": "sentencepiece"})) == [
+        "tokenizer.ggml.model 'sentencepiece' is not a vocabulary type llama.cpp knows"]
+    # A recurrent model has no attention heads; a drafter may carry no vocabulary.
+    assert gguf_problems(literal_header("mamba", **{"{arch}.attention.head_count": None})) == []
+    assert gguf_problems(literal_header("dflash", **{"tokenizer.ggml.model": "no_vocab"})) == []
+    # KV cache: 2 layers x 4 heads x (2 + 2) dims x 2 bytes per position.
+    assert kv_cache_bytes(literal_header(), 100) == 100 * 2 * 4 * 4 * 2
+
+
 def test_files_llama_cpp_cannot_load_are_refused_everywhere_with_their_reason(demo_family, tmp_path):
     from specdesk.engines.llama.binding import GgufModel
     from specdesk.engines.llama.engine import LlamaEngine

@@ -143,8 +143,6 @@ def _min_encoded_size(value_type: int) -> int:
     """The fewest bytes one value of this type takes: the bound for a claimed element count."""
     if value_type == STRING:
         return 8  # its length
-    if value_type == ARRAY:
-        return 12  # element type and count
     return SCALARS[value_type][1]
 
 

@@ -79,9 +79,10 @@ def _check_attention(header: GgufHeader, n_layer: int, problems: list[str]) -> N
     heads_kv = _per_layer(header, "attention.head_count_kv", n_layer, problems)
     key_length = header.arch_value("attention.key_length")
     recurrent = arch in RECURRENT_ARCHITECTURES
-    if heads is None:
-        if not recurrent and f"{arch}.attention.head_count" not in header.array_lengths:
-            problems.append(f"{arch}.attention.head_count is missing")
+    if heads is None:  # missing, or already named by _per_layer
+        key = f"{arch}.attention.head_count"
+        if not recurrent and key not in header.fields and key not in header.array_lengths:
+            problems.append(f"{key} is missing")
         return
     if not recurrent and not any(heads):
         problems.append(f"{arch}.attention.head_count is 0: a transformer needs attention heads")
