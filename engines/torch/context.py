@@ -74,6 +74,7 @@ def _check_cache_fits(model: TorchModel, n_ctx: int) -> None:
         raise SpecDeskError(f"a context of {n_ctx} tokens is out of range: use 1 or more (or 0 for the model's own)")
     element = torch.empty((), dtype=model.dtype).element_size()
     need = 2 * config.num_hidden_layers * n_ctx * config.num_key_value_heads * config.head_dim * element
+    need += 2 * n_ctx * config.head_dim * 8  # rope tables, built in float64
     free = _free_bytes(model.device)
     if free and need > free:
         raise SpecDeskError(f"{model.path}: a context of {n_ctx} tokens needs {need:,} bytes of KV cache but "
