@@ -311,6 +311,9 @@ def test_cli_models_list_marks_bad_files_and_compare_refuses_a_huge_context(demo
     errors = {Path(e["path"]).name: e["error"] for e in json.loads(listed.stdout)}
     assert set(errors) == {"bomb.gguf", *(f"{name}.gguf" for name in files)}
     assert all(errors.values()) and "claims" in errors["bomb.gguf"]
+    table = cli("models", "list", "--no-apps", "--no-hf-cache", "--path", str(folder), env_root=tmp_path)
+    assert table.returncode == 0 and table.stdout.count("error: ") == len(errors), table.stdout
+    assert "block_count is 1000000000" in table.stdout and "Traceback" not in table.stderr
     compared = cli("compare", "--target", demo_family["target_gguf"], "--method", "ngram", "--max-tokens", "4",
                    "--threads", "1", "--prompt", "x", "--ctx", "1000000000", env_root=tmp_path)
     assert compared.returncode == 2 and one_line(compared.stderr), compared.stderr
