@@ -66,12 +66,15 @@ def hub(tmp_path, monkeypatch, demo_family):
 
 
 def hold_midway(server: HubServer) -> None:
-    """Stop the next body halfway until release(): a cancel then always lands mid-transfer."""
+    """Stop the next body halfway until release(): a cancel then always lands mid-transfer. Until
+    then the body trickles, so progress reaches the window before the hold."""
     server.released.clear()
+    server.throttle_s = 0.005
     server.hold_at = len(server.data) // 2
 
 
 def release(server: HubServer) -> None:
+    server.throttle_s = 0.0
     server.hold_at = None
     server.released.set()
 
