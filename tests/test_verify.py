@@ -206,12 +206,12 @@ SAMPLING_CASES = [
 ]
 
 
-def assert_matches_distribution(tokens, expected):
+def assert_matches_distribution(tokens, expected, min_pvalue=0.01):
     observed = np.bincount(tokens, minlength=expected.size)
     support = expected > 0
     assert observed[~support].sum() == 0, f"tokens outside the target's support: {observed}"
     result = chisquare(observed[support], expected[support] / expected[support].sum() * len(tokens))
-    assert result.pvalue > 0.01, f"observed {observed} vs expected {np.round(expected * len(tokens))}"
+    assert result.pvalue > min_pvalue, f"observed {observed} vs expected {np.round(expected * len(tokens))}"
 
 
 @pytest.mark.parametrize("sampling", SAMPLING_CASES, ids=["T1", "T0.7-k6-p0.9"])
@@ -260,3 +260,32 @@ def test_every_committed_token_follows_the_target_over_a_generation_loop():
         result = verify(draft, draft_probs, target, sampling, rng)
         tokens += draft[: result.accepted] + [result.next_token]
     assert_matches_distribution(np.array(tokens), sampling_probs(target_row, sampling))
+
+
+POSITION_TRIALS = 10_000
+
+
+@pytest.mark.parametrize("sampling", SAMPLING_CASES, ids=["T1", "T0.7-k6-p0.9"])
+@pytest.mark.parametrize("k", [1, 2])
+def test_each_position_of_a_run_follows_its_own_target_row(k, sampling):
+    """A target whose distribution depends only on the position (row j for the j-th token) and a
+    draft with its own q per position: every position of a speculative run follows its own row.
+
+    Unlike the tests above, the rows differ by position, so a bonus token drawn from the wrong
+    row, or a draft position judged against another position's q, shows up here.
+    """
+    rng = np.random.default_rng(300 + k)
+    positions = 3
+    rows = rng.standard_normal((positions + k + 1, VOCAB)) * 1.5  # (positions + k + 1, V): row j = position j
+    q = sampling_probs(rng.standard_normal((positions + k, VOCAB)) * 1.5, sampling)  # (positions + k, V)
+    out = np.empty((POSITION_TRIALS, positions), dtype=np.int64)
+    for trial in range(POSITION_TRIALS):
+        tokens: list[int] = []
+        while len(tokens) < positions:
+            j = len(tokens)
+            draft = [sample(q[j + i], rng) for i in range(k)]
+            result = verify(draft, q[j:j + k], rows[j:j + k + 1], sampling, rng)
+            tokens += draft[: result.accepted] + [result.next_token]
+        out[trial] = tokens[:positions]
+    for j in range(positions):  # 12 checks in all: a stricter level each, so chance alone rarely fails one
+        assert_matches_distribution(out[:, j], sampling_probs(rows[j], sampling), min_pvalue=0.001)
