@@ -112,7 +112,11 @@ def row_of(view: ModelsView, path: str) -> int:
     return next(i for i, e in enumerate(view.entries) if e.path == path)
 
 
-def test_library_table_shows_metadata_and_errors(qtbot, make_view, demo_family):
+def test_library_table_shows_metadata_and_errors(qtbot, make_view, demo_family, tmp_path):
+    from test_model_validation import rewrite
+
+    # read fine, but llama.cpp could not run it: listed with its facts and why it cannot be used
+    rewrite(demo_family["draft_gguf"], tmp_path / "mine" / "no-layers.gguf", **{"{arch}.block_count": 0})
     view = make_view()
     entries = load_library(qtbot, view)
     assert view.library.rowCount() == len(entries) >= 4
@@ -124,7 +128,10 @@ def test_library_table_shows_metadata_and_errors(qtbot, make_view, demo_family):
     broken = next(i for i, e in enumerate(view.entries) if e.path.endswith("broken.gguf"))
     assert "cannot read" in view.library.item(broken, 3).text()
     assert "broken.gguf" in view.library.item(broken, 0).toolTip()
-    assert "1 unreadable" in view.status.text()
+    unusable = next(i for i, e in enumerate(view.entries) if e.path.endswith("no-layers.gguf"))
+    assert view.library.item(unusable, 3).text() == "llama: cannot be used, see tooltip"
+    assert "block_count" in view.library.item(unusable, 0).toolTip()
+    assert "2 unusable" in view.status.text()
 
 
 def test_search_list_and_download_with_progress(qtbot, make_view, hub, tmp_path):

@@ -429,10 +429,12 @@ class ModelsView(QWidget):
                 self.library.setItem(row, column, _item(value, e.error, e.path if column == 0 else None))
             if e.error:
                 self.library.item(row, 0).setText(f"⚠ {e.name}")
-                self.library.item(row, 3).setText("cannot read: see tooltip")
+                # a file whose header was read but that cannot run keeps its facts; the tooltip says why
+                self.library.item(row, 3).setText(f"{e.architecture}: cannot be used, see tooltip" if e.architecture
+                                                  else "cannot read: see tooltip")
         self.library.resizeColumnsToContents()
         broken = sum(1 for e in entries if e.error)
-        self.status.setText(f"{len(entries)} model(s) in the library" + (f", {broken} unreadable" if broken else ""))
+        self.status.setText(f"{len(entries)} model(s) in the library" + (f", {broken} unusable" if broken else ""))
         self._update_buttons()
         self.library_loaded.emit(entries)
 
