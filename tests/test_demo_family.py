@@ -20,8 +20,9 @@ from safetensors.numpy import load_file
 from specdesk.app.demo.config import ModelConfig, tensor_shapes
 from specdesk.app.demo.export_gguf import permute_rope_rows
 from specdesk.app.demo.export_hf import load_hf
-from specdesk.app.demo.model import LlamaLM
+from specdesk.app.demo.train import token_logits
 from specdesk.app.demo.widen import widen
+from specdesk.engines.torch.model import Transformer
 from specdesk.engines.types import SpecDeskError
 
 SAMPLES = [
@@ -47,10 +48,10 @@ def _card(roles: dict[str, str]) -> dict:
 
 
 @torch.no_grad()
-def _torch_greedy(model: LlamaLM, prompt: list[int], n: int) -> list[int]:
+def _torch_greedy(model: Transformer, prompt: list[int], n: int) -> list[int]:
     tokens = list(prompt)
     for _ in range(n):
-        tokens.append(int(model(torch.tensor([tokens]))[0, -1].argmax()))
+        tokens.append(int(token_logits(model, torch.tensor([tokens]))[0, -1].argmax()))
     return tokens[len(prompt):]
 
 
@@ -79,11 +80,11 @@ def test_permute_pairs_rotate_half_rows_as_llama_cpp_expects() -> None:
     assert permute_rope_rows(two_heads, 2).ravel().tolist() == [0, 2, 1, 3, 4, 6, 5, 7]
 
 
-def test_tensor_shapes_are_llama_lm_state_dict_shapes() -> None:
+def test_tensor_shapes_are_the_engine_transformers_state_dict_shapes() -> None:
     config = ModelConfig(vocab_size=48, hidden_size=16, num_hidden_layers=2, num_attention_heads=3,
                          intermediate_size=40, head_dim=8)
     with torch.device("meta"):
-        state = LlamaLM(config).state_dict()
+        state = Transformer(config.engine_config()).state_dict()
     assert tensor_shapes(config) == {name: tuple(tensor.shape) for name, tensor in state.items()}
 
 
@@ -94,14 +95,14 @@ def test_widened_core_computes_what_the_core_computes(demo_family: dict[str, str
                   for name, t in load_file(str(Path(demo_family["core_hf"]) / "model.safetensors")).items()}
     wide_config, wide_state = widen(core_config, core_state, wide_shape["hidden_size"],
                                     wide_shape["num_attention_heads"], wide_shape["intermediate_size"])
-    wide = LlamaLM(wide_config)
+    wide = Transformer(wide_config.engine_config())
     wide.load_state_dict({name: torch.from_numpy(array) for name, array in wide_state.items()})
-    wide.eval()
     assert load_hf(Path(demo_family["target_hf"]))[0] == wide_config
 
     tokens = _tokenizer(demo_family).encode("".join(SAMPLES)).ids[:96]
     with torch.no_grad():
-        difference = (core(torch.tensor([tokens])) - wide(torch.tensor([tokens]))).abs().max().item()
+        batch = torch.tensor([tokens])
+        difference = (token_logits(core, batch) - token_logits(wide, batch)).abs().max().item()
     assert difference < 1e-5
     assert _torch_greedy(wide, tokens[:12], NEW_TOKENS) == _torch_greedy(core, tokens[:12], NEW_TOKENS)
 
@@ -170,7 +171,7 @@ def test_gguf_and_hf_exports_decode_the_same(llamas: dict, demo_family: dict[str
         if from_llama != from_torch:
             at = next(i for i, (a, b) in enumerate(zip(from_llama, from_torch)) if a != b)
             with torch.no_grad():
-                logits = model(torch.tensor([prompt_ids + from_torch[:at]]))[0, -1]
+                logits = token_logits(model, torch.tensor([prompt_ids + from_torch[:at]]))[0, -1]
             gap = (logits[from_torch[at]] - logits[from_llama[at]]).item()
             assert gap < NEAR_TIE, f"{role}: diverged at token {at} ({from_llama} vs {from_torch}), logit gap {gap}"
 

@@ -14,11 +14,11 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
-from .config import ModelConfig
+from .config import DrafterTraining, ModelConfig
 from .widen import NEW_WEIGHT_STD
 
 
@@ -34,13 +34,8 @@ class DFlashSpec:
 
 
 @dataclass(frozen=True)
-class DFlashTraining:
-    steps: int
-    batch_size: int = 8
-    seq_len: int = 256
+class DFlashTraining(DrafterTraining):
     blocks_per_sequence: int = 16
-    peak_lr: float = 2e-3
-    warmup_steps: int = 30
     seed: int = 999
     position_decay: float = 2.0  # loss weight exp(-i / decay) for block position i
     init_from_core: bool = True  # start the draft layers from the core's last layers (same shapes)
@@ -48,14 +43,11 @@ class DFlashTraining:
 
 def drafter_config(spec: DFlashSpec, hidden_size: int, rms_norm_eps: float, qk_norm_eps: float, core: ModelConfig):
     from specdesk.engines.torch.dflash import DFlashConfig
-    from specdesk.engines.torch.model import ModelConfig as EngineConfig
 
-    model = EngineConfig(vocab_size=core.vocab_size, hidden_size=hidden_size, num_hidden_layers=spec.num_layers,
-                         num_attention_heads=spec.num_heads, num_key_value_heads=spec.num_heads,
-                         head_dim=spec.head_dim, intermediate_size=spec.intermediate_size,
-                         rms_norm_eps=rms_norm_eps, rope_theta=core.rope_theta,
-                         max_position_embeddings=core.max_position_embeddings, qk_norm=True,
-                         architecture="DFlashDraftModel")
+    model = replace(core.engine_config(), hidden_size=hidden_size, num_hidden_layers=spec.num_layers,
+                    num_attention_heads=spec.num_heads, num_key_value_heads=spec.num_heads, head_dim=spec.head_dim,
+                    intermediate_size=spec.intermediate_size, rms_norm_eps=rms_norm_eps, qk_norm=True,
+                    architecture="DFlashDraftModel")
     return DFlashConfig(model, spec.block_size, spec.mask_token_id, spec.target_layer_ids,
                         core.num_hidden_layers, qk_norm_eps)
 
@@ -66,16 +58,10 @@ def wide_eps(core: ModelConfig, wide_hidden: int) -> float:
 
 def core_features(core_model, tokens, layer_ids):
     """(features (B, T, n*d): outputs of the listed layers, logits (B, T, V)) of the core."""
-    x = core_model.model.embed_tokens(tokens)
-    T = tokens.shape[1]
-    cos, sin = core_model.rope_cos[:T], core_model.rope_sin[:T]
-    wanted, taps = {i + 1 for i in layer_ids}, {}
-    for index, layer in enumerate(core_model.model.layers):
-        x = layer(x, cos, sin)
-        if index + 1 in wanted:
-            taps[index + 1] = x
-    logits = core_model.lm_head(core_model.model.norm(x))
-    return __import__("torch").cat([taps[i + 1] for i in layer_ids], dim=-1), logits
+    import torch
+
+    hidden, taps = core_model.hidden_states(tokens, taps=[i + 1 for i in layer_ids])  # H[i+1]: layer i's output
+    return torch.cat([taps[i + 1] for i in layer_ids], dim=-1), core_model.logits(hidden)
 
 
 def _copy_core_layers(drafter, core_model, core: ModelConfig) -> None:
@@ -99,7 +85,7 @@ def _copy_core_layers(drafter, core_model, core: ModelConfig) -> None:
 
 
 def train_dflash(core_model, core: ModelConfig, spec: DFlashSpec, settings: DFlashTraining, wide_hidden: int,
-                 train_tokens: np.ndarray, held_out_tokens: np.ndarray, log=print) -> tuple[dict, dict]:
+                 train_tokens: np.ndarray, held_out_tokens: np.ndarray, progress=None) -> tuple[dict, dict]:
     """Returns (tensors by checkpoint name at the core's size, info)."""
     import torch
     import torch.nn.functional as F
@@ -107,40 +93,24 @@ def train_dflash(core_model, core: ModelConfig, spec: DFlashSpec, settings: DFla
     from specdesk.engines.torch.dflash import DFlashDraftModel
     from specdesk.engines.torch.model import rope_tables
 
-    from .train import TrainConfig, learning_rate, sample_batch
+    from .train import fit, init_weights, sample_batch
 
-    torch.manual_seed(settings.seed)
     # Hidden-size norms use the core's eps (widening rescales it); q/k norms over head_dim
     # already use the wide eps, which widening leaves alone.
     config = drafter_config(spec, core.hidden_size, core.rms_norm_eps, wide_eps(core, wide_hidden), core)
     drafter = DFlashDraftModel(config)
-    generator = torch.Generator().manual_seed(settings.seed)
-    with torch.no_grad():
-        for name, param in drafter.named_parameters():
-            if name.endswith("norm.weight"):
-                param.fill_(1.0)
-            else:
-                std = 0.02 / math.sqrt(2 * spec.num_layers) if name.endswith(("o_proj.weight", "down_proj.weight")) \
-                    else 0.02
-                param.copy_(torch.randn(param.shape, generator=generator) * std)
+    init_weights(drafter, settings.seed, spec.num_layers)
     if settings.init_from_core:
         _copy_core_layers(drafter, core_model, core)
-    core_model.eval()
-    for p in core_model.parameters():
-        p.requires_grad_(False)
-    optimizer = torch.optim.AdamW(drafter.parameters(), lr=settings.peak_lr, betas=(0.9, 0.95), weight_decay=0.0)
-    schedule = TrainConfig(steps=settings.steps, batch_size=settings.batch_size, seq_len=settings.seq_len,
-                           peak_lr=settings.peak_lr, warmup_steps=settings.warmup_steps)
-    rng = np.random.default_rng(settings.seed)
+    core_model.requires_grad_(False)
     B, T, n_blocks = spec.block_size, settings.seq_len, settings.blocks_per_sequence
     cos, sin = rope_tables(config.model, T + B)
-    started = time.time()
 
-    def batch_loss(tokens: torch.Tensor, anchor_rng: np.random.Generator):
+    def batch_loss(tokens: torch.Tensor, anchor_rng: np.random.Generator) -> tuple[torch.Tensor, dict]:
         anchors = np.sort(anchor_rng.choice(np.arange(1, T - B + 1), size=n_blocks, replace=False))
         with torch.no_grad():
             features, teacher_logits = core_features(core_model, tokens, spec.target_layer_ids)
-            teacher = F.log_softmax(teacher_logits.float(), dim=-1)  # (Bt, T, V)
+            teacher = F.log_softmax(teacher_logits, dim=-1)  # (Bt, T, V)
             ids = torch.full((tokens.shape[0], n_blocks, B), spec.mask_token_id, dtype=torch.long)
             ids[:, :, 0] = tokens[:, anchors]
             block = core_model.model.embed_tokens(ids.view(tokens.shape[0], -1))  # (Bt, n_blocks*B, d)
@@ -152,7 +122,7 @@ def train_dflash(core_model, core: ModelConfig, spec: DFlashSpec, settings: DFla
         rope = (cos[positions], sin[positions], cos[:T], sin[:T])
         rows = drafter(block, features, rope, 0, mask)  # (Bt, n_blocks*B, d)
         rows = rows.view(tokens.shape[0], n_blocks, B, -1)[:, :, 1:]  # drafted rows
-        student = F.log_softmax(core_model.lm_head(rows).float(), dim=-1)  # (Bt, n_blocks, B-1, V)
+        student = F.log_softmax(core_model.logits(rows), dim=-1)  # (Bt, n_blocks, B-1, V)
         target_positions = torch.as_tensor(anchors[:, None] + np.arange(B - 1)[None, :])  # row i predicts x_{a+i+1}
         target = teacher[:, target_positions]  # (Bt, n_blocks, B-1, V)
         # Early block positions decide most of the accepted length: weight them more, as DFlash does.
@@ -160,28 +130,17 @@ def train_dflash(core_model, core: ModelConfig, spec: DFlashSpec, settings: DFla
         per_row = (target.exp() * (target - student)).sum(-1)  # (Bt, n_blocks, B-1) KL(core || drafter)
         kl = (per_row * weights).sum(-1).mean() / weights.sum()
         agree = (student.argmax(-1) == target.argmax(-1)).float().mean(dim=(0, 1))  # (B-1,) per block position
-        return kl, agree
+        return kl, {"top1_agreement": agree.tolist()}
 
-    for step in range(settings.steps):
-        for group in optimizer.param_groups:
-            group["lr"] = learning_rate(step, schedule)
-        tokens = sample_batch(train_tokens, settings.batch_size, T - 1, rng)  # (Bt, T)
-        with torch.autocast("cpu", dtype=torch.bfloat16):
-            loss, agree = batch_loss(tokens, rng)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(drafter.parameters(), 1.0)
-        optimizer.step()
-        if (step + 1) % 25 == 0 or step + 1 == settings.steps:
-            log({"event": "step", "label": "dflash", "step": step + 1, "kl": round(loss.item(), 4),
-                 "top1_agreement": [round(a, 3) for a in agree.tolist()],
-                 "s_per_step": round((time.time() - started) / (step + 1), 3)})
-    with torch.no_grad():
+    def evaluate() -> dict:
         eval_rng = np.random.default_rng(0)
         agreements = [batch_loss(sample_batch(held_out_tokens, settings.batch_size, T - 1, eval_rng), eval_rng)[1]
                       for _ in range(8)]
-    per_position = torch.stack(agreements).mean(0).tolist()
-    info = {"steps": settings.steps, "held_out_top1_agreement_per_position": [round(a, 4) for a in per_position],
+        return {"top1_agreement": np.mean([a["top1_agreement"] for a in agreements], axis=0).tolist()}
+
+    started = time.time()
+    history = fit(drafter, batch_loss, settings.schedule(), train_tokens, "dflash", evaluate, progress=progress)
+    info = {"steps": settings.steps, "held_out_top1_agreement_per_position": history[-1]["top1_agreement"],
             "train_seconds": round(time.time() - started, 1)}
     state = {name: t.detach().float().numpy() for name, t in drafter.state_dict().items()}
     return state, info

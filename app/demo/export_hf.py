@@ -23,7 +23,7 @@ from .config import ModelConfig, tensor_shapes
 from .tokenizer import BOS_TOKEN, EOS_TOKEN
 
 if TYPE_CHECKING:
-    from .model import LlamaLM
+    from specdesk.engines.torch.model import Transformer
 
 
 def require_torch(purpose: str) -> None:
@@ -123,7 +123,8 @@ def export_hf(
     tokenizer_text, bos, eos = hf_tokenizer_json(tokenizer_path)
     expected = tensor_shapes(config)
     if state.keys() != expected.keys():
-        raise ValueError(f"export_hf: tensor names differ from LlamaLM's: {sorted(state.keys() ^ expected.keys())[:4]}")
+        raise ValueError(f"export_hf: tensor names differ from LlamaForCausalLM's: "
+                         f"{sorted(state.keys() ^ expected.keys())[:4]}")
     for name, shape in expected.items():
         if tuple(state[name].shape) != shape:
             raise ValueError(f"export_hf: {name} has shape {tuple(state[name].shape)}, config wants {shape}")
@@ -183,16 +184,17 @@ def read_hf_config(folder: Path) -> ModelConfig:
     )
 
 
-def load_hf(folder: Path) -> tuple[ModelConfig, LlamaLM]:
-    """Load an exported folder back as a float32 LlamaLM (eval mode); needs torch."""
+def load_hf(folder: Path) -> tuple[ModelConfig, Transformer]:
+    """Load an exported folder back as the engine's float32 Transformer (without a KV cache:
+    its training pass, `hidden_states`, runs whole sequences); needs torch."""
     require_torch("loading an exported demo model into torch")
     from safetensors.torch import load_file
 
-    from .model import LlamaLM
+    from specdesk.engines.torch.model import Transformer
 
     folder = Path(folder)
     config = read_hf_config(folder)
-    model = LlamaLM(config)
+    model = Transformer(config.engine_config())
     weights_path = folder / "model.safetensors"
     try:
         weights = load_file(str(weights_path))

@@ -11,51 +11,21 @@ folder as a second shard (`model-mtp.safetensors`) under MiMo's tensor names
 
 from __future__ import annotations
 
-import math
 import time
 from dataclasses import dataclass
 
 import numpy as np
 
-from .config import ModelConfig
+from .config import DrafterTraining, ModelConfig
 from .widen import NEW_WEIGHT_STD
 
 PREFIX = "model.mtp_layers.0."
 
 
 @dataclass(frozen=True)
-class MtpTraining:
-    steps: int
-    batch_size: int = 8
-    seq_len: int = 256
-    peak_lr: float = 2e-3
-    warmup_steps: int = 30
+class MtpTraining(DrafterTraining):
     seed: int = 777
     chained_weight: float = 0.5  # loss weight of the second, chained step (0: train the first step only)
-
-
-def engine_config(core: ModelConfig):
-    """The engine's config for a demo-family model (same shapes, plain Llama)."""
-    from specdesk.engines.torch.model import ModelConfig as EngineConfig
-
-    return EngineConfig(vocab_size=core.vocab_size, hidden_size=core.hidden_size,
-                        num_hidden_layers=core.num_hidden_layers, num_attention_heads=core.num_attention_heads,
-                        num_key_value_heads=core.num_attention_heads, head_dim=core.head_dim,
-                        intermediate_size=core.intermediate_size, rms_norm_eps=core.rms_norm_eps,
-                        rope_theta=core.rope_theta, max_position_embeddings=core.max_position_embeddings)
-
-
-def _init_layer(layer, seed: int, n_layers: int) -> None:
-    import torch
-
-    generator = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, param in layer.named_parameters():
-            if name.endswith("norm.weight"):
-                param.fill_(1.0)
-            else:
-                std = 0.02 / math.sqrt(2 * n_layers) if name.endswith(("o_proj.weight", "down_proj.weight")) else 0.02
-                param.copy_(torch.randn(param.shape, generator=generator) * std)
 
 
 def _chained_step(layer, out1, embedded_next, cos, sin):
@@ -90,84 +60,63 @@ def _chained_step(layer, out1, embedded_next, cos, sin):
 
 
 def train_mtp(core_model, core: ModelConfig, settings: MtpTraining, train_tokens: np.ndarray,
-              held_out_tokens: np.ndarray, log=print) -> tuple[dict[str, np.ndarray], dict]:
-    """Train one MiMo-style MTP layer against the frozen core; returns (tensors by checkpoint name, info)."""
+              held_out_tokens: np.ndarray, progress=None) -> tuple[dict[str, np.ndarray], dict]:
+    """Train one MiMo-style MTP layer against the frozen core (a Transformer); returns
+    (tensors by checkpoint name, info)."""
     import torch
     import torch.nn.functional as F
 
     from specdesk.engines.torch.model import apply_rope, causal_mask, rope_tables
     from specdesk.engines.torch.mtp import MtpLayer
 
-    from .train import learning_rate, sample_batch, TrainConfig
+    from .train import fit, init_weights, sample_batch
 
-    torch.manual_seed(settings.seed)
-    config = engine_config(core)
+    config = core.engine_config()
     layer = MtpLayer(config, "mimo")
-    _init_layer(layer, settings.seed, core.num_hidden_layers)
-    core_model.eval()
-    for p in core_model.parameters():
-        p.requires_grad_(False)
-    optimizer = torch.optim.AdamW(layer.parameters(), lr=settings.peak_lr, betas=(0.9, 0.95), weight_decay=0.0)
-    schedule = TrainConfig(steps=settings.steps, batch_size=settings.batch_size, seq_len=settings.seq_len,
-                           peak_lr=settings.peak_lr, warmup_steps=settings.warmup_steps)
-    rng = np.random.default_rng(settings.seed)
+    init_weights(layer, settings.seed, core.num_hidden_layers)
+    core_model.requires_grad_(False)
     cos, sin = rope_tables(config, settings.seq_len)
     mask = causal_mask(0, settings.seq_len - 1, "cpu")
-    started = time.time()
 
-    def batch_loss(tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def batch_loss(tokens: torch.Tensor, rng=None) -> tuple[torch.Tensor, dict]:
         with torch.no_grad():
-            hidden = core_model.hidden_states(tokens)  # (B, T, d) after the final norm
-            teacher = F.log_softmax(core_model.lm_head(hidden).float(), dim=-1)  # (B, T, V)
+            hidden = core_model.hidden_states(tokens)[0]  # (B, T, d) after the final norm
+            teacher = F.log_softmax(core_model.logits(hidden), dim=-1)  # (B, T, V)
             embedded = core_model.model.embed_tokens(tokens)
         T = tokens.shape[1] - 1
         x1 = layer.fuse(hidden[:, :T], embedded[:, 1:])
         out = layer(x1, cos[:T], sin[:T], 0, mask[:T, :T])  # row t -> x_{t+2}
-        logits = core_model.lm_head(layer.final_layernorm(out)).float()
-        student = F.log_softmax(logits, dim=-1)
+        student = F.log_softmax(core_model.logits(layer.final_layernorm(out)), dim=-1)
         target = teacher[:, 1:]  # the core's distribution for x_{t+2}
         kl = F.kl_div(student.reshape(-1, student.shape[-1]), target.reshape(-1, target.shape[-1]),
                       log_target=True, reduction="batchmean")
-        agree = (student.argmax(-1) == target.argmax(-1)).float().mean()
-        agree2 = torch.zeros(())
+        figures = {"top1_agreement": (student.argmax(-1) == target.argmax(-1)).float().mean().item(),
+                   "step2_top1_agreement": 0.0}
         if settings.chained_weight > 0:
             attn, n = layer.self_attn, layer.input_layernorm(x1)
             k1 = apply_rope(attn.k_proj(n).view(*n.shape[:2], attn.n_kv, attn.head_dim).transpose(1, 2),
                             cos[:T], sin[:T])
             v1 = attn.v_proj(n).view(*n.shape[:2], attn.n_kv, attn.head_dim).transpose(1, 2)
             out2 = _chained_step(layer, {"out": out, "k": k1, "v": v1}, embedded[:, 2:], cos, sin)  # row t -> x_{t+3}
-            student2 = F.log_softmax(core_model.lm_head(layer.final_layernorm(out2)).float(), dim=-1)
+            student2 = F.log_softmax(core_model.logits(layer.final_layernorm(out2)), dim=-1)
             target2 = teacher[:, 2:]
             kl2 = F.kl_div(student2.reshape(-1, student2.shape[-1]), target2.reshape(-1, target2.shape[-1]),
                            log_target=True, reduction="batchmean")
             kl = kl + settings.chained_weight * kl2
-            agree2 = (student2.argmax(-1) == target2.argmax(-1)).float().mean()
-        return kl, agree, agree2
+            figures["step2_top1_agreement"] = (student2.argmax(-1) == target2.argmax(-1)).float().mean().item()
+        return kl, figures
 
-    for step in range(settings.steps):
-        for group in optimizer.param_groups:
-            group["lr"] = learning_rate(step, schedule)
-        tokens = sample_batch(train_tokens, settings.batch_size, settings.seq_len - 1, rng)  # (B, seq_len)
-        with torch.autocast("cpu", dtype=torch.bfloat16):
-            loss, agree, agree2 = batch_loss(tokens)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(layer.parameters(), 1.0)
-        optimizer.step()
-        if (step + 1) % 25 == 0 or step + 1 == settings.steps:
-            log({"event": "step", "label": "mtp", "step": step + 1, "kl": round(loss.item(), 4),
-                 "top1_agreement": round(agree.item(), 4), "step2_top1_agreement": round(agree2.item(), 4),
-                 "s_per_step": round((time.time() - started) / (step + 1), 3)})
-    with torch.no_grad():
+    def evaluate() -> dict:
         eval_rng = np.random.default_rng(0)
-        agreements = []
-        for _ in range(8):
-            tokens = sample_batch(held_out_tokens, settings.batch_size, settings.seq_len - 1, eval_rng)
-            agreements.append([a.item() for a in batch_loss(tokens)[1:]])
-    first, second = np.mean(agreements, axis=0)
-    info = {"steps": settings.steps, "style": "mimo", "held_out_top1_agreement": round(float(first), 4),
-            "held_out_step2_top1_agreement": round(float(second), 4), "chained_weight": settings.chained_weight,
-            "train_seconds": round(time.time() - started, 1)}
+        figures = [batch_loss(sample_batch(held_out_tokens, settings.batch_size, settings.seq_len - 1, eval_rng))[1]
+                   for _ in range(8)]
+        return {key: float(np.mean([f[key] for f in figures])) for key in figures[0]}
+
+    started = time.time()
+    history = fit(layer, batch_loss, settings.schedule(), train_tokens, "mtp", evaluate, progress=progress)
+    info = {"steps": settings.steps, "style": "mimo", "held_out_top1_agreement": history[-1]["top1_agreement"],
+            "held_out_step2_top1_agreement": history[-1]["step2_top1_agreement"],
+            "chained_weight": settings.chained_weight, "train_seconds": round(time.time() - started, 1)}
     state = {PREFIX + name: t.detach().float().numpy() for name, t in layer.state_dict().items()}
     return state, info
 

@@ -16,15 +16,15 @@ from pathlib import Path
 
 import numpy as np
 
+from .config import ModelConfig, TrainConfig
 from .corpus import iter_corpus, split_corpus
 from .dflash import DFlashSpec, DFlashTraining
 from .install import TRAINED_FILES, sha256_file
-from .model import ModelConfig
 from .mtp import MtpTraining
 from .tokenizer import CHAT_TEMPLATE, special_ids, train_tokenizer
-from .train import TrainConfig, log
+from .train import log
 
-RECIPE_VERSION = 2  # 2: the target's MTP layer and a DFlash drafter
+RECIPE_VERSION = 3  # 2: the target's MTP layer and a DFlash drafter; 3: trained on the engine's Transformer
 
 
 @dataclass(frozen=True)
@@ -159,20 +159,18 @@ def train_family(spec: FamilySpec, workdir: Path, progress=None) -> dict:
     log({"event": "stage", "stage": "core", "family": spec.name})
     core, core_info = train(spec.core, spec.core_training, train_tokens, held_out_tokens,
                             workdir / "core.ckpt", progress=stage_progress("core"), label="core")
-    save_file({k: v.half().contiguous() for k, v in core.state_dict().items() if "rope" not in k},
-              str(workdir / "core.safetensors"))
+    save_file({k: v.half().contiguous() for k, v in core.state_dict().items()}, str(workdir / "core.safetensors"))
     log({"event": "stage", "stage": "draft", "family": spec.name})
     init = pruned_state(core, spec.draft_from_core_layers) if spec.draft_from_core_layers else None
     draft, draft_info = train(spec.draft, spec.draft_training, train_tokens, held_out_tokens,
                               workdir / "draft.ckpt", teacher=core, progress=stage_progress("draft"), label="draft",
                               init_state=init)
-    save_file({k: v.half().contiguous() for k, v in draft.state_dict().items() if "rope" not in k},
-              str(workdir / "draft.safetensors"))
+    save_file({k: v.half().contiguous() for k, v in draft.state_dict().items()}, str(workdir / "draft.safetensors"))
     from .train import validation_loss
     with torch.no_grad():
         draft_info["held_out_loss"] = round(validation_loss(draft, held_out_tokens, spec.draft_training.seq_len), 4)
 
-    native = train_native_drafters(spec, core, workdir, train_tokens, held_out_tokens)
+    native = train_native_drafters(spec, core, workdir, train_tokens, held_out_tokens, stage_progress)
 
     card = {
         "family": spec.name,
@@ -196,7 +194,7 @@ def train_family(spec: FamilySpec, workdir: Path, progress=None) -> dict:
     return card
 
 
-def train_native_drafters(spec: FamilySpec, core, workdir: Path, train_tokens, held_out_tokens) -> dict:
+def train_native_drafters(spec: FamilySpec, core, workdir: Path, train_tokens, held_out_tokens, stage_progress) -> dict:
     """The target's MTP layer and the DFlash drafter, trained on the core; card entries."""
     from dataclasses import asdict
 
@@ -206,11 +204,11 @@ def train_native_drafters(spec: FamilySpec, core, workdir: Path, train_tokens, h
     from .mtp import train_mtp
 
     log({"event": "stage", "stage": "mtp", "family": spec.name})
-    mtp, mtp_info = train_mtp(core, spec.core, spec.mtp_training, train_tokens, held_out_tokens, log=log)
+    mtp, mtp_info = train_mtp(core, spec.core, spec.mtp_training, train_tokens, held_out_tokens, stage_progress("mtp"))
     save_file({k: v.astype(np.float16) for k, v in mtp.items()}, str(workdir / "mtp.safetensors"))
     log({"event": "stage", "stage": "dflash", "family": spec.name})
     dflash, dflash_info = train_dflash(core, spec.core, spec.dflash, spec.dflash_training, spec.wide_hidden_size,
-                                       train_tokens, held_out_tokens, log=log)
+                                       train_tokens, held_out_tokens, stage_progress("dflash"))
     save_file({k: v.astype(np.float16) for k, v in dflash.items()}, str(workdir / "dflash.safetensors"))
     return {"mtp": mtp_info, "dflash": {"spec": asdict(spec.dflash), **dflash_info}}
 

@@ -263,14 +263,30 @@ class Transformer(nn.Module):
         cos = self.rope_cos[start:start + T]  # (T, head_dim)
         sin = self.rope_sin[start:start + T]
         mask = causal_mask(start, T, tokens.device)
-        x = self.model.embed_tokens(tokens)[None]  # (1, T, d)
+        hidden, captured = self._layers(self.model.embed_tokens(tokens)[None], cos, sin, start, mask, taps)
+        return ForwardOutput(self.logits(hidden[0, logits_from:]), hidden[0], {i: h[0] for i, h in captured.items()})
+
+    def hidden_states(self, tokens: torch.Tensor, taps: Sequence[int] = ()) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
+        """A training pass: tokens (B, T) at positions 0..T-1, no KV cache, gradients kept.
+
+        The demo recipe trains through this, so the network it trains is the one the engine
+        serves. Returns the hidden states after the final norm (B, T, d) and the taps H[i] (B, T, d).
+        """
+        if self.max_len:
+            raise SpecDeskError("a training pass would overwrite the KV cache: use a model without setup_cache")
+        T = tokens.shape[1]
+        cos, sin = (table.to(tokens.device) for table in rope_tables(self.config, T))
+        return self._layers(self.model.embed_tokens(tokens), cos, sin, 0, causal_mask(0, T, tokens.device), taps)
+
+    def _layers(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, start: int, mask: torch.Tensor,
+                taps: Sequence[int]) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
+        """x (B, T, d) through every layer and the final norm; H[i] for each i in taps."""
         wanted = set(taps)
         captured: dict[int, torch.Tensor] = {}
         for index, layer in enumerate(self.model.layers):
             if index in wanted:
-                captured[index] = x[0]
+                captured[index] = x
             x = layer(x, cos, sin, start, mask)
         if self.config.num_hidden_layers in wanted:
-            captured[self.config.num_hidden_layers] = x[0]
-        hidden = self.model.norm(x)[0]  # (T, d)
-        return ForwardOutput(self.logits(hidden[logits_from:]), hidden, captured)
+            captured[self.config.num_hidden_layers] = x
+        return self.model.norm(x), captured
