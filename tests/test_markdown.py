@@ -1,6 +1,10 @@
 """The reply Markdown reader: blocks, inline styles, and draft flags kept per character."""
 
-from specdesk.ui.markdown import char_flags, looks_like_code, parse
+import random
+
+import pytest
+
+from specdesk.ui.markdown import Stream, char_flags, looks_like_code, parse
 
 
 def kinds(blocks):
@@ -67,3 +71,165 @@ def test_draft_flags_follow_the_characters_they_belong_to():
     text = "".join(pieces)
     (block,) = parse(text, char_flags(pieces, drafted))
     assert [(r.text, r.drafted) for r in block.runs] == [("bold", True), (" and ", True), ("x", False)]
+
+
+def marked(source):
+    """Text and per-character draft flags from a literal where ⟦…⟧ marks the drafted characters."""
+    text, flags, drafted = [], [], False
+    for ch in source:
+        if ch in "⟦⟧":
+            drafted = ch == "⟦"
+            continue
+        text.append(ch)
+        flags.append(drafted)
+    return "".join(text), flags
+
+
+def tinted(blocks):
+    return "".join(r.text for b in blocks for r in b.runs if r.drafted)
+
+
+def test_nested_lists_keep_their_depth_and_numbering():
+    # numbers count up from the first one, as CommonMark renders them; `)` starts another list
+    blocks = parse("3. a\n   - b\n     - c\n4. d\n\n1) x\n1) y")
+    assert kinds(blocks) == ["item"] * 6
+    assert [(b.level, b.marker, b.text) for b in blocks] == [
+        (0, "3.", "a"), (1, "•", "b"), (2, "•", "c"), (0, "4.", "d"), (0, "1)", "x"), (0, "2)", "y")]
+
+
+def test_a_later_paragraph_of_an_item_stays_in_the_item():
+    blocks = parse("- first\n\n  second\n- next")
+    assert [(b.kind, b.text) for b in blocks] == [("item", "first\nsecond"), ("item", "next")]
+
+
+def test_tables_are_aligned_monospace_lines_with_a_bold_header():
+    (block,) = parse("| name | n |\n|:-----|--:|\n| **ab** | 7 |\n| c | 123 |")
+    assert block.kind == "table"
+    assert block.text.split("\n") == ["name │   n", "─────┼────", "ab   │   7", "c    │ 123"]
+    assert {r.text for r in block.runs if r.bold} == {"name", "n", "ab"}
+
+
+def test_strikethrough_escapes_entities_and_autolinks():
+    (block,) = parse(r"~~old~~ new \*star\* &amp; <https://a.b/c>")
+    assert block.text == "old new *star* & https://a.b/c"
+    assert [r.text for r in block.runs if r.strike] == ["old"]
+    assert [(r.text, r.link) for r in block.runs if r.link] == [("https://a.b/c", "https://a.b/c")]
+    assert not any(r.italic for r in block.runs)
+
+
+def test_underscores_never_mark_emphasis_but_stars_do():
+    (block,) = parse("__init__ and _x_ and ***both***")
+    assert block.text == "__init__ and _x_ and both"
+    assert [(r.text, r.bold, r.italic) for r in block.runs if r.bold or r.italic] == [("both", True, True)]
+
+
+def test_only_web_and_mail_links_are_links():
+    (block,) = parse("[site](https://x.y) [mail](mailto:a@b.c) [file](notes.txt) [js](javascript:alert(1))")
+    assert block.text == "site mail file [js](javascript:alert(1))"  # markdown-it refuses script links
+    assert [r.link for r in block.runs if r.link] == ["https://x.y", "mailto:a@b.c"]
+
+
+def test_raw_html_shows_as_text():
+    blocks = parse("<div>\nhi <b>there</b>\n</div>")
+    assert kinds(blocks) == ["paragraph"] and blocks[0].text == "<div>\nhi <b>there</b>\n</div>"
+
+
+@pytest.mark.parametrize("source, shown_tinted", [
+    ("## Ti⟦tle⟧ ##", "tle"),
+    ("Set⟦ext⟧\n===", "ext"),
+    ("- a\n  - b⟦ee⟧", "ee"),
+    ("- two\n  mo⟦re⟧", "re"),
+    ("1. ⟦1⟧", "1"),
+    ("> quo⟦ted⟧\n> li⟦ne⟧", "tedne"),
+    ("> > dee⟦p⟧", "p"),
+    ("```py\nx = ⟦1⟧\n  y⟦⟦\n```", "1"),
+    ("  ```\n  a⟦b⟧\n  ```", "b"),
+    ("    in⟦dented⟧", "dented"),
+    ("| ab | ⟦ab⟧ |\n|---|---|\n| ⟦c⟧ | ab |", "abc"),
+    ("x ⟦**b⟧ol**d", "b"),
+    ("*it⟦al⟧*", "al"),
+    ("~~st⟦ri⟧ke~~", "ri"),
+    ("`co⟦de⟧` and `` ⟦a`b⟧ ``", "dea`b"),
+    ("[li⟦nk⟧](https://x.y) ⟦x⟧", "nkx"),
+    ("![al⟦t⟧](https://x.y/p.png)", "t"),
+    ("a \\⟦*⟧ b &amp; ⟦&lt;⟧", "*<"),
+    ("a⟦\n⟧b", "\n"),
+    ("a\r\nb⟦c⟧\r⟦d⟧", "cd"),
+    ("ab ab ⟦ab⟧ *ab* ⟦ab⟧", "abab"),
+])
+def test_the_tint_follows_each_character_through_every_construct(source, shown_tinted):
+    text, flags = marked(source)
+    assert tinted(parse(text, flags)) == shown_tinted
+
+
+def test_streaming_reads_the_same_blocks_as_a_whole_parse_at_every_length():
+    text, flags = marked("# Plan\n\nSome ⟦**bold**⟧ text\nand more.\n\n- one\n- t⟦wo⟧\n\n  still two\n"
+                         "  1. nested\n\n> a quote\ncontinued\n\n| a | b |\n|---|--:|\n| 1 | ⟦2⟧ |\n\n"
+                         "```python\ndef f(x):\n    return ⟦x⟧\n```\nSetext\n---\n***\nEnd `code`.\n"
+                         "A table ends\nthis paragraph:\n| x | y |\n|---|---|\n| ⟦3⟧ | 4 |\n"
+                         "A line\n#\\ that is not a heading\n\n1. lazy\n\n1. numbering\n\nend\n")
+    for step in (1, 7, 16):  # a character at a time, and tokens of several characters
+        stream = Stream()
+        for n in list(range(0, len(text), step)) + [len(text)]:
+            assert stream.parse(text[:n], flags[:n]) == parse(text[:n], flags[:n]), text[:n]
+    assert stream.parse("# Other", None) == parse("# Other")  # a new reply, not a longer one
+
+
+def test_random_markdown_never_raises_and_streams_like_a_whole_parse():
+    pieces = list("ab _*`~[]()!<>|#-+=.:\\&;\n\n\n   \t1") + [
+        "```", "**", "](https://x)", "&amp;", "| --- |", "\r\n", "    ", "- ", "1. ", "> ", "é", "漢"]
+    rng = random.Random(7)
+    for _ in range(200):
+        text = "".join(rng.choice(pieces) for _ in range(rng.randint(1, 60)))
+        flags = [rng.random() < 0.5 for _ in text]
+        whole = parse(text, flags)
+        stream = Stream()
+        for n in range(0, len(text), 3):
+            stream.parse(text[:n], flags[:n])
+        assert stream.parse(text, flags) == whole, repr(text)
+
+
+def drawn_characters(view):
+    """Each character of the transcript with the formats that show its Markdown and its tint."""
+    out = []
+    block = view.transcript.document().begin()
+    while block.isValid():
+        iterator = block.begin()
+        while not iterator.atEnd():
+            fragment = iterator.fragment()
+            fmt = fragment.charFormat()
+            style = (fmt.fontWeight(), fmt.fontItalic(), fmt.fontStrikeOut(), fmt.anchorHref(),
+                     tuple(fmt.fontFamilies() or ()), fmt.background().color().name())
+            out.extend((ch, style) for ch in fragment.text())
+            iterator += 1
+        out.append(("\n", block.blockFormat().leftMargin()))
+        block = block.next()
+    return out
+
+
+def test_a_streamed_reply_is_drawn_as_the_whole_reply_is(qtbot):
+    pytest.importorskip("PySide6")
+    from specdesk.ui.chat_view import ChatMessage, ChatView
+
+    text = ("# Plan\n\nKeep ~~old~~ **new** `code` and [docs](https://d.e).\n\n1. one\n   - nested\n2. two\n\n"
+            "| name | n |\n|:--|--:|\n| ab | 7 |\n| c | 123 |\n\n```py\ndef f(x):\n    return x\n```\n"
+            "A line\n#\\ not a heading\n\n> quoted\n\nEnd.")
+    pieces = [text[i:i + 5] for i in range(0, len(text), 5)]
+    drafted = [n % 3 == 1 for n in range(len(pieces))]
+    streamed = ChatView()
+    qtbot.addWidget(streamed)
+    streamed.add_message(ChatMessage("user", ["Plan it."], [False]))
+    reply = streamed.add_message(ChatMessage("assistant"))
+    for piece, flag in zip(pieces, drafted):
+        streamed.append_pieces(reply, [piece], [flag])
+        streamed.flush()
+    streamed.end_reply(reply, "")
+    whole = ChatView()
+    qtbot.addWidget(whole)
+    whole.set_messages([ChatMessage("user", ["Plan it."], [False]), ChatMessage("assistant", pieces, drafted)])
+    assert drawn_characters(streamed) == drawn_characters(whole)
+    document = streamed.transcript.document()
+    lines = [document.findBlockByNumber(n).text() for n in range(document.blockCount())]
+    at = lines.index("name │   n")  # a table is drawn as code is: one document block per line
+    assert lines[at:at + 4] == ["name │   n", "─────┼────", "ab   │   7", "c    │ 123"]
+    assert "".join(ch for ch, style in drawn_characters(streamed) if isinstance(style, tuple) and style[2]) == "old"

@@ -9,7 +9,7 @@ cannot change any more).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Optional
 
 from PySide6.QtCore import Qt, Signal
@@ -74,6 +74,7 @@ class _LiveReply:
     committed_pos: int = 0  # document position after them
     code: bool = False  # drawn as one bare-code block
     drawn: Optional[markdown.Block] = None  # the last block as drawn (it ends the document)
+    stream: markdown.Stream = field(default_factory=markdown.Stream)  # re-reads only the last top-level blocks
 
 
 def _extension(old: markdown.Block, new: markdown.Block) -> Optional[list[markdown.Run]]:
@@ -86,13 +87,11 @@ def _extension(old: markdown.Block, new: markdown.Block) -> Optional[list[markdo
     if len(new.runs) < n or new.runs[: n - 1] != old.runs[: n - 1]:
         return None
     last_old, last_new = old.runs[-1], new.runs[n - 1]
-    same_style = (last_old.drafted, last_old.bold, last_old.italic, last_old.code, last_old.link) == (
-        last_new.drafted, last_new.bold, last_new.italic, last_new.code, last_new.link)
+    same_style = replace(last_old, text="") == replace(last_new, text="")
     if not same_style or not last_new.text.startswith(last_old.text):
         return None
     tail = last_new.text[len(last_old.text):]
-    grown = [markdown.Run(tail, last_new.drafted, last_new.bold, last_new.italic, last_new.code, last_new.link)]
-    return ([grown[0]] if tail else []) + list(new.runs[n:])
+    return ([replace(last_new, text=tail)] if tail else []) + list(new.runs[n:])
 
 
 class ChatView(QWidget):
@@ -223,7 +222,7 @@ class ChatView(QWidget):
             return False
         follow = self._at_end()
         message = live.message
-        blocks = markdown.parse(message.text, markdown.char_flags(message.pieces, message.from_draft))
+        blocks = live.stream.parse(message.text, markdown.char_flags(message.pieces, message.from_draft))
         code = len(blocks) == 1 and blocks[0].kind == "code" and not blocks[0].lang and markdown.looks_like_code(
             message.text)
         if code != live.code or live.committed_blocks >= len(blocks):
@@ -322,7 +321,7 @@ class ChatView(QWidget):
             return
         live = _LiveReply(message, cursor.position())
         live.committed_pos = live.body_start
-        blocks = markdown.parse(message.text, markdown.char_flags(message.pieces, message.from_draft))
+        blocks = live.stream.parse(message.text, markdown.char_flags(message.pieces, message.from_draft))
         self._render_blocks(cursor, blocks)
         if message.footer:
             self._render_footer(cursor, message.footer)
@@ -349,7 +348,7 @@ class ChatView(QWidget):
         fmt, base = formats or self._block_formats(block)
         for run in runs:
             char_format = self._run_format(base, run)
-            if block.kind != "code":
+            if block.kind not in ("code", "table"):
                 cursor.insertText(run.text.replace("\n", "\u2028"), char_format)
                 continue
             for n, line in enumerate(run.text.split("\n")):
@@ -365,7 +364,7 @@ class ChatView(QWidget):
         fmt.setBottomMargin(3)
         base = QTextCharFormat()
         base.setForeground(palette.text().color())
-        if block.kind == "code":  # one document block per line: no gaps between them
+        if block.kind in ("code", "table"):  # one document block per line: no gaps between them
             fmt.setTopMargin(0)
             fmt.setBottomMargin(0)
             fmt.setBackground(theme.code_background(palette))
@@ -396,6 +395,8 @@ class ChatView(QWidget):
             fmt.setFontWeight(QFont.Bold)
         if run.italic:
             fmt.setFontItalic(True)
+        if run.strike:
+            fmt.setFontStrikeOut(True)
         if run.code:
             fmt.setFontFamilies(self._mono.families())
             fmt.setBackground(theme.code_background(self.palette()))

@@ -1,14 +1,18 @@
-"""A small Markdown reader for chat replies that keeps every character's draft flag.
+"""Chat replies as Markdown blocks that keep every character's draft flag.
 
-Qt's own Markdown import would lose which characters came from accepted draft tokens,
-so replies are parsed here into blocks of styled runs, each run carrying the flag of the
-characters it shows. It covers what chat models write: fenced code, headings, lists,
-quotes, rules, paragraphs with `code`, **bold**, *italic* and [links](url). Line breaks
-inside a paragraph are kept (models use them as line breaks). `_` never marks emphasis:
-in code-heavy chats it is far more often part of a name (`__init__`, `snake_case`).
+Qt's own Markdown import would lose which characters came from accepted draft tokens, so
+replies are parsed with markdown-it-py (CommonMark, plus GitHub's tables and
+strikethrough) and its tokens are turned into blocks of styled runs, each run carrying the
+flag of the source characters it shows. markdown-it gives block tokens source line ranges
+(`token.map`) but no character offsets for inline text, so each inline token's content is
+located in its source lines, and each child token's text in that content, in order.
 
-A reply with no Markdown structure that reads as source code (small models often answer
-in bare code) is shown as one code block, so its indentation survives.
+Our choices on top of CommonMark: line breaks inside a paragraph are kept (models use them
+as line breaks); `_` never marks emphasis, because in code-heavy chats it is far more often
+part of a name (`__init__`, `snake_case`); raw HTML shows as text; only http(s) and mailto
+links are links (the transcript would try to open anything else itself). A reply with no
+Markdown structure that reads as source code (small models often answer in bare code) is
+shown as one code block, so its indentation survives.
 
 Pure Python, no Qt: the chat view turns blocks into QTextDocument formats.
 """
@@ -16,20 +20,23 @@ Pure Python, no Qt: the chat view turns blocks into QTextDocument formats.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+import unicodedata
+from itertools import groupby
+from dataclasses import dataclass, field, replace
 from typing import Optional, Sequence
 
+from markdown_it import MarkdownIt
+from markdown_it.rules_inline import emphasis
+from markdown_it.rules_inline.state_inline import StateInline
+from markdown_it.token import Token
+
 FENCE = re.compile(r"^ {0,3}(`{3,}|~{3,})\s*([\w+#.-]*)")
-HEADING = re.compile(r"^ {0,3}(#{1,6})(?:[ \t]+|$)")
-BULLET = re.compile(r"^( *)([-*+])[ \t]+")
-ORDERED = re.compile(r"^( *)(\d{1,9})([.)])[ \t]+")
-QUOTE = re.compile(r"^ {0,3}>[ \t]?")
-RULE = re.compile(r"^ {0,3}([-*_])(?:[ \t]*\1){2,}[ \t]*$")
-LINK = re.compile(r"\[([^\]\n]+)\]\(([^)\s]+)\)")
 CODE_START = re.compile(r"^(?:def|class|import|from|return|if|elif|else|for|while|try|except|finally|with|"
                         r"raise|yield|async|await|assert|pass|break|continue|lambda|global|nonlocal|"
                         r"const|let|var|function|fn|pub|use|struct|impl|#include|package)\b")
 CODE_END = tuple(":{}[](),;\\")
+LINK_SCHEMES = ("http://", "https://", "mailto:")
+NEWLINE = re.compile("\n")
 
 
 @dataclass
@@ -40,11 +47,12 @@ class Run:
     italic: bool = False
     code: bool = False
     link: Optional[str] = None
+    strike: bool = False
 
 
 @dataclass
 class Block:
-    kind: str  # "paragraph", "heading", "code", "item", "quote", "rule"
+    kind: str  # "paragraph", "heading", "code", "item", "quote", "rule", "table"
     runs: list[Run] = field(default_factory=list)
     level: int = 0  # heading level 1..6; list nesting depth from 0
     marker: str = ""  # list items: "•" or "3."
@@ -78,194 +86,445 @@ def looks_like_code(text: str) -> bool:
     return codey >= 0.6 * len(lines)
 
 
+def _star_emphasis(state: StateInline, silent: bool) -> bool:
+    """CommonMark emphasis for `*` only: `_` stays a literal character."""
+    return state.src[state.pos] != "_" and emphasis.tokenize(state, silent)
+
+
+def _reader() -> MarkdownIt:
+    md = MarkdownIt("commonmark").enable(["table", "strikethrough"]).disable(["html_block", "html_inline"])
+    md.inline.ruler.at("emphasis", _star_emphasis)
+    # Keep escapes and entities as their own tokens: their source text differs from what they
+    # show, and merged into the text around them they could not be found in the source.
+    md.core.ruler.disable("text_join")
+    return md
+
+
+_MD = _reader()
+
+
 def parse(text: str, flags: Optional[Sequence[bool]] = None) -> list[Block]:
     """Blocks of styled runs; flags[i] is the draft flag of text[i] (all False if omitted)."""
+    text, flags = _normalized(text, flags)
+    if looks_like_code(text):
+        return [_bare_code(text, flags)]
+    return _Builder(text, flags).build(_MD.parse(text))
+
+
+class Stream:
+    """The blocks of a reply that grows at its end, read again only from its last top-level blocks.
+
+    A top-level block (paragraph, whole list, quote, fence, table) that two others follow
+    cannot change when text is appended, so its blocks are kept and the parser starts at the
+    source line (markdown-it's `token.map`) where the next-to-last one begins: a frame costs
+    the last two blocks, not the reply. Not just the last one: a block that has only begun can
+    still fall back into the one before it (`#` is a heading until `#x`; after `1. a` and a
+    blank line, `1` is a paragraph until `1.` continues the list). A link reference defined
+    in the part read again does not reach back into the kept part."""
+
+    def __init__(self) -> None:
+        self._reset()
+
+    def _reset(self) -> None:
+        self._prefix = ""  # the text before `_offset`, to notice a reply that did not just grow
+        self._offset = 0
+        self._stable: list[Block] = []
+
+    def parse(self, text: str, flags: Optional[Sequence[bool]] = None) -> list[Block]:
+        if "\r" in text:  # normalizing shifts offsets: read it whole
+            return parse(text, flags)
+        text, flags = _normalized(text, flags)
+        if looks_like_code(text):
+            return [_bare_code(text, flags)]
+        if not text.startswith(self._prefix):
+            self._reset()
+        tail = text[self._offset:]
+        tokens = _MD.parse(tail)
+        builder = _Builder(tail, flags[self._offset:])
+        tops = [i for i, token in enumerate(tokens) if token.level == 0 and token.nesting >= 0]
+        if len(tops) < 3 or tokens[tops[-2]].map is None:
+            return self._stable + builder.build(tokens)
+        keep = tops[-2]  # the last two stay open (see above)
+        done = list(builder.build(tokens[:keep]))
+        blocks = builder.build(tokens[keep:])[len(done):]
+        self._stable += done
+        self._offset += builder.line_starts[tokens[keep].map[0]]
+        self._prefix = text[:self._offset]
+        return self._stable + blocks
+
+
+def _normalized(text: str, flags: Optional[Sequence[bool]]) -> tuple[str, list[bool]]:
+    r"""Flags padded to the text; \r\n and \r read as \n (as markdown-it does) with offsets kept aligned."""
     flags = list(flags) if flags is not None else []
     if len(flags) < len(text):
         flags = flags + [False] * (len(text) - len(flags))
-    if looks_like_code(text):
-        return [Block("code", _plain(text.rstrip("\n"), 0, flags))]
-    blocks: list[Block] = []
-    lines = _lines(text)
-    i = 0
-    paragraph: list[tuple[int, str]] = []  # (offset, line) of the paragraph being gathered
-
-    def close_paragraph() -> None:
-        if paragraph:
-            blocks.append(Block("paragraph", _inline_lines(paragraph, flags)))
-            paragraph.clear()
-
-    while i < len(lines):
-        offset, line = lines[i]
-        fence = FENCE.match(line)
-        if fence:
-            close_paragraph()
-            marker, lang = fence.group(1), fence.group(2)
-            body: list[tuple[int, str]] = []
-            i += 1
-            while i < len(lines):
-                o, l = lines[i]
-                if l.strip().startswith(marker[0] * len(marker)) and not l.strip().strip(marker[0]):
-                    break
-                body.append((o, l))
-                i += 1
-            i += 1  # the closing fence (or the end: an open fence runs to the end while streaming)
-            runs: list[Run] = []
-            for n, (o, l) in enumerate(body):
-                if n:
-                    runs.append(Run("\n", flags[o - 1] if o else False))
-                runs.extend(_plain(l, o, flags))
-            blocks.append(Block("code", runs, lang=lang))
-            continue
-        if not line.strip():
-            close_paragraph()
-            i += 1
-            continue
-        if RULE.match(line):
-            close_paragraph()
-            blocks.append(Block("rule"))
-            i += 1
-            continue
-        heading = HEADING.match(line)
-        if heading:
-            close_paragraph()
-            content = line[heading.end():].rstrip()
-            content = re.sub(r"[ \t]+#+[ \t]*$", "", content)  # closing hashes
-            blocks.append(Block("heading", _inline(content, offset + heading.end(), flags),
-                                level=len(heading.group(1))))
-            i += 1
-            continue
-        item = BULLET.match(line) or ORDERED.match(line)
-        if item:
-            close_paragraph()
-            depth = len(item.group(1)) // 2
-            marker = "•" if item.re is BULLET else f"{item.group(2)}{item.group(3)}"
-            gathered = [(offset + item.end(), line[item.end():])]
-            i += 1
-            while i < len(lines):  # continuation lines: indented, not a new item or block
-                o, l = lines[i]
-                if (not l.strip() or not l.startswith(" ") or BULLET.match(l) or ORDERED.match(l)
-                        or FENCE.match(l)):
-                    break
-                stripped = l.lstrip()
-                gathered.append((o + len(l) - len(stripped), stripped))
-                i += 1
-            blocks.append(Block("item", _inline_lines(gathered, flags), level=depth, marker=marker))
-            continue
-        quote = QUOTE.match(line)
-        if quote:
-            close_paragraph()
-            gathered = []
-            while i < len(lines):
-                o, l = lines[i]
-                q = QUOTE.match(l)
-                if not q:
-                    break
-                gathered.append((o + q.end(), l[q.end():]))
-                i += 1
-            blocks.append(Block("quote", _inline_lines(gathered, flags)))
-            continue
-        paragraph.append((offset, line))
-        i += 1
-    close_paragraph()
-    return blocks
+    if "\r" in text:
+        kept = [i for i, ch in enumerate(text) if ch != "\r" or text[i + 1:i + 2] != "\n"]
+        flags = [flags[i] for i in kept]
+        text = "".join(text[i] for i in kept).replace("\r", "\n")
+    return text, flags
 
 
-def _lines(text: str) -> list[tuple[int, str]]:
-    out, at = [], 0
-    for line in text.split("\n"):
-        out.append((at, line))
-        at += len(line) + 1
+def _bare_code(text: str, flags: list[bool]) -> Block:
+    code = text.rstrip("\n")
+    return Block("code", _split(code, flags[:len(code)]))
+
+
+class _Builder:
+    """Walks markdown-it's token stream, flattening containers into our block list."""
+
+    def __init__(self, text: str, flags: list[bool]):
+        self.text, self.flags = text, flags
+        self.line_starts = [0] + [m.end() for m in NEWLINE.finditer(text)]
+        self.blocks: list[Block] = []
+        self.lists: list[list] = []  # per open list: [next number or None for bullets, delimiter]
+        self.quotes = 0
+        self.item: Optional[Block] = None  # the open list item's block (None until its first text)
+        self.item_pending: Optional[Block] = None  # marker and level of an item with no text yet
+        self.heading = 0
+        self.table: Optional[list[list[tuple[list[Run], str]]]] = None  # rows of (runs, align)
+        self.row_at = 0  # search position in the table row being read
+
+    def build(self, tokens: list[Token]) -> list[Block]:
+        for token in tokens:
+            handler = getattr(self, "_on_" + token.type, None)
+            if handler is not None:
+                handler(token)
+        return self.blocks
+
+    # --- containers ---------------------------------------------------------------
+    def _on_bullet_list_open(self, token: Token) -> None:
+        self.lists.append([None, ""])
+
+    def _on_ordered_list_open(self, token: Token) -> None:
+        self.lists.append([int(token.attrGet("start") or 1), token.markup])
+
+    def _on_bullet_list_close(self, token: Token) -> None:
+        self.lists.pop()
+
+    _on_ordered_list_close = _on_bullet_list_close
+
+    def _on_list_item_open(self, token: Token) -> None:
+        number, delimiter = self.lists[-1]
+        if number is None:
+            marker = "•"
+        else:
+            marker = f"{number}{delimiter}"
+            self.lists[-1][0] = number + 1
+        self._flush_item()
+        self.item = None
+        self.item_pending = Block("item", level=len(self.lists) - 1, marker=marker)
+
+    def _on_list_item_close(self, token: Token) -> None:
+        self._flush_item()
+        self.item = None
+
+    def _flush_item(self) -> None:
+        """An item whose first child is not text (a nested list, a code block) still shows its marker."""
+        if self.item_pending is not None:
+            self.blocks.append(self.item_pending)
+            self.item_pending = None
+
+    def _on_blockquote_open(self, token: Token) -> None:
+        self.quotes += 1
+
+    def _on_blockquote_close(self, token: Token) -> None:
+        self.quotes -= 1
+
+    # --- leaf blocks ----------------------------------------------------------------
+    def _on_heading_open(self, token: Token) -> None:
+        self._flush_item()
+        self.heading = int(token.tag[1])
+
+    def _on_hr(self, token: Token) -> None:
+        self._flush_item()
+        self.blocks.append(Block("rule"))
+
+    def _on_fence(self, token: Token) -> None:
+        self._flush_item()
+        first = token.map[0] + 1 if token.map else 0
+        runs = self._code_runs(token.content, first)
+        self.blocks.append(Block("code", runs, lang=token.info.split(maxsplit=1)[0] if token.info.strip() else ""))
+
+    def _on_code_block(self, token: Token) -> None:
+        self._flush_item()
+        self.blocks.append(Block("code", self._code_runs(token.content, token.map[0] if token.map else 0)))
+
+    def _code_runs(self, content: str, first_line: int) -> list[Run]:
+        """Each code line is the end of its source line (the fence's indent was cut from its start)."""
+        lines = content.split("\n")
+        if lines and lines[-1] == "":
+            lines.pop()
+        positions: list[int] = []
+        for n, line in enumerate(lines):
+            start, end = self._line_span(first_line + n)
+            if n:
+                positions.append(start - 1)  # the newline before this line
+            source = self.text[start:end]
+            col = len(source) - len(line) if source.endswith(line) else max(source.find(line), 0)
+            positions.extend(range(start + col, start + col + len(line)))
+        return _plain("\n".join(lines), positions, self.flags)
+
+    def _on_inline(self, token: Token) -> None:
+        if self.table is not None:
+            self._table_cell(token)
+            return
+        runs = self._inline_runs(token, self._content_positions(token))
+        if self.heading:
+            self.blocks.append(Block("heading", runs, level=self.heading))
+            self.heading = 0
+        elif self.item_pending is not None:
+            self.item, self.item_pending = self.item_pending, None
+            self.item.runs = runs
+            self.blocks.append(self.item)
+        elif self.item is not None and self.blocks and self.blocks[-1] is self.item:
+            # a later paragraph of the same item: a line break inside the item keeps its indent
+            self.item.runs = _merged(self.item.runs + [Run("\n")] + runs)
+        else:
+            self.blocks.append(Block("quote" if self.quotes else "paragraph", runs))
+
+    # --- tables ---------------------------------------------------------------------
+    def _on_table_open(self, token: Token) -> None:
+        self._flush_item()
+        self.table = []
+
+    def _on_tr_open(self, token: Token) -> None:
+        self.table.append([])
+        self.row_at = self._line_span(token.map[0])[0] if token.map else 0
+
+    def _on_th_open(self, token: Token) -> None:
+        style = token.attrGet("style") or ""
+        self.table[-1].append(([], style.partition("text-align:")[2]))
+
+    _on_td_open = _on_th_open
+
+    def _table_cell(self, token: Token) -> None:
+        start, end = self._line_span(token.map[0]) if token.map else (0, 0)
+        positions, self.row_at = _find(self.text, token.content, max(self.row_at, start), end)
+        runs = self._inline_runs(token, positions)
+        if len(self.table) == 1:  # the header row
+            runs = [replace(run, bold=True) for run in runs]
+        self.table[-1][-1] = (runs, self.table[-1][-1][1])
+
+    def _on_table_close(self, token: Token) -> None:
+        rows, self.table = self.table, None
+        self.blocks.append(Block("table", _table_runs(rows)))
+
+    # --- inline ---------------------------------------------------------------------
+    def _line_span(self, line: int) -> tuple[int, int]:
+        """Start and end (before its newline) of a source line."""
+        if line >= len(self.line_starts):
+            return len(self.text), len(self.text)
+        start = self.line_starts[line]
+        end = self.line_starts[line + 1] - 1 if line + 1 < len(self.line_starts) else len(self.text)
+        return start, end
+
+    def _content_positions(self, token: Token) -> list[int]:
+        """Source offset of each character of an inline token's content (-1 where not found).
+
+        Content line n is on source line map[0] + n, with container markup (quote markers,
+        list indents, heading hashes) cut from its start and spaces from its end."""
+        positions: list[int] = []
+        first = token.map[0] if token.map else 0
+        for n, line in enumerate(token.content.split("\n")):
+            start, end = self._line_span(first + n)
+            if n:
+                positions.append(start - 1)
+            source = self.text[start:end]
+            if line and source.endswith(line):
+                col = len(source) - len(line)
+                positions.extend(range(start + col, start + col + len(line)))
+            else:
+                found, _ = _find(self.text, line, start, end)
+                positions.extend(found)
+        return positions
+
+    def _inline_runs(self, token: Token, positions: list[int]) -> list[Run]:
+        content, flags = token.content, self.flags
+        runs: list[Run] = []
+        at = 0  # where the next child's source text is searched for in the content
+        bold = italic = strike = 0
+        links: list[Optional[str]] = []
+        autolink: list[bool] = []
+
+        def emit(shown: str, where: Sequence[int], **style) -> None:
+            style = {"bold": bold > 0, "italic": italic > 0, "strike": strike > 0,
+                     "link": links[-1] if links else None, **style}
+            drafted = [0 <= pos < len(positions) and positions[pos] >= 0 and flags[positions[pos]] for pos in where]
+            runs.extend(_split(shown, drafted, **style))
+
+        for child in token.children or []:
+            kind = child.type
+            if kind == "text":
+                where, at = _find(content, child.content, at, len(content))
+                emit(child.content, where)
+            elif kind == "text_special":  # an escape shows the escaped character, an entity its character
+                k = content.find(child.markup, at)
+                if k < 0:
+                    emit(child.content, [-1] * len(child.content))
+                    continue
+                source = k + len(child.markup) - 1 if child.info == "escape" else k
+                emit(child.content, [source] * len(child.content))
+                at = k + len(child.markup)
+            elif kind in ("softbreak", "hardbreak"):
+                k = content.find("\n", at)
+                emit("\n", [k])
+                at = k + 1 if k >= 0 else at
+            elif kind == "code_inline":
+                k = content.find(child.markup, at)
+                start = k + len(child.markup) if k >= 0 else at
+                where, end = _spaced(content, child.content, start)
+                emit(child.content, where, code=True)
+                close = content.find(child.markup, end)
+                at = close + len(child.markup) if close >= 0 else end
+            elif kind in ("strong_open", "strong_close", "em_open", "em_close", "s_open", "s_close"):
+                k = content.find(child.markup, at)
+                at = k + len(child.markup) if k >= 0 else at
+                step = 1 if kind.endswith("_open") else -1
+                if kind.startswith("strong"):
+                    bold += step
+                elif kind.startswith("em"):
+                    italic += step
+                else:
+                    strike += step
+            elif kind == "link_open":
+                auto = child.markup == "autolink"
+                k = content.find("<" if auto else "[", at)
+                at = k + 1 if k >= 0 else at
+                href = str(child.attrGet("href") or "")
+                links.append(href if href.startswith(LINK_SCHEMES) else None)
+                autolink.append(auto)
+            elif kind == "link_close":
+                at = _after_link(content, at, autolink.pop() if autolink else False)
+                if links:
+                    links.pop()
+            elif kind == "image":  # no pictures in the transcript: the alt text, linked to the image
+                k = content.find("![", at)
+                where, end = _spaced(content, child.content, k + 2 if k >= 0 else at)
+                src = str(child.attrGet("src") or "")
+                emit(child.content, where, link=src if src.startswith(LINK_SCHEMES) else None)
+                at = _after_link(content, end, False)
+        return _merged(runs)
+
+
+def _find(text: str, part: str, start: int, end: int) -> tuple[list[int], int]:
+    """Offsets of `part`'s characters in text[start:end] and where the search goes on.
+
+    As one piece where it occurs whole; otherwise character by character in order (tabs
+    expanded by the parser, normalized text), with -1 for a character not found."""
+    k = text.find(part, start, end)
+    if k >= 0:
+        return list(range(k, k + len(part))), k + len(part)
+    where = []
+    for ch in part:
+        j = text.find(ch, start, end)
+        where.append(j)
+        if j >= 0:
+            start = j + 1
+    return where, start
+
+
+def _spaced(content: str, shown: str, start: int) -> tuple[list[int], int]:
+    """Offsets of inline code or alt text, where the parser turned line breaks into spaces."""
+    where, at = [], start
+    for ch in shown:
+        j = at
+        while j < len(content) and content[j] != ch and not (ch == " " and content[j] == "\n"):
+            j += 1
+        if j < len(content):
+            where.append(j)
+            at = j + 1
+        else:
+            where.append(-1)
+    return where, at
+
+
+def _after_link(content: str, at: int, auto: bool) -> int:
+    """Skip a link's closing markup: `>` of an autolink; `](destination "title")` or `][label]`."""
+    if auto:
+        k = content.find(">", at)
+        return k + 1 if k >= 0 else at
+    k = content.find("]", at)
+    if k < 0:
+        return at
+    k += 1
+    if content.startswith("(", k):
+        depth, quote = 0, ""
+        while k < len(content):
+            ch = content[k]
+            if quote:
+                quote = "" if ch == quote else quote
+            elif ch in "\"'" and depth == 1:
+                quote = ch
+            elif ch == "(":
+                depth += 1
+            elif ch == ")":
+                depth -= 1
+                if depth == 0:
+                    return k + 1
+            k += 1
+        return k
+    if content.startswith("[", k):
+        close = content.find("]", k)
+        return close + 1 if close >= 0 else k
+    return k
+
+
+def _plain(text: str, positions: Sequence[int], flags: Sequence[bool]) -> list[Run]:
+    """Runs of unstyled text split where the draft flag changes."""
+    return _split(text, [0 <= pos < len(flags) and flags[pos] for pos in positions])
+
+
+def _split(text: str, drafted: Sequence[bool], **style) -> list[Run]:
+    """Runs of one style, split where the draft flag changes."""
+    runs: list[Run] = []
+    start = 0
+    for flag, group in groupby(drafted):
+        end = start + sum(1 for _ in group)
+        runs.append(Run(text[start:end], bool(flag), **style))
+        start = end
+    return runs
+
+
+def _merged(runs: list[Run]) -> list[Run]:
+    """Neighbouring runs of the same style and flag as one; empty runs dropped."""
+    out: list[Run] = []
+    for run in runs:
+        if not run.text:
+            continue
+        if out and _style(out[-1]) == _style(run):
+            out[-1] = replace(out[-1], text=out[-1].text + run.text)
+        else:
+            out.append(run)
     return out
 
 
-def _plain(text: str, offset: int, flags: Sequence[bool], **style) -> list[Run]:
-    """Runs of text split where the draft flag changes."""
-    runs: list[Run] = []
-    for i, ch in enumerate(text):
-        drafted = flags[offset + i] if offset + i < len(flags) else False
-        if runs and runs[-1].drafted == drafted:
-            runs[-1].text += ch
-        else:
-            runs.append(Run(ch, drafted, **style))
-    return runs
+def _style(run: Run) -> tuple:
+    return run.drafted, run.bold, run.italic, run.code, run.link, run.strike
 
 
-def _inline_lines(lines: list[tuple[int, str]], flags: Sequence[bool]) -> list[Run]:
+def _width(text: str) -> int:
+    """Columns in a monospaced font: East Asian wide characters take two."""
+    return sum(2 if unicodedata.east_asian_width(ch) in "WF" else 1 for ch in text)
+
+
+def _table_runs(rows: list[list[tuple[list[Run], str]]]) -> list[Run]:
+    """A table as aligned monospaced lines: cells padded to their column, a rule under the header."""
+    columns = max((len(row) for row in rows), default=0)
+    widths = [max((_width("".join(r.text for r in row[c][0])) for row in rows if c < len(row)), default=0)
+              for c in range(columns)]
     runs: list[Run] = []
-    for n, (offset, line) in enumerate(lines):
+    for n, row in enumerate(rows):
         if n:
-            runs.append(Run("\n", flags[offset - 1] if offset else False))
-        runs.extend(_inline(line.rstrip(), offset, flags))
-    return runs
-
-
-def _inline(text: str, offset: int, flags: Sequence[bool]) -> list[Run]:
-    """`code`, **bold**, *italic* and [links](url) within one line."""
-    runs: list[Run] = []
-    bold = italic = False
-    i, start = 0, 0
-
-    def emit(end: int, **extra) -> None:
-        if end > start:
-            runs.extend(_plain(text[start:end], offset + start, flags,
-                               bold=extra.get("bold", bold), italic=extra.get("italic", italic),
-                               code=extra.get("code", False), link=extra.get("link")))
-
-    while i < len(text):
-        ch = text[i]
-        if ch == "\\" and i + 1 < len(text) and not text[i + 1].isalnum() and not text[i + 1].isspace():
-            emit(i)
-            start = i + 1  # the escaped character shows literally
-            i += 2
-            continue
-        if ch == "`":
-            ticks = len(text[i:]) - len(text[i:].lstrip("`"))
-            close = text.find("`" * ticks, i + ticks)
-            if close >= 0:
-                emit(i)
-                inner_start, inner_end = i + ticks, close
-                if inner_end - inner_start >= 2 and text[inner_start] == " " and text[inner_end - 1] == " ":
-                    inner_start, inner_end = inner_start + 1, inner_end - 1
-                runs.extend(_plain(text[inner_start:inner_end], offset + inner_start, flags, code=True,
-                                   bold=bold, italic=italic))
-                i = start = close + ticks
-                continue
-            i += ticks
-            continue
-        if ch == "[":
-            link = LINK.match(text, i)
-            if link and link.group(2).startswith(("http://", "https://", "mailto:")):
-                emit(i)
-                runs.extend(_plain(link.group(1), offset + i + 1, flags, bold=bold, italic=italic,
-                                   link=link.group(2)))
-                i = start = link.end()
-                continue
-        if ch == "*":
-            n = 2 if text.startswith("**", i) else 1
-            before = text[i - 1] if i else " "
-            after = text[i + n] if i + n < len(text) else " "
-            opens = not after.isspace() and (before.isspace() or not before.isalnum() or n == 1 and before == "*")
-            closes = not before.isspace()
-            active = bold if n == 2 else italic
-            if active and closes:
-                emit(i)
-                if n == 2:
-                    bold = False
-                else:
-                    italic = False
-                i = start = i + n
-                continue
-            if not active and opens and text.find("*" * n, i + n + 1) > 0:
-                emit(i)
-                if n == 2:
-                    bold = True
-                else:
-                    italic = True
-                i = start = i + n
-                continue
-            i += n
-            continue
-        i += 1
-    emit(len(text))
-    return runs
+            runs.append(Run("\n"))
+        for c in range(columns):
+            cell, align = row[c] if c < len(row) else ([], "")
+            pad = widths[c] - _width("".join(r.text for r in cell))
+            left = pad if align == "right" else pad // 2 if align == "center" else 0
+            runs.append(Run((" │ " if c else "") + " " * left))
+            runs.extend(cell)
+            if c + 1 < columns:  # no padding at the end of a line
+                runs.append(Run(" " * (pad - left)))
+        if n == 0 and len(rows) > 1:
+            runs.append(Run("\n" + "─┼─".join("─" * w for w in widths)))
+    return _merged(runs)
