@@ -176,7 +176,10 @@ def compare(engine, prompts: list[str], spec: SpecConfig, sampling: SamplingPara
         # in earlier prompts' outputs must not help it here.
         engine.reset_chat()
         runs = {}
-        for label, config in (("baseline", baseline_spec), ("speculative", spec)):
+        # Alternate which arm goes first, so a machine that speeds up or slows down over the run
+        # (clock boost, a background job, caches warming) does not favour one arm.
+        order = (("baseline", baseline_spec), ("speculative", spec))
+        for label, config in order if index % 2 == 0 else order[::-1]:
             request = GenerationRequest(tuple(tokens), max_tokens=max_tokens, sampling=sampling, spec=config)
             callback = None if on_event is None else (lambda e, label=label: on_event(label, index, e))
             runs[label] = run_once(engine, request, cancel, callback)
