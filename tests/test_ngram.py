@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from specdesk.engines.spec.ngram import NgramPoolProposer, PromptLookupProposer, find_continuation
+from specdesk.engines.spec.ngram import NgramPoolProposer, NgramProposer, find_continuation
 from specdesk.engines.types import Draft
 
 # --- find_continuation (the reference) -----------------------------------------------------------
@@ -32,25 +32,25 @@ def test_find_continuation(tokens, n_min, n_max, k, expected):
     assert find_continuation(tokens, n_min, n_max, k) == expected
 
 
-# --- PromptLookupProposer -----------------------------------------------------------------------
+# --- NgramProposer -----------------------------------------------------------------------
 
 
 def test_prompt_lookup_proposes_from_the_prompt():
-    proposer = PromptLookupProposer(n_min=1, n_max=4)
+    proposer = NgramProposer(n_min=1, n_max=4)
     proposer.begin([1, 2, 3, 4, 1, 2, 3])
     draft = proposer.propose([1, 2, 3, 4, 1, 2, 3], 3)
     assert draft == Draft(tokens=(4, 1, 2), probs=None)
 
 
 def test_prompt_lookup_without_a_match_proposes_nothing():
-    proposer = PromptLookupProposer()
+    proposer = NgramProposer()
     proposer.begin([1, 2, 3])
     assert proposer.propose([1, 2, 3], 4).tokens == ()
 
 
 def test_prompt_lookup_index_stays_right_after_incremental_accepts():
     rng = random.Random(1)
-    proposer = PromptLookupProposer(n_min=1, n_max=3)
+    proposer = NgramProposer(n_min=1, n_max=3)
     context = [rng.randrange(6) for _ in range(20)]
     proposer.begin(context)
     while len(context) < 400:
@@ -63,7 +63,7 @@ def test_prompt_lookup_index_stays_right_after_incremental_accepts():
 
 
 def test_prompt_lookup_resyncs_when_the_context_is_not_what_it_saw():
-    proposer = PromptLookupProposer(n_min=1, n_max=2)
+    proposer = NgramProposer(n_min=1, n_max=2)
     proposer.begin([1, 2, 3, 1, 2])
     proposer.accept(0, [9])  # the engine's context moved on without this token
     assert proposer.propose([4, 5, 6, 4], 2).tokens == (5, 6)
@@ -72,7 +72,7 @@ def test_prompt_lookup_resyncs_when_the_context_is_not_what_it_saw():
 
 
 def test_prompt_lookup_keeps_counters():
-    proposer = PromptLookupProposer()
+    proposer = NgramProposer()
     proposer.begin([1, 2, 3, 1, 2])
     proposer.propose([1, 2, 3, 1, 2], 2)
     proposer.accept(1, [3, 9])
@@ -84,7 +84,7 @@ def test_prompt_lookup_keeps_counters():
 
 def test_prompt_lookup_rejects_bad_sizes():
     with pytest.raises(ValueError, match="n-gram sizes 3..2"):
-        PromptLookupProposer(n_min=3, n_max=2)
+        NgramProposer(n_min=3, n_max=2)
 
 
 # --- NgramPoolProposer --------------------------------------------------------------------------

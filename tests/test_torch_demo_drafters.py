@@ -15,11 +15,11 @@ torch = pytest.importorskip("torch")
 from safetensors.numpy import load_file, save_file  # noqa: E402
 
 from specdesk.app.demo.dflash import DFlashSpec, dflash_hf_config  # noqa: E402
-from specdesk.app.demo.config import ModelConfig  # noqa: E402
+from specdesk.app.demo.config import from_card  # noqa: E402
 from specdesk.app.demo.recipe import SMALL  # noqa: E402
 from specdesk.engines.torch.context import TorchContext, TorchModel  # noqa: E402
 from specdesk.engines.torch.dflash import DFlashDrafter  # noqa: E402
-from specdesk.engines.torch.mtp import MtpHead  # noqa: E402
+from specdesk.engines.torch.mtp import MtpDrafter  # noqa: E402
 
 from test_torch_loader import write_checkpoint  # noqa: E402
 
@@ -49,7 +49,7 @@ def test_widened_mtp_layer_computes_what_it_did_on_the_core(demo_family, trained
         model = TorchModel(folder, "cpu", torch.float32)
         tokens = _tokens(model)
         hidden = TorchContext(model, 128).decode(tokens).hidden
-        _, logits = MtpHead.from_target(model, 128).step(hidden[:-1], tokens[1:], 0)
+        _, logits = MtpDrafter.from_target(model, 128).step(hidden[:-1], tokens[1:], 0)
         results.append(logits.numpy())
     core, wide = results
     np.testing.assert_allclose(wide, core, rtol=0, atol=2e-3 * np.abs(core).max())  # fp16 rounding of the rescaled norms
@@ -58,7 +58,7 @@ def test_widened_mtp_layer_computes_what_it_did_on_the_core(demo_family, trained
 
 def test_widened_dflash_drafter_computes_what_it_did_on_the_core(demo_family, trained, tmp_path):
     card = json.loads(Path(demo_family["card"]).read_text())
-    core = ModelConfig(**card["core"]["config"])
+    core = from_card(card["core"]["config"])
     spec = DFlashSpec(**{**card["dflash"]["spec"], "target_layer_ids": tuple(card["dflash"]["spec"]["target_layer_ids"])})
     folder = tmp_path / "dflash-core"
     folder.mkdir()

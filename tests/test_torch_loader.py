@@ -20,7 +20,7 @@ from safetensors.numpy import load_file, save_file  # noqa: E402
 from specdesk.engines.torch.context import TorchContext, TorchModel  # noqa: E402
 from specdesk.engines.torch.dflash import DFlashDrafter  # noqa: E402
 from specdesk.engines.torch.loader import open_checkpoint  # noqa: E402
-from specdesk.engines.torch.mtp import MtpHead, mtp_problem  # noqa: E402
+from specdesk.engines.torch.mtp import MtpDrafter, mtp_problem  # noqa: E402
 from specdesk.engines.types import SpecDeskError  # noqa: E402
 
 TOKENS = [0, 17, 233, 5, 91, 400, 12, 7, 300, 44]
@@ -242,7 +242,7 @@ def test_deepseek_mtp_format_drafts_what_mimo_does(target, tmp_path):
     results = []
     for folder in (target, deepseek):
         model = TorchModel(folder, "cpu", torch.float32)
-        head = MtpHead.from_target(model, 64)
+        head = MtpDrafter.from_target(model, 64)
         assert head.layer.style == ("mimo" if folder == target else "deepseek")
         hidden = TorchContext(model, 64).decode(TOKENS).hidden
         out, logits = head.step(hidden[:-1], TOKENS[1:], 0)
@@ -255,7 +255,7 @@ def test_mtp_errors_name_the_tensor(target, tmp_path):
     name = "model.mtp_layers.0.input_proj.weight"
     folder = write_checkpoint(target, tmp_path / "mtp-missing", edit=lambda t: {k: v for k, v in t.items() if k != name})
     with pytest.raises(SpecDeskError, match=f"tensor {name} is missing"):
-        MtpHead.from_target(TorchModel(folder, "cpu", torch.float32), 64)
+        MtpDrafter.from_target(TorchModel(folder, "cpu", torch.float32), 64)
 
     def shrink(t):
         t["model.mtp_layers.0.hidden_layernorm.weight"] = t["model.mtp_layers.0.hidden_layernorm.weight"][:-2]
@@ -263,11 +263,11 @@ def test_mtp_errors_name_the_tensor(target, tmp_path):
 
     folder = write_checkpoint(target, tmp_path / "mtp-shape", edit=shrink)
     with pytest.raises(SpecDeskError, match="tensor model.mtp_layers.0.hidden_layernorm.weight has shape"):
-        MtpHead.from_target(TorchModel(folder, "cpu", torch.float32), 64)
+        MtpDrafter.from_target(TorchModel(folder, "cpu", torch.float32), 64)
     folder = write_checkpoint(target, tmp_path / "mtp-none",
                               edit=lambda t: {k: v for k, v in t.items() if ".mtp_layers." not in k})
     with pytest.raises(SpecDeskError, match="neither model.mtp_layers.0.* \\(MiMo\\) nor"):
-        MtpHead.from_target(TorchModel(folder, "cpu", torch.float32), 64)
+        MtpDrafter.from_target(TorchModel(folder, "cpu", torch.float32), 64)
 
 
 def test_dflash_drafter_errors_name_the_problem(demo_family, target, tmp_path):
@@ -300,19 +300,19 @@ def test_dflash_drafter_errors_name_the_problem(demo_family, target, tmp_path):
 
 
 def test_eagle3_drafter_errors_name_the_problem(target, tmp_path):
-    from specdesk.engines.torch.eagle3 import Eagle3Head
+    from specdesk.engines.torch.eagle3 import Eagle3Drafter
 
     from torch_helpers import make_eagle3_checkpoint
 
     model = TorchModel(target, "cpu", torch.float32)
     good = make_eagle3_checkpoint(target, tmp_path / "eagle3")
-    head = Eagle3Head.from_folder(good, model, 64)
+    head = Eagle3Drafter.from_folder(good, model, 64)
     assert head.taps == (0, 1, 1) and int(head.d2t_ids.max()) < model.config.vocab_size
     hidden_rows = head.rows_from(TorchContext(model, 64).decode(TOKENS, taps=head.taps), len(TOKENS) - 1)
     _, logits = head.step(hidden_rows, TOKENS[1:], 0)
     assert torch.isinf(logits).sum() == model.config.vocab_size - 512  # only draft-vocabulary tokens
     with pytest.raises(SpecDeskError, match="tensor d2t is missing \\(needed for a draft vocabulary of 512"):
-        Eagle3Head.from_folder(write_checkpoint(good, tmp_path / "no-d2t",
+        Eagle3Drafter.from_folder(write_checkpoint(good, tmp_path / "no-d2t",
                                                 edit=lambda t: {k: v for k, v in t.items() if k != "d2t"}), model, 64)
 
     def bad_fc(t):
@@ -320,12 +320,12 @@ def test_eagle3_drafter_errors_name_the_problem(target, tmp_path):
         return t
 
     with pytest.raises(SpecDeskError, match="tensor fc.weight has shape"):
-        Eagle3Head.from_folder(write_checkpoint(good, tmp_path / "fc", edit=bad_fc), model, 64)
+        Eagle3Drafter.from_folder(write_checkpoint(good, tmp_path / "fc", edit=bad_fc), model, 64)
     with pytest.raises(SpecDeskError, match="tensor midlayer.hidden_norm.weight is missing"):
-        Eagle3Head.from_folder(write_checkpoint(good, tmp_path / "no-norm", edit=lambda t: {
+        Eagle3Drafter.from_folder(write_checkpoint(good, tmp_path / "no-norm", edit=lambda t: {
             k: v for k, v in t.items() if k != "midlayer.hidden_norm.weight"}), model, 64)
     defaults = make_eagle3_checkpoint(target, tmp_path / "default-layers", aux_layers=[])
     with pytest.raises(SpecDeskError, match="auxiliary layers \\[2, -1\\] do not exist in a target of 2 layers"):
-        Eagle3Head.from_folder(defaults, model, 64)
+        Eagle3Drafter.from_folder(defaults, model, 64)
     with pytest.raises(SpecDeskError, match="not \\['LlamaForCausalLMEagle3'\\]"):
-        Eagle3Head.from_folder(target, model, 64)
+        Eagle3Drafter.from_folder(target, model, 64)

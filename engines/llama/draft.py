@@ -7,12 +7,13 @@ from typing import Sequence
 
 import numpy as np
 
+from ..spec.stats import ProposerCounters
 from ..spec.verify import sample, sampling_probs
 from ..types import Draft, SamplingParams
 from .binding import GgufContext
 
 
-class DraftModelProposer:
+class DraftProposer:
     """Drafts autoregressively with its own KV cache, reconciled with the committed
     context by common prefix at each step (so accepted draft tokens are not re-evaluated
     and rejected ones are rolled back by position)."""
@@ -23,8 +24,7 @@ class DraftModelProposer:
         self.sampling = sampling
         self.rng = rng
         self.p_min = p_min
-        self.proposals = self.drafted = self.accepted = 0
-        self.seconds = 0.0
+        self.counters = ProposerCounters()
 
     def begin(self, prompt: Sequence[int]) -> None:
         self.context.sync_prefix(prompt)
@@ -54,14 +54,11 @@ class DraftModelProposer:
             tokens.append(token)
             if i + 1 < k:
                 logits = self.context.decode([token], all_logits=False)[-1]
-        self.proposals += 1
-        self.drafted += len(tokens)
-        self.seconds += time.perf_counter() - started
+        self.counters.record_proposal(len(tokens), time.perf_counter() - started)
         return Draft(tuple(tokens), np.stack(probs) if probs else None)
 
     def accept(self, n_accepted: int, committed: Sequence[int]) -> None:
-        self.accepted += n_accepted
+        self.counters.record_accepted(n_accepted)
 
     def stats(self) -> dict:
-        return {"proposals": self.proposals, "drafted": self.drafted, "accepted": self.accepted,
-                "seconds": round(self.seconds, 4)}
+        return self.counters.as_dict()

@@ -1,31 +1,26 @@
 """GGUF targets on llama.cpp: the generation loop of DESIGN.md.
 
-One step: propose up to k tokens -> one target pass over [last, d1..dk] with logits for
-every row -> accept a prefix (engines/spec/verify.py) -> commit accepted + one target
-token -> roll the KV cache back past the rejected tail. Baseline is the same loop with
-k = 0, so baseline and speculative numbers come from the same code.
+The step loop is engines/spec/loop.py's, shared with the PyTorch engine; this engine gives
+it a target pass with logits for every row of [last, d1..dk], verification on those rows
+(engines/spec/verify.py) and rollback of llama.cpp's KV cache by position.
 """
 
 from __future__ import annotations
 
 import os
 import threading
-import time
 from typing import Callable, Iterator, Optional
 
 import numpy as np
 
-from ..spec.loop import check_prompt, commit, step_budget, step_event
-from ..spec.ngram import NgramPoolProposer, PromptLookupProposer
-from ..spec.verify import verify
-from ..text import IncrementalDetokenizer
-from ..types import Draft, GenerationRequest, SpecConfig, SpecDeskError, StepEvent
+from ..spec.loop import run_steps
+from ..spec.ngram import NgramPoolProposer
+from ..spec.proposers import SUPPORTED_METHODS, make_proposer
+from ..spec.verify import VerifyResult, verify
+from ..types import Draft, GenerationRequest, SamplingParams, SpecDeskError, StepEvent
 from .binding import GgufContext, GgufModel, validated_header
 from .compat import describe, incompatibilities
-from .draft import DraftModelProposer
 from .validate import check_context
-
-SUPPORTED_METHODS = ("none", "ngram", "ngram-pool", "draft", "mtp", "dflash", "eagle3")
 
 
 def default_threads() -> int:
@@ -131,34 +126,9 @@ class LlamaEngine:
         """A new conversation: the n-gram pool forgets what it learned."""
         self.pool.reset()
 
-    def _proposer(self, spec: SpecConfig, request: GenerationRequest, rng: np.random.Generator):
-        if spec.method == "none":
-            return None
-        if spec.method == "ngram":
-            return PromptLookupProposer(spec.ngram_min, spec.ngram_max)
-        if spec.method == "ngram-pool":
-            return self.pool
-        if spec.method == "draft":
-            return DraftModelProposer(self.load_draft(spec.draft_path), request.sampling, rng, spec.draft_p_min)
-        if spec.method == "mtp":
-            from .mtp import MtpProposer
-
-            return MtpProposer(self.load_native("mtp"), spec.draft_p_min)
-        if spec.method == "dflash":
-            if not spec.draft_path:
-                raise SpecDeskError("method 'dflash' needs a DFlash drafter GGUF: pass --draft PATH")
-            from .dflash import DFlashProposer
-
-            return DFlashProposer(self.load_native("dflash", spec.draft_path), spec.draft_p_min)
-        if spec.method == "eagle3":
-            if not spec.draft_path:
-                raise SpecDeskError("method 'eagle3' needs an EAGLE-3 drafter GGUF: pass --draft PATH")
-            from .eagle3 import Eagle3Proposer
-
-            return Eagle3Proposer(self.load_native("eagle3", spec.draft_path), spec.draft_p_min)
-        raise SpecDeskError(
-            f"method {spec.method!r} is not available for GGUF targets yet: use one of {', '.join(SUPPORTED_METHODS)}"
-        )
+    # --- the proposer factory's hooks (engines/spec/proposers.py) -------------
+    drafter_file = ("GGUF", "PATH")
+    proposer_package = __package__  # where draft.DraftProposer, mtp.MtpProposer, ... live
 
     def _route_hidden_states(self, proposer) -> None:
         """Only an active MTP / DFlash / EAGLE-3 proposer makes the target output its hidden
@@ -173,13 +143,11 @@ class LlamaEngine:
         if wanted is not None:
             wanted.attach()
 
-    # --- generation -------------------------------------------------------
+    # --- generation: the shared loop (engines/spec/loop.py) and its hooks -----
     def generate(self, request: GenerationRequest, cancel: threading.Event) -> Iterator[StepEvent]:
-        prompt = list(request.prompt_tokens)
-        check_prompt(prompt, self.n_ctx, self.target.n_vocab)
-        rng = np.random.default_rng(request.sampling.seed)
-        proposer = self._proposer(request.spec, request, rng)
-        self.last_proposer = proposer
+        return run_steps(self, request, cancel, lambda request, rng: make_proposer(self, request.spec, request.sampling, rng))
+
+    def prefill(self, prompt: list[int], proposer) -> None:
         self._route_hidden_states(proposer)
         ctx = self.context
         kept = ctx.sync_prefix(prompt[:-1])
@@ -187,37 +155,13 @@ class LlamaEngine:
             kept = self._observer.valid_prefix(prompt[:kept])
             ctx.rollback(kept)
         ctx.decode(prompt[kept:-1], all_logits=False)
-        if proposer is not None:
-            proposer.begin(prompt)
-        detok = IncrementalDetokenizer(self.target.token_bytes)
-        context = list(prompt)
-        generated = 0
-        max_k = request.spec.draft_tokens
-        while not cancel.is_set():
-            remaining = request.max_tokens - generated
-            room = self.n_ctx - len(context)  # tokens the sequence may still grow by
-            if room <= 0:
-                return
-            k = step_budget(max_k, remaining, room)
-            started = time.perf_counter()
-            draft = proposer.propose(context, k) if (proposer is not None and k > 0) else Draft(())
-            drafted = time.perf_counter()
-            n_past = ctx.n_past
-            logits = ctx.decode([context[-1], *draft.tokens])  # (1 + len(draft), V)
-            result = verify(draft.tokens, draft.probs, logits, request.sampling, rng)
-            accepted = result.accepted
-            ctx.rollback(n_past + 1 + accepted)
-            verified = time.perf_counter()
-            committed, from_draft, finish_reason = commit(draft.tokens, accepted, result.next_token, remaining, room,
-                                                          self.target.is_eog, request.stop_at_eos)
-            if proposer is not None:
-                proposer.accept(accepted, committed)
-            context.extend(committed)
-            generated += len(committed)
-            text = detok.push(committed)
-            if finish_reason is not None:
-                text += detok.flush()
-            yield step_event(len(draft.tokens), accepted, committed, from_draft, text, drafted - started,
-                             verified - drafted, finish_reason)
-            if finish_reason is not None:
-                return
+
+    def target_pass(self, tokens: list[int], proposer) -> np.ndarray:
+        return self.context.decode(tokens)  # logits (len(tokens), V)
+
+    def verify_pass(self, draft: Draft, logits: np.ndarray, sampling: SamplingParams,
+                    rng: np.random.Generator) -> VerifyResult:
+        return verify(draft.tokens, draft.probs, logits, sampling, rng)
+
+    def observe(self, proposer, output, rows: int, following: list[int], start: int) -> None:
+        """Nothing: llama.cpp drafters read the target's batches through GgufContext.on_decode."""

@@ -18,7 +18,8 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from ..types import Draft, SpecDeskError
+from ..spec.stats import ProposerCounters
+from ..types import Draft, SamplingParams, SpecDeskError
 from .binding import GgufModel, check_gguf_file, common_prefix, gguf_header, llama_lib
 
 _c_ctx = ctypes.c_void_p
@@ -282,11 +283,11 @@ class HiddenStateProposer:
 
     needs_hidden_states = True
 
-    def __init__(self, drafter, p_min: float = 0.0):
+    def __init__(self, drafter, sampling: SamplingParams, rng: np.random.Generator, p_min: float = 0.0):
+        # Drafts are top-1 tokens (q one-hot) at any temperature, so sampling and rng go unused.
         self.drafter = drafter
         self.p_min = p_min
-        self.proposals = self.drafted = self.accepted = 0
-        self.seconds = 0.0
+        self.counters = ProposerCounters()
 
     def attach(self) -> None:
         self.drafter.attach()
@@ -303,13 +304,11 @@ class HiddenStateProposer:
     def propose(self, context: Sequence[int], k: int) -> Draft:
         started = time.perf_counter()
         tokens = self.drafter.draft(context, k, self.p_min)
-        self.proposals += 1
-        self.drafted += len(tokens)
-        self.seconds += time.perf_counter() - started
+        self.counters.record_proposal(len(tokens), time.perf_counter() - started)
         return Draft(tuple(tokens))
 
     def accept(self, n_accepted: int, committed: Sequence[int]) -> None:
-        self.accepted += n_accepted
+        self.counters.record_accepted(n_accepted)
         pos0, _ = self.drafter.last_batch  # the verification batch [last, d1..dk]
         self.keep(pos0 + 1 + n_accepted)
 
@@ -318,5 +317,4 @@ class HiddenStateProposer:
         self.drafter.rollback(n_keep)
 
     def stats(self) -> dict:
-        return {"proposals": self.proposals, "drafted": self.drafted, "accepted": self.accepted,
-                "seconds": round(self.seconds, 4)}
+        return self.counters.as_dict()

@@ -7,10 +7,17 @@ so the engines cannot drift apart on them.
 
 from __future__ import annotations
 
+import threading
+import time
 import weakref
-from typing import Callable, Optional, Sequence
+from typing import Any, Callable, Iterator, Optional, Protocol, Sequence
 
-from ..types import SpecDeskError, StepEvent
+import numpy as np
+
+from ..text import IncrementalDetokenizer
+from ..types import Draft, GenerationRequest, SamplingParams, SpecDeskError, StepEvent
+from .protocols import Proposer
+from .verify import VerifyResult
 
 # Some tokenizers normalize text first (NFC composes a letter and its accents into one
 # character); a token then stands for up to this many times the characters of its own text.
@@ -123,3 +130,101 @@ def step_event(n_drafted: int, accepted: int, committed: Sequence[int], from_dra
         finished=finish_reason is not None,
         finish_reason=finish_reason,
     )
+
+
+class TargetCache(Protocol):
+    """The target's KV cache as the loop sees it: positions held, and a cut back to a position."""
+
+    @property
+    def n_past(self) -> int: ...
+
+    def rollback(self, n_keep: int) -> None: ...
+
+
+class TargetModel(Protocol):
+    n_vocab: int
+
+    def is_eog(self, token: int) -> bool: ...
+
+    def token_bytes(self, token: int) -> bytes: ...
+
+
+class StepTarget(Protocol):
+    """The hooks an engine gives the shared loop; everything else about a step lives here."""
+
+    n_ctx: int
+    target: TargetModel
+    context: TargetCache
+    last_proposer: Optional[Proposer]
+
+    def prefill(self, prompt: list[int], proposer: Optional[Proposer]) -> None:
+        """Put prompt[:-1] in the target's cache (reusing what it holds) and give a
+        hidden-state proposer the prompt's rows; `proposer.begin` has already run."""
+
+    def target_pass(self, tokens: list[int], proposer: Optional[Proposer]) -> Any:
+        """One target pass over [last, d1..dk] at the next positions; what it returns goes to
+        `verify_pass` and `observe`."""
+
+    def verify_pass(self, draft: Draft, output: Any, sampling: SamplingParams,
+                    rng: np.random.Generator) -> VerifyResult:
+        """Accept a prefix of the draft against the pass's rows (engines/spec/verify.py semantics)."""
+
+    def observe(self, proposer: Optional[Proposer], output: Any, rows: int, following: list[int],
+                start: int) -> None:
+        """Hand a hidden-state proposer the first `rows` rows of a pass that began at `start`
+        (the rows of the tokens the target kept, followed by `following`)."""
+
+
+ProposerFactory = Callable[[GenerationRequest, np.random.Generator], Optional[Proposer]]
+
+
+def run_steps(engine: StepTarget, request: GenerationRequest, cancel: threading.Event,
+              make_proposer: ProposerFactory) -> Iterator[StepEvent]:
+    """The generation loop of both engines: propose up to k tokens -> one target pass over
+    [last, d1..dk] -> accept a prefix -> roll the cache back past the rejected tail ->
+    commit accepted + one target token -> one StepEvent. Baseline is the same loop with
+    k = 0, so baseline and speculative numbers come from the same code."""
+    prompt = list(request.prompt_tokens)
+    check_prompt(prompt, engine.n_ctx, engine.target.n_vocab)
+    # One generator for the proposer's samples and the verifier's draws, in that order each step.
+    rng = np.random.default_rng(request.sampling.seed)
+    proposer = make_proposer(request, rng)
+    engine.last_proposer = proposer
+    if proposer is not None:
+        proposer.begin(prompt)
+    engine.prefill(prompt, proposer)
+    ctx = engine.context
+    detok = IncrementalDetokenizer(engine.target.token_bytes)
+    context = list(prompt)
+    generated = 0
+    max_k = request.spec.draft_tokens
+    while not cancel.is_set():
+        remaining = request.max_tokens - generated
+        room = engine.n_ctx - len(context)  # tokens the sequence may still grow by
+        if room <= 0:
+            return
+        k = step_budget(max_k, remaining, room)
+        started = time.perf_counter()
+        draft = proposer.propose(context, k) if (proposer is not None and k > 0) else Draft(())
+        drafted = time.perf_counter()
+        n_past = ctx.n_past
+        output = engine.target_pass([context[-1], *draft.tokens], proposer)
+        result = engine.verify_pass(draft, output, request.sampling, rng)
+        accepted = result.accepted
+        ctx.rollback(n_past + 1 + accepted)
+        # The rows of every token the target accepted, before any cut at eos or length.
+        engine.observe(proposer, output, accepted + 1, [*draft.tokens[:accepted], result.next_token], n_past)
+        verified = time.perf_counter()
+        committed, from_draft, finish_reason = commit(draft.tokens, accepted, result.next_token, remaining, room,
+                                                      engine.target.is_eog, request.stop_at_eos)
+        if proposer is not None:
+            proposer.accept(accepted, committed)
+        context.extend(committed)
+        generated += len(committed)
+        text = detok.push(committed)
+        if finish_reason is not None:
+            text += detok.flush()
+        yield step_event(len(draft.tokens), accepted, committed, from_draft, text, drafted - started,
+                         verified - drafted, finish_reason)
+        if finish_reason is not None:
+            return

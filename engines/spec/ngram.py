@@ -20,7 +20,7 @@ from .stats import ProposerCounters
 
 
 def find_continuation(tokens: Sequence[int], n_min: int, n_max: int, k: int) -> list[int]:
-    """Reference prompt lookup on a literal array (brute force; PromptLookupProposer must agree).
+    """Reference prompt lookup on a literal array (brute force; NgramProposer must agree).
 
     Take the longest suffix of `tokens` (n_max down to n_min tokens) that also occurs earlier
     with at least one token after it, pick its most recent such occurrence, and copy up to k
@@ -53,7 +53,7 @@ def _check_sizes(n_min: int, n_max: int) -> None:
         raise ValueError(f"n-gram sizes {n_min}..{n_max} are invalid: need 1 <= n_min <= n_max")
 
 
-class PromptLookupProposer:
+class NgramProposer:
     """Prompt lookup decoding: copy what followed the latest earlier occurrence of the context's
     longest matching suffix (n_max down to n_min tokens). Cyclic copy past the end, as in
     `find_continuation`.

@@ -214,8 +214,10 @@ class DFlashDrafter:
 
 
 class DFlashProposer:
-    def __init__(self, drafter: DFlashDrafter, sampling: SamplingParams, rng: np.random.Generator):
+    def __init__(self, drafter: DFlashDrafter, sampling: SamplingParams, rng: np.random.Generator,
+                 p_min: float = 0.0):
         self.drafter = drafter
+        self.p_min = p_min
         self.sampling = sampling
         self.rng = rng
         self.taps = drafter.taps

@@ -85,7 +85,7 @@ def eagle3_problem(folder: str | Path, target: Checkpoint) -> Optional[str]:
     return None
 
 
-class Eagle3Head:
+class Eagle3Drafter:
     """A loaded EAGLE-3 drafter bound to a target; drafts through MtpProposer's chain."""
 
     def __init__(self, model: Eagle3Model, config: ModelConfig, d2t: torch.Tensor, target, taps: tuple[int, ...],
@@ -104,7 +104,7 @@ class Eagle3Head:
         self.vocab = target.config.vocab_size
 
     @classmethod
-    def from_folder(cls, folder: str | Path, target, n_ctx: int) -> "Eagle3Head":
+    def from_folder(cls, folder: str | Path, target, n_ctx: int) -> "Eagle3Drafter":
         from safetensors import safe_open
 
         problem = eagle3_problem(folder, target.checkpoint)

@@ -1,8 +1,8 @@
 """Hugging Face safetensors targets on PyTorch: the generation loop of DESIGN.md.
 
-The same loop as the llama engine: propose up to k tokens -> one target pass over
-[last, d1..dk] -> accept a prefix (verify.py semantics) -> commit accepted + one target
-token -> drop the rejected tail by position. Proposers that read the target's hidden states
+The step loop is engines/spec/loop.py's, shared with the llama engine; this engine gives it
+a target pass over [last, d1..dk], verification on the device (verify.py, the semantics of
+engines/spec/verify.py) and rollback of its static KV cache by position. Proposers that read the target's hidden states
 (MTP, DFlash, EAGLE-3) name the taps they need and get each pass's committed rows through
 `observe(output, rows, following_tokens)`.
 """
@@ -11,19 +11,17 @@ from __future__ import annotations
 
 import os
 import threading
-import time
 from pathlib import Path
 from typing import Iterator, Optional
 
 import numpy as np
 
-from ..spec.loop import check_prompt, commit, step_budget, step_event
-from ..spec.ngram import NgramPoolProposer, PromptLookupProposer
-from ..text import IncrementalDetokenizer
-from ..types import Draft, GenerationRequest, SpecConfig, SpecDeskError, StepEvent
+from ..spec.loop import run_steps
+from ..spec.ngram import NgramPoolProposer
+from ..spec.proposers import SUPPORTED_METHODS, make_proposer
+from ..types import Draft, GenerationRequest, SamplingParams, SpecDeskError, StepEvent
 from .device import choose_device, choose_dtype, device_name, require_torch
 
-SUPPORTED_METHODS = ("none", "ngram", "ngram-pool", "draft", "mtp", "dflash", "eagle3")
 MAX_DEFAULT_CONTEXT = 4096
 
 
@@ -98,28 +96,29 @@ class TorchEngine:
             self._drafts[key] = TorchContext(draft, self.n_ctx)
         return self._drafts[key]
 
-    def load_mtp(self):
-        from .mtp import MtpHead
-
-        if "mtp" not in self._native:
-            self._native["mtp"] = MtpHead.from_target(self.target, self.n_ctx)
-        return self._native["mtp"]
-
-    def load_dflash(self, path: str | os.PathLike):
-        from .dflash import DFlashDrafter
-
-        key = "dflash:" + os.path.abspath(path)
+    def load_native(self, method: str, path: str | os.PathLike | None = None):
+        """The MTP drafter of this target, or a DFlash / EAGLE-3 drafter folder for it (created once)."""
+        key = method if path is None else f"{method}:{os.path.abspath(path)}"
         if key not in self._native:
-            self._native[key] = DFlashDrafter.from_folder(path, self.target, self.n_ctx)
+            if method == "mtp":
+                from .mtp import MtpDrafter
+
+                self._native[key] = MtpDrafter.from_target(self.target, self.n_ctx)
+            elif method == "eagle3":
+                from .eagle3 import Eagle3Drafter
+
+                self._native[key] = Eagle3Drafter.from_folder(path, self.target, self.n_ctx)
+            else:
+                from .dflash import DFlashDrafter
+
+                self._native[key] = DFlashDrafter.from_folder(path, self.target, self.n_ctx)
         return self._native[key]
 
-    def load_eagle3(self, path: str | os.PathLike):
-        from .eagle3 import Eagle3Head
-
-        key = "eagle3:" + os.path.abspath(path)
-        if key not in self._native:
-            self._native[key] = Eagle3Head.from_folder(path, self.target, self.n_ctx)
-        return self._native[key]
+    def method_availability(self) -> dict[str, Optional[str]]:
+        """Each method of this engine: None where this target can run it now, else why not."""
+        native = {key.split(":", 1)[0]: key.split(":", 1)[1] for key in self._native if ":" in key}
+        return supported_methods(self.target.path, dflash_folder=native.get("dflash"),
+                                 eagle3_folder=native.get("eagle3"))
 
     def tokenize(self, text: str, add_bos: bool = True) -> list[int]:
         return self.target.tokenize(text, add_bos=add_bos and self.target.vocab.add_bos)
@@ -139,88 +138,36 @@ class TorchEngine:
         self.context.close()
         self.target.close()
 
-    def _proposer(self, spec: SpecConfig, request: GenerationRequest, rng: np.random.Generator):
-        if spec.method == "none":
-            return None
-        if spec.method == "ngram":
-            return PromptLookupProposer(spec.ngram_min, spec.ngram_max)
-        if spec.method == "ngram-pool":
-            return self.pool
-        if spec.method == "draft":
-            from .draft import DraftModelProposer
+    # --- the proposer factory's hooks (engines/spec/proposers.py) -------------
+    drafter_file = ("folder", "DIR")
+    proposer_package = __package__  # where draft.DraftProposer, mtp.MtpProposer, ... live
 
-            return DraftModelProposer(self.load_draft(spec.draft_path), request.sampling, rng, spec.draft_p_min)
-        if spec.method == "mtp":
-            from .mtp import MtpProposer
-
-            return MtpProposer(self.load_mtp(), request.sampling, rng)
-        if spec.method == "dflash":
-            from .dflash import DFlashProposer
-
-            if not spec.draft_path:
-                raise SpecDeskError("method 'dflash' needs a DFlash drafter folder: pass --draft DIR")
-            return DFlashProposer(self.load_dflash(spec.draft_path), request.sampling, rng)
-        if spec.method == "eagle3":
-            from .eagle3 import Eagle3Proposer
-
-            if not spec.draft_path:
-                raise SpecDeskError("method 'eagle3' needs an EAGLE-3 drafter folder: pass --draft DIR")
-            return Eagle3Proposer(self.load_eagle3(spec.draft_path), request.sampling, rng)
-        raise SpecDeskError(f"method {spec.method!r} is not available in the PyTorch engine: "
-                            f"use one of {', '.join(SUPPORTED_METHODS)}")
-
-    # --- generation ---------------------------------------------------------
+    # --- generation: the shared loop (engines/spec/loop.py) and its hooks -------
     def generate(self, request: GenerationRequest, cancel: threading.Event) -> Iterator[StepEvent]:
-        from .verify import verify_on_device
+        return run_steps(self, request, cancel, lambda request, rng: make_proposer(self, request.spec, request.sampling, rng))
 
-        prompt = list(request.prompt_tokens)
-        check_prompt(prompt, self.n_ctx, self.target.n_vocab)
-        rng = np.random.default_rng(request.sampling.seed)
-        proposer = self._proposer(request.spec, request, rng)
-        self.last_proposer = proposer
-        observes = hasattr(proposer, "observe")
-        taps = tuple(getattr(proposer, "taps", ()))
+    def prefill(self, prompt: list[int], proposer) -> None:
         ctx = self.context
+        observes = hasattr(proposer, "observe")
         # A hidden-state drafter needs the target's rows for the whole prompt: no prefix reuse.
         kept = ctx.sync_prefix(prompt[:-1]) if not observes else ctx.sync_prefix([])
-        if proposer is not None:
-            proposer.begin(prompt)
         if len(prompt) - 1 > kept:
             start = ctx.n_past
-            out = ctx.decode(prompt[kept:-1], taps=taps, all_logits=False)
-            if observes:
-                proposer.observe(out, len(prompt) - 1 - kept, prompt[kept + 1:], start)
-        detok = IncrementalDetokenizer(self.target.token_bytes)
-        context = list(prompt)
-        generated = 0
-        max_k = request.spec.draft_tokens
-        while not cancel.is_set():
-            remaining = request.max_tokens - generated
-            room = self.n_ctx - len(context)
-            if room <= 0:
-                return
-            k = step_budget(max_k, remaining, room)
-            started = time.perf_counter()
-            draft = proposer.propose(context, k) if (proposer is not None and k > 0) else Draft(())
-            drafted = time.perf_counter()
-            n_past = ctx.n_past
-            out = ctx.decode([context[-1], *draft.tokens], taps=taps)  # logits (1 + len(draft), V)
-            result = verify_on_device(draft.tokens, draft.probs, out.logits, request.sampling, rng)
-            accepted = result.accepted
-            ctx.rollback(n_past + 1 + accepted)
-            committed, from_draft, finish_reason = commit(draft.tokens, accepted, result.next_token, remaining, room,
-                                                          self.target.is_eog, request.stop_at_eos)
-            if observes:  # the rows of every token the target accepted, before any cut at eos or length
-                proposer.observe(out, accepted + 1, [*draft.tokens[:accepted], result.next_token], n_past)
-            verified = time.perf_counter()
-            if proposer is not None:
-                proposer.accept(accepted, committed)
-            context.extend(committed)
-            generated += len(committed)
-            text = detok.push(committed)
-            if finish_reason is not None:
-                text += detok.flush()
-            yield step_event(len(draft.tokens), accepted, committed, from_draft, text, drafted - started,
-                             verified - drafted, finish_reason)
-            if finish_reason is not None:
-                return
+            out = ctx.decode(prompt[kept:-1], taps=self._taps(proposer), all_logits=False)
+            self.observe(proposer, out, len(prompt) - 1 - kept, prompt[kept + 1:], start)
+
+    def target_pass(self, tokens: list[int], proposer):
+        return self.context.decode(tokens, taps=self._taps(proposer))  # logits (len(tokens), V), taps
+
+    def verify_pass(self, draft: Draft, output, sampling: SamplingParams, rng: np.random.Generator):
+        from .verify import verify_on_device
+
+        return verify_on_device(draft.tokens, draft.probs, output.logits, sampling, rng)
+
+    def observe(self, proposer, output, rows: int, following: list[int], start: int) -> None:
+        if hasattr(proposer, "observe"):
+            proposer.observe(output, rows, following, start)
+
+    @staticmethod
+    def _taps(proposer) -> tuple[int, ...]:
+        return tuple(getattr(proposer, "taps", ()))

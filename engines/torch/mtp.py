@@ -110,7 +110,7 @@ class MtpLayer(DecoderLayer):
         return self.shared_head.head(self.shared_head.norm(out)).float()
 
 
-class MtpHead:
+class MtpDrafter:
     """The target's MTP layer 0 with its KV cache; chains use it for every step."""
 
     taps: tuple[int, ...] = ()  # reads the target's final-normed hidden state, no inner layers
@@ -129,7 +129,7 @@ class MtpHead:
         self.n_ctx = n_ctx
 
     @classmethod
-    def from_target(cls, target, n_ctx: int) -> "MtpHead":
+    def from_target(cls, target, n_ctx: int) -> "MtpDrafter":
         checkpoint = target.checkpoint
         problem = mtp_problem(checkpoint)
         if problem:
@@ -165,8 +165,9 @@ class MtpProposer:
     Any head with `taps`, `rows_from`, `step`, `layer.feedback` and `n_ctx` drafts the
     same way (EAGLE-3's is one)."""
 
-    def __init__(self, head: MtpHead, sampling: SamplingParams, rng: np.random.Generator):
+    def __init__(self, head: MtpDrafter, sampling: SamplingParams, rng: np.random.Generator, p_min: float = 0.0):
         self.head = head
+        self.p_min = p_min
         self.taps = head.taps
         self.sampling = sampling
         self.rng = rng

@@ -1,0 +1,48 @@
+"""The written contracts between the generation loop, the proposers and the app.
+
+`Proposer` is what engines/spec/loop.py drives each step; `Engine` is what the app and the
+engine host call. Both engines and every proposer are checked against them in
+tests/test_protocols.py, so a missing method fails a test rather than a user's run.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Iterator, Optional, Protocol, Sequence, runtime_checkable
+
+from ..types import Draft, GenerationRequest, StepEvent
+
+
+@runtime_checkable
+class Proposer(Protocol):
+    """Drafts tokens for the target to verify. The loop calls begin once per run, then
+    propose / accept once per step; stats() reports spec/stats.ProposerCounters' fields."""
+
+    def begin(self, prompt: Sequence[int]) -> None: ...
+
+    def propose(self, context: Sequence[int], k: int) -> Draft:
+        """Up to k tokens to follow `context` (fewer, or none, when unsure)."""
+
+    def accept(self, n_accepted: int, committed: Sequence[int]) -> None:
+        """The target kept the first n_accepted draft tokens and committed `committed`."""
+
+    def stats(self) -> dict: ...
+
+
+@runtime_checkable
+class Engine(Protocol):
+    """A target model that generates: what the app asks of the llama.cpp and PyTorch engines."""
+
+    name: str
+    n_ctx: int
+
+    def tokenize(self, text: str, add_bos: bool = True) -> list[int]: ...
+
+    def detokenize(self, tokens: Sequence[int]) -> str: ...
+
+    def method_availability(self) -> dict[str, Optional[str]]:
+        """Each method: None where this target can run it now, else why not."""
+
+    def generate(self, request: GenerationRequest, cancel: threading.Event) -> Iterator[StepEvent]: ...
+
+    def close(self) -> None: ...
