@@ -17,7 +17,7 @@ import tokenizers
 import torch
 from safetensors.numpy import load_file
 
-from specdesk.app.demo.config import ModelConfig, tensor_shapes
+from specdesk.app.demo.config import llama_config, tensor_shapes
 from specdesk.app.demo.export_gguf import permute_rope_rows
 from specdesk.app.demo.export_hf import load_hf
 from specdesk.app.demo.train import token_logits
@@ -81,10 +81,10 @@ def test_permute_pairs_rotate_half_rows_as_llama_cpp_expects() -> None:
 
 
 def test_tensor_shapes_are_the_engine_transformers_state_dict_shapes() -> None:
-    config = ModelConfig(vocab_size=48, hidden_size=16, num_hidden_layers=2, num_attention_heads=3,
-                         intermediate_size=40, head_dim=8)
+    config = llama_config(vocab_size=48, hidden_size=16, num_hidden_layers=2, num_attention_heads=3,
+                          intermediate_size=40, head_dim=8)
     with torch.device("meta"):
-        state = Transformer(config.engine_config()).state_dict()
+        state = Transformer(config).state_dict()
     assert tensor_shapes(config) == {name: tuple(tensor.shape) for name, tensor in state.items()}
 
 
@@ -95,7 +95,7 @@ def test_widened_core_computes_what_the_core_computes(demo_family: dict[str, str
                   for name, t in load_file(str(Path(demo_family["core_hf"]) / "model.safetensors")).items()}
     wide_config, wide_state = widen(core_config, core_state, wide_shape["hidden_size"],
                                     wide_shape["num_attention_heads"], wide_shape["intermediate_size"])
-    wide = Transformer(wide_config.engine_config())
+    wide = Transformer(wide_config)
     wide.load_state_dict({name: torch.from_numpy(array) for name, array in wide_state.items()})
     assert load_hf(Path(demo_family["target_hf"]))[0] == wide_config
 

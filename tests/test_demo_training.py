@@ -1,24 +1,78 @@
-"""A draft that starts as a layer-pruned copy of the core."""
+"""The demo recipe's training: the shared loop on the engine's Transformer, and a draft
+that starts as a layer-pruned copy of the core."""
 
+from dataclasses import replace
+
+import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
 
-from specdesk.app.demo.config import ModelConfig  # noqa: E402
-from specdesk.app.demo.train import init_weights, pruned_state, token_logits  # noqa: E402
+from specdesk.app.demo.config import TrainConfig, llama_config  # noqa: E402
+from specdesk.app.demo.train import (fit, init_weights, next_token_loss, pruned_state,  # noqa: E402
+                                     token_logits)
 from specdesk.engines.torch.model import Transformer  # noqa: E402
+from specdesk.engines.types import SpecDeskError  # noqa: E402
+
+CONFIG = llama_config(vocab_size=64, hidden_size=32, num_hidden_layers=4, num_attention_heads=2,
+                      intermediate_size=48, head_dim=16, max_position_embeddings=32)
+
+
+def _model(seed: int = 0) -> Transformer:
+    model = Transformer(CONFIG)
+    init_weights(model, seed, CONFIG.num_hidden_layers)
+    return model
 
 
 def test_pruned_state_keeps_the_chosen_layers_renumbered():
-    config = ModelConfig(vocab_size=64, hidden_size=32, num_hidden_layers=4, num_attention_heads=2,
-                         intermediate_size=48, head_dim=16, max_position_embeddings=32)
-    core = Transformer(config.engine_config())
-    init_weights(core, 0, config.num_hidden_layers)
+    core = _model()
     state = pruned_state(core, (0, 3))
-    draft = Transformer(ModelConfig(**{**config.to_dict(), "num_hidden_layers": 2}).engine_config())
+    draft = Transformer(replace(CONFIG, num_hidden_layers=2))
     draft.load_state_dict(state)  # strict: every tensor of the draft, nothing else
     assert torch.equal(draft.model.layers[1].mlp.down_proj.weight, core.model.layers[3].mlp.down_proj.weight)
     assert torch.equal(draft.lm_head.weight, core.lm_head.weight)
     tokens = torch.randint(0, 64, (1, 8))
     # With the middle layers gone the output differs, but it is a working model of the same vocabulary.
     assert token_logits(draft, tokens).shape == token_logits(core, tokens).shape
+
+
+def test_training_pass_computes_what_the_engine_serves():
+    model = _model()
+    tokens = torch.randint(0, 64, (12,))
+    with torch.no_grad():
+        trained_on = token_logits(model, tokens[None])[0]
+    model.setup_cache(16)
+    served = model(tokens, 0).logits
+    torch.testing.assert_close(served, trained_on, rtol=0, atol=1e-5)
+    with pytest.raises(SpecDeskError, match="KV cache"):
+        model.hidden_states(tokens[None])
+
+
+class Interrupted(Exception):
+    pass
+
+
+def test_interrupted_training_resumes_to_the_same_weights(tmp_path):
+    tokens = np.random.default_rng(0).integers(0, 64, size=2000).astype(np.uint16)
+    settings = TrainConfig(steps=6, batch_size=2, seq_len=16, peak_lr=1e-2, warmup_steps=2, eval_every=3, seed=7)
+
+    def run(checkpoint=None, stop_after=None) -> Transformer:
+        model = _model()
+
+        def progress(done: int, total: int, loss: float) -> None:
+            if done == stop_after:
+                raise Interrupted
+        fit(model, next_token_loss(model), settings, tokens, "test", checkpoint_path=checkpoint, progress=progress)
+        return model
+
+    straight = run()
+    again = run()
+    checkpoint = tmp_path / "model.ckpt"
+    with pytest.raises(Interrupted):
+        run(checkpoint, stop_after=4)  # after the checkpoint at step 3
+    resumed = run(checkpoint)
+    untrained = _model()
+    for name, weight in straight.state_dict().items():
+        assert torch.equal(weight, again.state_dict()[name]), name
+        assert torch.equal(weight, resumed.state_dict()[name]), name
+    assert not torch.equal(straight.lm_head.weight, untrained.lm_head.weight)

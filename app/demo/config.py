@@ -1,53 +1,48 @@
-"""The demo model's shape and the recipe's training settings, importable without torch.
+"""The demo family's model shapes and training settings, importable without torch.
 
-Installing the shipped family (widen, HF and GGUF export) runs on numpy alone, so the
-config it reads from card.json and config.json cannot live beside the torch modules. The
-network itself is the engine's (engines/torch/model.py): `engine_config` says which.
+Installing the shipped family (widen, HF and GGUF export) runs on numpy alone, so it
+describes models with the engine's torch-free ModelConfig (engines/torch/config.py): the
+shape the recipe trains is the very config the PyTorch engine builds its Transformer from.
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
 
-if TYPE_CHECKING:
-    from specdesk.engines.torch.model import ModelConfig as EngineConfig
+from specdesk.engines.torch.config import ModelConfig
+
+# What card.json records of a model: a plain Llama needs nothing else.
+CARD_KEYS = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
+             "head_dim", "max_position_embeddings", "rms_norm_eps", "rope_theta")
 
 
-@dataclass(frozen=True)
-class ModelConfig:
-    vocab_size: int
-    hidden_size: int
-    num_hidden_layers: int
-    num_attention_heads: int
-    intermediate_size: int
-    head_dim: int = 64
-    max_position_embeddings: int = 512
-    rms_norm_eps: float = 1e-5
-    rope_theta: float = 10000.0
+def llama_config(vocab_size: int, hidden_size: int, num_hidden_layers: int, num_attention_heads: int,
+                 intermediate_size: int, head_dim: int = 64, max_position_embeddings: int = 512,
+                 rms_norm_eps: float = 1e-5, rope_theta: float = 10000.0) -> ModelConfig:
+    """A demo-family model: plain Llama, one key/value head per query head, untied head."""
+    return ModelConfig(vocab_size=vocab_size, hidden_size=hidden_size, num_hidden_layers=num_hidden_layers,
+                       num_attention_heads=num_attention_heads, num_key_value_heads=num_attention_heads,
+                       head_dim=head_dim, intermediate_size=intermediate_size, rms_norm_eps=rms_norm_eps,
+                       rope_theta=rope_theta, max_position_embeddings=max_position_embeddings)
 
-    def to_dict(self) -> dict:
-        return asdict(self)
 
-    def engine_config(self) -> EngineConfig:
-        """The PyTorch engine's config for this shape (plain Llama, one key/value head per
-        query head): the recipe trains `Transformer(config.engine_config())`, the very
-        module that serves the exported folder. Needs torch."""
-        from specdesk.engines.torch.model import ModelConfig as EngineConfig
+def card_entry(config: ModelConfig) -> dict:
+    """What card.json records of `config` (the shipped cards hold these keys)."""
+    return {key: getattr(config, key) for key in CARD_KEYS}
 
-        return EngineConfig(vocab_size=self.vocab_size, hidden_size=self.hidden_size,
-                            num_hidden_layers=self.num_hidden_layers, num_attention_heads=self.num_attention_heads,
-                            num_key_value_heads=self.num_attention_heads, head_dim=self.head_dim,
-                            intermediate_size=self.intermediate_size, rms_norm_eps=self.rms_norm_eps,
-                            rope_theta=self.rope_theta, max_position_embeddings=self.max_position_embeddings)
 
-    def parameter_count(self, with_embeddings: bool = True) -> int:
-        d, h = self.hidden_size, self.num_attention_heads * self.head_dim
-        per_layer = 4 * d * h + 3 * d * self.intermediate_size + 2 * d
-        total = self.num_hidden_layers * per_layer + d
-        if with_embeddings:
-            total += 2 * self.vocab_size * d
-        return total
+def from_card(entry: dict) -> ModelConfig:
+    """The config a card.json entry (card_entry's keys) describes."""
+    return llama_config(**{key: entry[key] for key in CARD_KEYS})
+
+
+def parameter_count(config: ModelConfig, with_embeddings: bool = True) -> int:
+    d, h = config.hidden_size, config.num_attention_heads * config.head_dim
+    per_layer = 4 * d * h + 3 * d * config.intermediate_size + 2 * d
+    total = config.num_hidden_layers * per_layer + d
+    if with_embeddings:
+        total += 2 * config.vocab_size * d
+    return total
 
 
 def tensor_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:

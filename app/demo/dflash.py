@@ -18,7 +18,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from .config import DrafterTraining, ModelConfig
+from .config import DrafterTraining, ModelConfig, from_card
 from .widen import NEW_WEIGHT_STD
 
 
@@ -44,7 +44,7 @@ class DFlashTraining(DrafterTraining):
 def drafter_config(spec: DFlashSpec, hidden_size: int, rms_norm_eps: float, qk_norm_eps: float, core: ModelConfig):
     from specdesk.engines.torch.dflash import DFlashConfig
 
-    model = replace(core.engine_config(), hidden_size=hidden_size, num_hidden_layers=spec.num_layers,
+    model = replace(core, hidden_size=hidden_size, num_hidden_layers=spec.num_layers,
                     num_attention_heads=spec.num_heads, num_key_value_heads=spec.num_heads, head_dim=spec.head_dim,
                     intermediate_size=spec.intermediate_size, rms_norm_eps=rms_norm_eps, qk_norm=True,
                     architecture="DFlashDraftModel")
@@ -224,7 +224,7 @@ def export_dflash_hf(trained_dir, card: dict, out_dir) -> None:
     from .export_hf import atomic_path, write_json_atomic
 
     trained_dir, out_dir = Path(trained_dir), Path(out_dir)
-    core = ModelConfig(**card["core"]["config"])
+    core = from_card(card["core"]["config"])
     spec = DFlashSpec(**{**card["dflash"]["spec"], "target_layer_ids": tuple(card["dflash"]["spec"]["target_layer_ids"])})
     wide_hidden = card["wide"]["hidden_size"]
     state = {name: t.astype(np.float32) for name, t in load_file(str(trained_dir / "dflash.safetensors")).items()}

@@ -19,7 +19,9 @@ from tokenizers import Tokenizer, processors
 
 from specdesk.engines.types import SpecDeskError
 
-from .config import ModelConfig, tensor_shapes
+from specdesk.engines.torch.config import ModelConfig, config_from_hf
+
+from .config import tensor_shapes
 from .tokenizer import BOS_TOKEN, EOS_TOKEN
 
 if TYPE_CHECKING:
@@ -100,7 +102,7 @@ def hf_config(config: ModelConfig, bos: int, eos: int) -> dict:
         "mlp_bias": False,
         "num_attention_heads": config.num_attention_heads,
         "num_hidden_layers": config.num_hidden_layers,
-        "num_key_value_heads": config.num_attention_heads,
+        "num_key_value_heads": config.num_key_value_heads,
         "pretraining_tp": 1,
         "rms_norm_eps": config.rms_norm_eps,
         "rope_scaling": None,
@@ -160,6 +162,8 @@ def export_hf(
 
 
 def read_hf_config(folder: Path) -> ModelConfig:
+    """The config of an exported folder, read as the PyTorch engine reads it; only the plain
+    Llama the exporters write is accepted."""
     path = folder / "config.json"
     try:
         raw = json.loads(path.read_text(encoding="utf-8"))
@@ -167,21 +171,11 @@ def read_hf_config(folder: Path) -> ModelConfig:
         raise SpecDeskError(f"{path}: cannot read the model config ({e})") from e
     if raw.get("model_type") != "llama":
         raise SpecDeskError(f"{path}: model_type is {raw.get('model_type')!r}; only 'llama' is supported here")
-    heads = raw["num_attention_heads"]
-    if raw.get("num_key_value_heads", heads) != heads:
+    config = config_from_hf(raw, str(path))
+    if config.num_key_value_heads != config.num_attention_heads:
         raise SpecDeskError(f"{path}: grouped-query attention (num_key_value_heads "
-                            f"{raw['num_key_value_heads']} != {heads}) is not supported here")
-    return ModelConfig(
-        vocab_size=raw["vocab_size"],
-        hidden_size=raw["hidden_size"],
-        num_hidden_layers=raw["num_hidden_layers"],
-        num_attention_heads=heads,
-        intermediate_size=raw["intermediate_size"],
-        head_dim=raw.get("head_dim") or raw["hidden_size"] // heads,
-        max_position_embeddings=raw["max_position_embeddings"],
-        rms_norm_eps=raw["rms_norm_eps"],
-        rope_theta=raw.get("rope_theta", 10000.0),
-    )
+                            f"{config.num_key_value_heads} != {config.num_attention_heads}) is not supported here")
+    return config
 
 
 def load_hf(folder: Path) -> tuple[ModelConfig, Transformer]:
@@ -194,7 +188,7 @@ def load_hf(folder: Path) -> tuple[ModelConfig, Transformer]:
 
     folder = Path(folder)
     config = read_hf_config(folder)
-    model = Transformer(config.engine_config())
+    model = Transformer(config)
     weights_path = folder / "model.safetensors"
     try:
         weights = load_file(str(weights_path))

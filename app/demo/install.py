@@ -195,7 +195,7 @@ def _build_unit(unit: str, trained: Path, card: dict, out: Path) -> None:
     import numpy as np
     from safetensors.numpy import load_file
 
-    from .config import ModelConfig
+    from .config import from_card
     from .export_gguf import export_gguf
     from .export_hf import export_hf
     from .widen import widen
@@ -212,7 +212,7 @@ def _build_unit(unit: str, trained: Path, card: dict, out: Path) -> None:
         export_gguf(out / UNIT_PATHS[f"{role}_hf"], target, f"SpecDesk demo {role} ({card['family']})")
     else:
         role = "draft" if unit == "draft_hf" else "core"
-        config = core_config = ModelConfig(**card[role]["config"])
+        config = core_config = from_card(card[role]["config"])
         state = {name: t.astype(np.float32) for name, t in load_file(str(trained / f"{role}.safetensors")).items()}
         if unit == "target_hf":
             wide = card["wide"]

@@ -71,11 +71,10 @@ def train_mtp(core_model, core: ModelConfig, settings: MtpTraining, train_tokens
 
     from .train import fit, init_weights, sample_batch
 
-    config = core.engine_config()
-    layer = MtpLayer(config, "mimo")
+    layer = MtpLayer(core, "mimo")
     init_weights(layer, settings.seed, core.num_hidden_layers)
     core_model.requires_grad_(False)
-    cos, sin = rope_tables(config, settings.seq_len)
+    cos, sin = rope_tables(core, settings.seq_len)
     mask = causal_mask(0, settings.seq_len - 1, "cpu")
 
     def batch_loss(tokens: torch.Tensor, rng=None) -> tuple[torch.Tensor, dict]:

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .config import ModelConfig, TrainConfig
+from .config import ModelConfig, TrainConfig, card_entry, llama_config, parameter_count
 from .corpus import iter_corpus, split_corpus
 from .dflash import DFlashSpec, DFlashTraining
 from .install import TRAINED_FILES, sha256_file
@@ -54,14 +54,14 @@ class FamilySpec:
 FULL = FamilySpec(
     name="full",
     vocab_size=4096,
-    core=ModelConfig(vocab_size=4096, hidden_size=256, num_hidden_layers=8, num_attention_heads=4,
-                     intermediate_size=688, head_dim=64, max_position_embeddings=512),
+    core=llama_config(vocab_size=4096, hidden_size=256, num_hidden_layers=8, num_attention_heads=4,
+                      intermediate_size=688, head_dim=64, max_position_embeddings=512),
     core_training=TrainConfig(steps=3000, batch_size=8, seq_len=512, peak_lr=2e-3, warmup_steps=100,
                               eval_every=250, seed=1234),
     # The draft: six of the core's eight layers (the last kept: it feeds the shared head), then
     # distilled from the core.
-    draft=ModelConfig(vocab_size=4096, hidden_size=256, num_hidden_layers=6, num_attention_heads=4,
-                      intermediate_size=688, head_dim=64, max_position_embeddings=512),
+    draft=llama_config(vocab_size=4096, hidden_size=256, num_hidden_layers=6, num_attention_heads=4,
+                       intermediate_size=688, head_dim=64, max_position_embeddings=512),
     draft_training=TrainConfig(steps=500, batch_size=8, seq_len=512, peak_lr=1e-3, warmup_steps=20,
                                weight_decay=0.0, eval_every=250, seed=4321),
     draft_from_core_layers=(0, 1, 2, 3, 4, 7),
@@ -79,12 +79,12 @@ FULL = FamilySpec(
 SMALL = FamilySpec(
     name="small",
     vocab_size=1024,
-    core=ModelConfig(vocab_size=1024, hidden_size=64, num_hidden_layers=2, num_attention_heads=2,
-                     intermediate_size=176, head_dim=32, max_position_embeddings=256),
+    core=llama_config(vocab_size=1024, hidden_size=64, num_hidden_layers=2, num_attention_heads=2,
+                      intermediate_size=176, head_dim=32, max_position_embeddings=256),
     core_training=TrainConfig(steps=300, batch_size=16, seq_len=128, peak_lr=4e-3, warmup_steps=20,
                               eval_every=300, seed=1234),
-    draft=ModelConfig(vocab_size=1024, hidden_size=48, num_hidden_layers=1, num_attention_heads=1,
-                      intermediate_size=128, head_dim=48, max_position_embeddings=256),
+    draft=llama_config(vocab_size=1024, hidden_size=48, num_hidden_layers=1, num_attention_heads=1,
+                       intermediate_size=128, head_dim=48, max_position_embeddings=256),
     draft_training=TrainConfig(steps=200, batch_size=16, seq_len=128, peak_lr=4e-3, warmup_steps=20,
                                eval_every=200, seed=4321),
     wide_hidden_size=192,
@@ -178,9 +178,9 @@ def train_family(spec: FamilySpec, workdir: Path, progress=None) -> dict:
         "python": ".".join(map(str, sys.version_info[:3])),
         "chat_template": CHAT_TEMPLATE,
         "data": data_stats,
-        "core": {"config": spec.core.to_dict(), "parameters": spec.core.parameter_count(),
-                 "non_embedding_parameters": spec.core.parameter_count(with_embeddings=False), **core_info},
-        "draft": {"config": spec.draft.to_dict(), "parameters": spec.draft.parameter_count(),
+        "core": {"config": card_entry(spec.core), "parameters": parameter_count(spec.core),
+                 "non_embedding_parameters": parameter_count(spec.core, with_embeddings=False), **core_info},
+        "draft": {"config": card_entry(spec.draft), "parameters": parameter_count(spec.draft),
                   "distilled_from": "core",
                   "pruned_from_core_layers": list(spec.draft_from_core_layers or ()), **draft_info},
         "wide": {"hidden_size": spec.wide_hidden_size, "num_attention_heads": spec.wide_heads,

@@ -184,7 +184,7 @@ def train(
 ) -> tuple[Transformer, dict]:
     """Train from scratch (or from `init_state`), or distil from `teacher` (KL to its
     next-token distribution)."""
-    model = Transformer(model_config.engine_config())
+    model = Transformer(model_config)
     init_weights(model, train_config.seed, model_config.num_hidden_layers)
     if init_state is not None:
         model.load_state_dict(init_state)

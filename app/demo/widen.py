@@ -41,7 +41,7 @@ def widen(
         raise ValueError(f"widening must not shrink: core {core}, wide ({hidden_size}, "
                          f"{num_attention_heads} heads, {intermediate_size})")
     wide = replace(core, hidden_size=hidden_size, num_attention_heads=num_attention_heads,
-                   intermediate_size=intermediate_size,
+                   num_key_value_heads=num_attention_heads, intermediate_size=intermediate_size,
                    rms_norm_eps=core.rms_norm_eps * core.hidden_size / hidden_size)
     rng = np.random.default_rng(seed)
     norm_scale = np.float32(math.sqrt(core.hidden_size / hidden_size))
