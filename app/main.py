@@ -1,4 +1,9 @@
-"""The `specdesk` command: the desktop app by default; compare, chat and demo subcommands."""
+"""The terminal subcommands of `specdesk`: compare, chat, demo, models, serve.
+
+The `specdesk` command itself is `specdesk.ui.cli`, which adds the desktop app, screenshots and
+the self-test on top of this parser, so nothing in app/ imports the UI (docs/ARCHITECTURE.md,
+Layers). Run without the UI as `python -m specdesk.app.main SUBCOMMAND`.
+"""
 
 from __future__ import annotations
 
@@ -7,7 +12,7 @@ import json
 import sys
 import threading
 from pathlib import Path
-from typing import Optional
+from typing import Any, Callable, Optional
 
 from specdesk.engines.types import MAX_DRAFT_TOKENS, METHODS, SamplingParams, SpecConfig, SpecDeskError
 
@@ -258,36 +263,11 @@ def cmd_demo(args) -> int:
     return 0
 
 
-# --- desktop app -----------------------------------------------------------------
-def cmd_gui(args) -> int:
-    """The main window; with no display, say so and compare the demo pair in the terminal."""
-    from specdesk.ui.app import display_available
-
-    if not display_available():
-        print("specdesk: no display available (DISPLAY / WAYLAND_DISPLAY unset): "
-              "running `specdesk compare` on the demo pair instead", file=sys.stderr)
-        return main(["compare"])
-    from specdesk.ui.app import run_gui
-
-    return run_gui(dark=getattr(args, "dark", None))
-
-
-def cmd_screenshot(args) -> int:
-    from specdesk.ui.screenshot import parse_size, take_screenshots
-
-    width, height = parse_size(args.size)
-    output_folder(args.out, "--out")
-    for path in take_screenshots(Path(args.out), (width, height), dark=args.dark, threads=args.threads or 0,
-                                 demo_size="full" if args.full_demo else "small",
-                                 suffix=args.suffix, progress=_progress):
-        print(path)
-    return 0
-
-
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="specdesk", description=__doc__)
-    parser.add_argument("--selftest", action="store_true",
-                        help="check this install offscreen (demo family, llama.cpp, speculative = greedy) and exit")
+def build_parser(add_more: Optional[Callable[[argparse.ArgumentParser, Any], None]] = None
+                 ) -> argparse.ArgumentParser:
+    """The terminal subcommands; `add_more(parser, subparsers)` lets the entry point above
+    (specdesk.ui.cli) add the desktop app's own."""
+    parser = argparse.ArgumentParser(prog="specdesk", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command")
 
     p = sub.add_parser("compare", help="run baseline and speculative decoding on the same prompts")
@@ -309,38 +289,22 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", help="folder for the built family (default: the user cache)")
     p.set_defaults(func=cmd_demo)
 
-    p = sub.add_parser("gui", help="open the desktop app (the default with no subcommand)")
-    p.add_argument("--dark", action="store_true", default=None, help="use a dark palette")
-    p.set_defaults(func=cmd_gui)
-
-    p = sub.add_parser("screenshot", help="save PNGs of the main window and the compare view (offscreen)")
-    p.add_argument("--out", required=True, help="folder for main-window.png and compare.png")
-    p.add_argument("--size", default="1280x800", help="window size, WIDTHxHEIGHT (default 1280x800)")
-    p.add_argument("--dark", action="store_true", help="use a dark palette")
-    p.add_argument("--suffix", default="", help="added to the file names, e.g. -dark")
-    p.add_argument("--threads", type=int, default=None, help="CPU threads (default: automatic)")
-    p.add_argument("--full-demo", action="store_true",
-                   help="use the full demo family (real code replies) instead of the small test family")
-    p.set_defaults(func=cmd_screenshot)
-
     from specdesk.app.models_cli import add_models_parser
 
     add_models_parser(sub)
     from specdesk.app.serve import add_serve_parser
 
     add_serve_parser(sub)
+    if add_more is not None:
+        add_more(parser, sub)
     return parser
 
 
-def main(argv: Optional[list[str]] = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    if args.selftest:
-        from specdesk.app.selftest import run_selftest
-
-        return run_selftest()
-    if args.command is None:
-        args.func = cmd_gui
+def run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    """Run a parsed subcommand: a SpecDeskError is one line on stderr and exit status 2."""
+    if getattr(args, "func", None) is None:
+        parser.print_help(sys.stderr)
+        return 2
     try:
         return args.func(args)
     except SpecDeskError as e:
@@ -351,6 +315,11 @@ def main(argv: Optional[list[str]] = None) -> int:
     except KeyboardInterrupt:
         print("specdesk: interrupted", file=sys.stderr)
         return 130
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    parser = build_parser()
+    return run(parser, parser.parse_args(argv))
 
 
 if __name__ == "__main__":

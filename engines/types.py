@@ -1,6 +1,6 @@
 """Frozen dataclasses passed between the stages of generation.
 
-These are the whole vocabulary of the generation contract (DESIGN.md): a request goes
+These are the whole vocabulary of the generation contract (docs/ARCHITECTURE.md): a request goes
 in, one StepEvent per target forward pass comes out, RunStats summarises a run.
 """
 

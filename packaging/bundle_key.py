@@ -18,7 +18,7 @@ from importlib import metadata
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-INPUTS = ("packaging", "pyproject.toml", "app/selftest.py", "scripts/bundle_check.sh")
+INPUTS = ("packaging", "pyproject.toml", "ui/selftest.py", "ui/cli.py", "scripts/bundle_check.sh")
 
 
 def input_files(root: Path = ROOT) -> list[Path]:

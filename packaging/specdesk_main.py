@@ -3,7 +3,7 @@
 import multiprocessing
 import sys
 
-from specdesk.app.main import main
+from specdesk.ui.cli import main
 
 if __name__ == "__main__":
     # The engine host (app/engine_client.py) is a 'spawn' child: the frozen executable starts

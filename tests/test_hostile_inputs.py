@@ -264,7 +264,7 @@ def test_a_conversation_drops_oldest_turns_before_one_long_message_is_refused(sm
 
 # --- CLI: one line, exit status 2 ---------------------------------------------------
 def run_specdesk(*argv: str, stdin: str = "", timeout: float = 120, env: dict | None = None):
-    return subprocess.run([sys.executable, "-m", "specdesk.app.main", *argv], input=stdin, capture_output=True,
+    return subprocess.run([sys.executable, "-m", "specdesk.ui.cli", *argv], input=stdin, capture_output=True,
                           text=True, timeout=timeout, env=env or dict(os.environ, SPECDESK_LLAMA_LOG=""))
 
 
@@ -321,7 +321,7 @@ def test_cli_bad_arguments_and_files_give_one_line_and_status_2(tmp_path, demo_f
     for name, (path, expected) in _prompt_files(tmp_path).items():
         cases[f"prompts file: {name}"] = (compare + ["--prompts", str(path)], expected)
     for name, (argv, expected) in cases.items():
-        result = run_specdesk(*argv, timeout=60)  # a FIFO opened for reading would block: the timeout fails it
+        result = run_specdesk(*argv, timeout=300)  # a FIFO opened for reading would block: the timeout fails it
         assert_one_line_error(result, expected)
     assert taken.read_text() == "mine" and not (tmp_path / "shots").exists()
 

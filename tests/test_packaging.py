@@ -31,7 +31,7 @@ CHECKS = ("assets", "qt", "demo family", "speculative")
 def run_specdesk(args: list[str], env_extra: dict[str, str], timeout: float = 300) -> subprocess.CompletedProcess:
     env = {**os.environ, "OMP_NUM_THREADS": "1", **env_extra}
     env.pop("QT_QPA_PLATFORM", None)  # the selftest must choose offscreen itself
-    return subprocess.run([sys.executable, "-m", "specdesk.app.main", *args], env=env, capture_output=True,
+    return subprocess.run([sys.executable, "-m", "specdesk.ui.cli", *args], env=env, capture_output=True,
                           text=True, timeout=timeout, cwd=ROOT)
 
 
@@ -47,7 +47,7 @@ def test_selftest_passes_from_source_and_leaves_nothing_behind(tmp_path):
         assert any(line.startswith(f"selftest: {check}: ok") for line in lines), (check, result.stdout)
     speculative = next(line for line in lines if line.startswith("selftest: speculative"))
     assert re.search(r"32 tokens identical; drafted \d+, accepted [1-9]\d*", speculative)
-    from specdesk.app.selftest import flavour
+    from specdesk.ui.selftest import flavour
 
     expected = CHECKS + (("torch",) if flavour() == "full" else ())
     assert any(line.startswith("selftest: torch: ok") for line in lines) == ("torch" in expected)

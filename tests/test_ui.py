@@ -433,7 +433,7 @@ def test_regenerate_replaces_the_last_reply(qtbot, open_window):
 
 def test_specdesk_without_arguments_opens_the_window_and_quits(qtbot, user_dirs, dialogs, monkeypatch, tmp_path):
     """The real entry point, `specdesk` with no arguments, quits itself from a timer."""
-    from specdesk.app.main import main
+    from specdesk.ui.cli import main
 
     monkeypatch.setenv("SPECDESK_ASSETS_DIR", str(tmp_path / "no-assets"))
     seen = []
@@ -470,7 +470,7 @@ def test_no_display_is_detected(monkeypatch):
 def test_screenshot_command_saves_both_views(qtbot, demo_family, demo_cache_dir, monkeypatch, tmp_path):
     from PySide6.QtGui import QImage
 
-    from specdesk.app.main import main
+    from specdesk.ui.cli import main
 
     monkeypatch.setenv("SPECDESK_CACHE_DIR", str(demo_cache_dir))  # the small family the fixture built
     assert main(["screenshot", "--out", str(tmp_path / "shots"), "--threads", "1"]) == 0

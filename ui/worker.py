@@ -1,4 +1,4 @@
-"""The one worker thread that owns the engine (DESIGN.md, "Threads and the UI").
+"""The one worker thread that owns the engine (docs/ARCHITECTURE.md, "Threads and processes").
 
 `EngineWorker` lives in the GUI thread and is the only way the UI talks to the engine:
 its methods queue a job for the worker thread and return a job id at once; results come

@@ -1,4 +1,4 @@
-"""GGUF targets on llama.cpp: the generation loop of DESIGN.md.
+"""GGUF targets on llama.cpp: the generation loop of docs/ARCHITECTURE.md.
 
 The step loop is engines/spec/loop.py's, shared with the PyTorch engine; this engine gives
 it a target pass with logits for every row of [last, d1..dk], verification on those rows

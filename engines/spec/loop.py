@@ -1,4 +1,4 @@
-"""The engine-agnostic parts of one generation step (DESIGN.md, "the generation contract").
+"""The engine-agnostic parts of one generation step (docs/ARCHITECTURE.md, "The generation contract").
 
 Each engine owns its forward pass, its KV cache and where verification runs; what a step
 commits, when a run ends and what the StepEvent says are the same everywhere, and live here

@@ -1,7 +1,7 @@
 """Proposers that need no model: prompt lookup, and a hash-pool n-gram table that learns
 across the turns of a chat (llama.cpp's "ngram-mod" idea).
 
-Both follow the proposer interface of DESIGN.md: `begin(prompt)`, `propose(context, k) ->
+Both follow the proposer interface of docs/ARCHITECTURE.md: `begin(prompt)`, `propose(context, k) ->
 Draft` (probs None: verification treats q as one-hot), `accept(n_accepted, committed)`,
 plus `stats() -> dict`. `propose()` is given the full context (prompt + generated); each
 proposer keeps its own copy, extended by `accept()`, and resyncs from `context` when the

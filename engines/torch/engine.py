@@ -1,4 +1,4 @@
-"""Hugging Face safetensors targets on PyTorch: the generation loop of DESIGN.md.
+"""Hugging Face safetensors targets on PyTorch: the generation loop of docs/ARCHITECTURE.md.
 
 The step loop is engines/spec/loop.py's, shared with the llama engine; this engine gives it
 a target pass over [last, d1..dk], verification on the device (verify.py, the semantics of

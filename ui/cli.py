@@ -1,0 +1,81 @@
+"""The `specdesk` command: the desktop app by default, plus every terminal subcommand.
+
+This entry point sits above app/ and ui/ (docs/ARCHITECTURE.md, Layers): it takes the
+terminal subcommands' parser from `specdesk.app.main` and adds what needs the UI (the
+desktop app, offscreen screenshots, the installers' self-test). Qt is imported only when one
+of those runs, so `specdesk compare` on a machine without a display never loads it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Optional
+
+from specdesk.app import main as terminal
+
+
+def cmd_gui(args) -> int:
+    """The main window; with no display, say so and compare the demo pair in the terminal."""
+    from specdesk.ui.app import display_available
+
+    if not display_available():
+        print("specdesk: no display available (DISPLAY / WAYLAND_DISPLAY unset): "
+              "running `specdesk compare` on the demo pair instead", file=sys.stderr)
+        return terminal.main(["compare"])
+    from specdesk.ui.app import run_gui
+
+    return run_gui(dark=getattr(args, "dark", None))
+
+
+def cmd_screenshot(args) -> int:
+    from specdesk.ui.screenshot import parse_size, take_screenshots
+
+    width, height = parse_size(args.size)
+    terminal.output_folder(args.out, "--out")
+    for path in take_screenshots(Path(args.out), (width, height), dark=args.dark, threads=args.threads or 0,
+                                 demo_size="full" if args.full_demo else "small",
+                                 suffix=args.suffix, progress=terminal._progress):
+        print(path)
+    return 0
+
+
+def add_desktop_commands(parser: argparse.ArgumentParser, sub) -> None:
+    parser.add_argument("--selftest", action="store_true",
+                        help="check this install offscreen (demo family, llama.cpp, speculative = greedy) and exit")
+    p = sub.add_parser("gui", help="open the desktop app (the default with no subcommand)")
+    p.add_argument("--dark", action="store_true", default=None, help="use a dark palette")
+    p.set_defaults(func=cmd_gui)
+
+    p = sub.add_parser("screenshot", help="save PNGs of the main window and the compare view (offscreen)")
+    p.add_argument("--out", required=True, help="folder for main-window.png and compare.png")
+    p.add_argument("--size", default="1280x800", help="window size, WIDTHxHEIGHT (default 1280x800)")
+    p.add_argument("--dark", action="store_true", help="use a dark palette")
+    p.add_argument("--suffix", default="", help="added to the file names, e.g. -dark")
+    p.add_argument("--threads", type=int, default=None, help="CPU threads (default: automatic)")
+    p.add_argument("--full-demo", action="store_true",
+                   help="use the full demo family (real code replies) instead of the small test family")
+    p.set_defaults(func=cmd_screenshot)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = terminal.build_parser(add_desktop_commands)
+    parser.description = __doc__.splitlines()[0]
+    return parser
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.selftest:
+        from specdesk.ui.selftest import run_selftest
+
+        return run_selftest()
+    if args.command is None:
+        args.func = cmd_gui
+    return terminal.run(parser, args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
