@@ -20,11 +20,11 @@ from typing import Sequence
 
 import numpy as np
 
+from ..spec.drafting import below_p_min
 from ..types import SpecDeskError
 from .binding import GgufContext, GgufModel
 from .compat import describe, incompatibilities
 from .ext import CachedPositions, Entry, HiddenStateProposer, LayerInputHooks, NativeContext, ext, open_layer_input_drafter, rows
-from .mtp import top1_prob
 
 def check_drafter(path: str | os.PathLike, target: GgufModel) -> dict:
     """Refuse a file that is not a DFlash drafter for this target, before llama.cpp loads it."""
@@ -112,7 +112,7 @@ class DFlashDrafter(LayerInputHooks, CachedPositions):
         out: list[int] = []
         for i in range(first, n_block):
             logits = self.context.logits(i, self.n_vocab)
-            if p_min > 0 and top1_prob(logits) < p_min:
+            if below_p_min(logits, p_min):
                 break
             out.append(int(np.argmax(logits)))
         self.context.remove_from(pos0)  # the block; the target's features for these positions come next

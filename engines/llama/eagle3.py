@@ -18,11 +18,11 @@ from typing import Sequence
 
 import numpy as np
 
+from ..spec.drafting import below_p_min
 from ..types import SpecDeskError
 from .binding import GgufContext, GgufModel, common_prefix
 from .compat import describe, incompatibilities
 from .ext import Entry, HiddenStateProposer, LayerInputHooks, NativeContext, ext, open_layer_input_drafter, rows
-from .mtp import top1_prob
 
 
 def check_drafter(path: str | os.PathLike, target: GgufModel) -> dict:
@@ -128,7 +128,7 @@ class Eagle3Drafter(LayerInputHooks):
             self.context.process([entry])
             logits = self.context.logits(0, self.n_vocab)
             token = int(np.argmax(logits))
-            if p_min > 0 and top1_prob(logits) < p_min:
+            if below_p_min(logits, p_min):
                 break
             out.append(token)
             prenorm = rows(self.ext.llama_get_embeddings_nextn_ith(self.context.handle, 0), 1, self.n_embd)[0].copy()

@@ -7,8 +7,7 @@ target's hidden state h_{p-1} (llama_get_embeddings_nextn: final-normed, every r
 target batch). Catch-up: after each target decode the same tokens go through the MTP
 context, paired with the previous rows' h. Drafting: from (x_last, h_{last-1}) the MTP block
 gives logits for the next token and its own h, which feeds the next draft step. Drafts are
-the top-1 token (as llama.cpp's top-k 10 sampler reads `cur_p->data[0]`), so q is one-hot
-and verification stays exact at any temperature.
+the top-1 token (engines/spec/drafting.py, the rule of both engines).
 """
 
 from __future__ import annotations
@@ -17,6 +16,7 @@ from typing import Sequence
 
 import numpy as np
 
+from ..spec.drafting import below_p_min
 from ..types import SpecDeskError
 from .binding import GgufContext, GgufModel
 from .ext import CachedPositions, Entry, HiddenStateProposer, NativeContext, ext, gguf_metadata, rows
@@ -33,13 +33,6 @@ def nextn_layers(path) -> int:
         return 0
     arch = meta.get("general.architecture", "")
     return int(meta.get(f"{arch}.nextn_predict_layers", 0) or 0)
-
-
-def top1_prob(logits: np.ndarray, top_k: int = 10) -> float:
-    """The top token's probability after a top-k cut, as llama.cpp's draft sampler reports it."""
-    top = np.partition(logits, -top_k)[-top_k:] if logits.shape[0] > top_k else logits
-    top = top - top.max()
-    return float(1.0 / np.exp(top).sum())
 
 
 class MtpDrafter(CachedPositions):
@@ -106,7 +99,7 @@ class MtpDrafter(CachedPositions):
             self.context.process([Entry(pos=pos0 + i, token=token, embd=np.array(h, copy=True), output=True)])
             logits = self.context.logits(0, self.n_vocab)
             token = int(np.argmax(logits))
-            if p_min > 0 and top1_prob(logits) < p_min:
+            if below_p_min(logits, p_min):
                 break
             out.append(token)
             if i + 1 < k:

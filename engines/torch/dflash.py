@@ -24,8 +24,8 @@ import numpy as np
 import torch
 import torch.nn as nn
 
+from ..spec.drafting import confident_rows
 from ..spec.stats import ProposerCounters
-from ..spec.verify import sample, sampling_probs
 from ..types import Draft, SamplingParams, SpecDeskError
 from .loader import Checkpoint, load_module, open_checkpoint
 from .model import FeedForward, KVCache, ModelConfig, RMSNorm, apply_rope, attend, rope_tables
@@ -216,10 +216,9 @@ class DFlashDrafter:
 class DFlashProposer:
     def __init__(self, drafter: DFlashDrafter, sampling: SamplingParams, rng: np.random.Generator,
                  p_min: float = 0.0):
+        # Drafts are top-1 tokens at any temperature (engines/spec/drafting.py): sampling and rng go unused.
         self.drafter = drafter
         self.p_min = p_min
-        self.sampling = sampling
-        self.rng = rng
         self.taps = drafter.taps
         self.counters = ProposerCounters()
         self._pending: Optional[tuple[torch.Tensor, int]] = None  # (features (C, n*d), first position)
@@ -245,14 +244,11 @@ class DFlashProposer:
                                f"the block starts at {len(context) - 1}")
         logits = self.drafter.draft_logits(features, start, int(context[-1]))  # (B-1, V)
         n = min(k, logits.shape[0])
-        if self.sampling.greedy:
-            tokens = tuple(int(t) for t in torch.argmax(logits[:n], dim=-1).tolist())
-            probs = None
-        else:
-            probs = sampling_probs(logits[:n].float().cpu().numpy(), self.sampling)  # (n, V)
-            tokens = tuple(sample(row, self.rng) for row in probs)
+        if self.p_min > 0:
+            n = confident_rows(logits[:n].float().cpu().numpy(), self.p_min)
+        tokens = tuple(int(t) for t in torch.argmax(logits[:n], dim=-1).tolist())
         self.counters.record_proposal(len(tokens), time.perf_counter() - started)
-        return Draft(tokens, probs)
+        return Draft(tokens)  # top-1 tokens: q is one-hot
 
     def accept(self, n_accepted: int, committed: Sequence[int]) -> None:
         self.counters.record_accepted(n_accepted)

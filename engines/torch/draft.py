@@ -39,7 +39,7 @@ def incompatibilities(target: TorchModel, draft: TorchModel, max_reasons: int = 
     return reasons
 
 
-class DraftModelProposer:
+class DraftProposer:
     """Drafts autoregressively with its own static KV cache, reconciled with the committed
     context by common prefix at each step: accepted draft tokens are not re-evaluated,
     rejected ones are dropped by position."""

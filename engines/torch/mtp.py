@@ -24,8 +24,8 @@ import numpy as np
 import torch
 import torch.nn as nn
 
+from ..spec.drafting import below_p_min
 from ..spec.stats import ProposerCounters
-from ..spec.verify import sample, sampling_probs
 from ..types import Draft, SamplingParams, SpecDeskError
 from .loader import Checkpoint, load_module
 from .model import DecoderLayer, KVCache, ModelConfig, RMSNorm, causal_mask, config_from_hf, rope_tables
@@ -160,17 +160,17 @@ class MtpDrafter:
 
 
 class MtpProposer:
-    """Drafts k tokens from the target's MTP layer, chained on its own hidden state.
+    """Drafts up to k top-1 tokens from the target's MTP layer, chained on its own hidden
+    state, stopping below draft_p_min (engines/spec/drafting.py: the rule of both engines).
 
     Any head with `taps`, `rows_from`, `step`, `layer.feedback` and `n_ctx` drafts the
     same way (EAGLE-3's is one)."""
 
     def __init__(self, head: MtpDrafter, sampling: SamplingParams, rng: np.random.Generator, p_min: float = 0.0):
+        # Drafts are top-1 tokens at any temperature (engines/spec/drafting.py): sampling and rng go unused.
         self.head = head
         self.p_min = p_min
         self.taps = head.taps
-        self.sampling = sampling
-        self.rng = rng
         self.counters = ProposerCounters()
         self._pending: Optional[tuple[torch.Tensor, list[int], int]] = None  # committed rows not yet run
 
@@ -187,12 +187,6 @@ class MtpProposer:
             start = old_start
         self._pending = (hidden, list(following[:hidden.shape[0]]), start)
 
-    def _choose(self, logits: torch.Tensor) -> tuple[int, Optional[np.ndarray]]:
-        if self.sampling.greedy:
-            return int(torch.argmax(logits)), None
-        q = sampling_probs(logits.float().cpu().numpy(), self.sampling)
-        return sample(q, self.rng), q
-
     def propose(self, context: Sequence[int], k: int) -> Draft:
         started = time.perf_counter()
         if self._pending is None:
@@ -202,13 +196,12 @@ class MtpProposer:
         out, logits = self.head.step(hidden, tokens, start)
         position = start + hidden.shape[0]
         drafted: list[int] = []
-        probs: list[np.ndarray] = []
         previous = self.head.layer.feedback(out[-1:])
         for i in range(k):
-            token, q = self._choose(logits)
+            if below_p_min(logits.float().cpu().numpy(), self.p_min):
+                break
+            token = int(torch.argmax(logits))
             drafted.append(token)
-            if q is not None:
-                probs.append(q)
             if i + 1 < k and position < self.head.n_ctx:
                 out, logits = self.head.step(previous, [token], position)
                 previous = self.head.layer.feedback(out)
@@ -216,7 +209,7 @@ class MtpProposer:
             elif i + 1 < k:
                 break
         self.counters.record_proposal(len(drafted), time.perf_counter() - started)
-        return Draft(tuple(drafted), np.stack(probs) if probs else None)
+        return Draft(tuple(drafted))  # top-1 tokens: q is one-hot
 
     def accept(self, n_accepted: int, committed: Sequence[int]) -> None:
         self.counters.record_accepted(n_accepted)
