@@ -9,7 +9,8 @@ Prints JSON lines:
   streamed chunk, through the `openai` client against `specdesk serve`, vs the in-process
   engine timed the same way (the prompt is cached in both after the first round).
 Default: the full demo pair, method draft, k = 4, 2 threads, greedy.
-Usage: python benchmarks/engine_host.py [--threads 2] [--k 4] [--max-tokens 256] [--rounds 3]
+Usage: python benchmarks/engine_host.py [--threads 2] [--k 4] [--max-tokens 128] [--rounds 2]
+(about 6,000 tokens in all with the defaults: minutes on two quiet cores)
 """
 
 from __future__ import annotations
@@ -60,8 +61,8 @@ def main() -> int:
     parser.add_argument("--draft")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--k", type=int, default=4)
-    parser.add_argument("--max-tokens", type=int, default=256)
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--max-tokens", type=int, default=128)
+    parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--prompts", default=str(assets_dir() / "prompts" / "code.jsonl"))
     parser.add_argument("--n-prompts", type=int, default=4)
     args = parser.parse_args()
