@@ -20,10 +20,10 @@ from typing import Sequence
 
 import numpy as np
 
+from ..spec.compat import check_compatible
 from ..spec.drafting import below_p_min
 from ..types import SpecDeskError
 from .binding import GgufContext, GgufModel
-from .compat import describe, incompatibilities
 from .ext import CachedPositions, Entry, HiddenStateProposer, LayerInputHooks, NativeContext, ext, open_layer_input_drafter, rows
 
 def check_drafter(path: str | os.PathLike, target: GgufModel) -> dict:
@@ -54,9 +54,7 @@ class DFlashDrafter(LayerInputHooks, CachedPositions):
         meta = check_drafter(path, target)
         self.model = GgufModel(path)
         try:
-            reasons = incompatibilities(target, self.model)
-            if reasons:
-                raise SpecDeskError(describe(target, self.model, reasons))
+            check_compatible(target, self.model)
             if self.ext.llama_model_dflash_selector_top_k(self.model._model) > 0:
                 raise SpecDeskError(f"{self.model.path}: a DFlash2 selector drafter; only DFlash and DSpark drafters are supported")
             n_ids = self.ext.llama_model_target_layer_ids_n(self.model._model)
@@ -117,13 +115,6 @@ class DFlashDrafter(LayerInputHooks, CachedPositions):
             out.append(int(np.argmax(logits)))
         self.context.remove_from(pos0)  # the block; the target's features for these positions come next
         return out
-
-    def set_threads(self, n_threads: int) -> None:
-        self.context.set_threads(n_threads)
-
-    def close(self) -> None:
-        self.context.close()
-        self.model.close()
 
 
 class DFlashProposer(HiddenStateProposer):

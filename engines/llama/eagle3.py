@@ -18,10 +18,10 @@ from typing import Sequence
 
 import numpy as np
 
+from ..spec.compat import check_compatible
 from ..spec.drafting import below_p_min
 from ..types import SpecDeskError
 from .binding import GgufContext, GgufModel, common_prefix
-from .compat import describe, incompatibilities
 from .ext import Entry, HiddenStateProposer, LayerInputHooks, NativeContext, ext, open_layer_input_drafter, rows
 
 
@@ -47,9 +47,7 @@ class Eagle3Drafter(LayerInputHooks):
         check_drafter(path, target)
         self.model = GgufModel(path)
         try:
-            reasons = incompatibilities(target, self.model)
-            if reasons:
-                raise SpecDeskError(describe(target, self.model, reasons))
+            check_compatible(target, self.model)
             n_ids = self.ext.llama_model_target_layer_ids_n(self.model._model)
             ids = self.ext.llama_model_target_layer_ids(self.model._model)
             self.layer_ids = [int(ids[i]) for i in range(n_ids)]
@@ -137,13 +135,6 @@ class Eagle3Drafter(LayerInputHooks):
         self.n_rows = pos0
         self.boundary = (pos0, int(context[-1]))
         return out
-
-    def set_threads(self, n_threads: int) -> None:
-        self.context.set_threads(n_threads)
-
-    def close(self) -> None:
-        self.context.close()
-        self.model.close()
 
 
 class Eagle3Proposer(HiddenStateProposer):

@@ -13,13 +13,13 @@ from typing import Callable, Iterator, Optional
 
 import numpy as np
 
+from ..spec.compat import check_compatible
 from ..spec.loop import run_steps
 from ..spec.ngram import NgramPoolProposer
 from ..spec.proposers import SUPPORTED_METHODS, make_proposer
 from ..spec.verify import VerifyResult, verify
 from ..types import Draft, GenerationRequest, SamplingParams, SpecDeskError, StepEvent
 from .binding import GgufContext, GgufModel, validated_header
-from .compat import describe, incompatibilities
 from .validate import check_context
 
 
@@ -56,10 +56,11 @@ class LlamaEngine:
         if key not in self._drafts:
             check_context(validated_header(path), self.n_ctx)  # before any weights load
             draft = GgufModel(path, progress=progress)
-            reasons = incompatibilities(self.target, draft)
-            if reasons:
+            try:
+                check_compatible(self.target, draft)
+            except SpecDeskError:
                 draft.close()
-                raise SpecDeskError(describe(self.target, draft, reasons))
+                raise
             self._drafts[key] = GgufContext(draft, self.n_ctx, self.n_threads, self.context.n_batch)
         return self._drafts[key]
 

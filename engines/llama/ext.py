@@ -263,7 +263,15 @@ class CachedPositions:
 
 class LayerInputHooks:
     """attach / detach for drafters that read the target's layer inputs (DFlash, EAGLE-3):
-    the target context keeps the rows of `layer_ids` and hands each batch to `observe`."""
+    the target context keeps the rows of `layer_ids` and hands each batch to `observe`.
+    Such a drafter owns its GGUF `model` and its `context` over it."""
+
+    def set_threads(self, n_threads: int) -> None:
+        self.context.set_threads(n_threads)
+
+    def close(self) -> None:
+        self.context.close()
+        self.model.close()
 
     def attach(self) -> None:
         for lid in self.layer_ids:

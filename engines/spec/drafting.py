@@ -1,4 +1,5 @@
-"""What every drafter of both engines shares: how sure a draft row is, and when to stop.
+"""What the drafters of both engines share: how sure a draft row is, when to stop, and the
+draft-model proposer.
 
 Native drafters (MTP, DFlash, EAGLE-3) draft the top-1 token of each row, as llama.cpp's
 common/speculative.cpp does: q is then one-hot, so verification stays exact at any
@@ -9,7 +10,15 @@ reports it).
 
 from __future__ import annotations
 
+import time
+from abc import ABC, abstractmethod
+from typing import Sequence
+
 import numpy as np
+
+from ..types import Draft, SamplingParams
+from .stats import ProposerCounters
+from .verify import sample, sampling_probs
 
 DRAFT_TOP_K = 10  # the top-k cut of llama.cpp's draft sampler
 
@@ -29,3 +38,58 @@ def below_p_min(logits: np.ndarray, p_min: float) -> bool:
 def confident_rows(rows: np.ndarray, p_min: float) -> int:
     """How many leading rows (n, V) of draft logits to keep: up to the first below p_min."""
     return next((i for i, row in enumerate(rows) if below_p_min(row, p_min)), rows.shape[0])
+
+
+class ModelDraftProposer(ABC):
+    """The draft-model method on either engine: a smaller model drafts autoregressively with
+    its own KV cache, reconciled with the committed context by common prefix at each step
+    (accepted draft tokens are not re-evaluated, rejected ones are dropped by position).
+    Greedy runs draft the argmax (q one-hot); sampled runs sample from q and report it.
+    draft_p_min stops the draft before a token (after the first) less likely than it.
+    An engine subclasses it with `_next_logits`."""
+
+    def __init__(self, context, sampling: SamplingParams, rng: np.random.Generator, p_min: float = 0.0):
+        self.context = context  # the draft model's context: sync_prefix, rollback, decode
+        self.sampling = sampling
+        self.rng = rng
+        self.p_min = p_min
+        self.counters = ProposerCounters()
+
+    @abstractmethod
+    def _next_logits(self, tokens: Sequence[int]) -> np.ndarray:
+        """Decode tokens in the draft context; the last row's logits (V,) as float32 on the host."""
+
+    def begin(self, prompt: Sequence[int]) -> None:
+        self.context.sync_prefix(prompt)
+
+    def propose(self, context: Sequence[int], k: int) -> Draft:
+        started = time.perf_counter()
+        kept = self.context.sync_prefix(context)
+        if kept == len(context):  # at least one token must be evaluated to get logits
+            self.context.rollback(kept - 1)
+            kept -= 1
+        logits = self._next_logits(context[kept:])
+        tokens: list[int] = []
+        probs: list[np.ndarray] = []
+        for i in range(k):
+            if self.sampling.greedy:
+                token = int(np.argmax(logits))
+                if self.p_min > 0 and i > 0 and 1.0 / np.exp(logits - logits[token]).sum() < self.p_min:
+                    break
+            else:
+                q = sampling_probs(logits, self.sampling)
+                if self.p_min > 0 and i > 0 and q.max() < self.p_min:
+                    break
+                token = sample(q, self.rng)
+                probs.append(q)
+            tokens.append(token)
+            if i + 1 < k:
+                logits = self._next_logits([token])
+        self.counters.record_proposal(len(tokens), time.perf_counter() - started)
+        return Draft(tuple(tokens), np.stack(probs) if probs else None)
+
+    def accept(self, n_accepted: int, committed: Sequence[int]) -> None:
+        self.counters.record_accepted(n_accepted)
+
+    def stats(self) -> dict:
+        return self.counters.as_dict()

@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import os
 import threading
-from pathlib import Path
 from typing import Iterator, Optional
 
 import numpy as np
 
+from ..spec.compat import check_compatible
 from ..spec.loop import run_steps
 from ..spec.ngram import NgramPoolProposer
 from ..spec.proposers import SUPPORTED_METHODS, make_proposer
@@ -84,15 +84,11 @@ class TorchEngine:
     def load_draft(self, path: str | os.PathLike):
         """Load (once) and check a draft model folder; refusals say which property differed."""
         from .context import TorchContext, TorchModel
-        from .draft import incompatibilities
 
         key = os.path.abspath(path)
         if key not in self._drafts:
             draft = TorchModel(path, self.device, self.dtype)
-            reasons = incompatibilities(self.target, draft)
-            if reasons:
-                raise SpecDeskError(f"draft {Path(path).name} is not compatible with target {self.target.path.name}: "
-                                    + "; ".join(reasons) + " (target vs draft)")
+            check_compatible(self.target, draft)
             self._drafts[key] = TorchContext(draft, self.n_ctx)
         return self._drafts[key]
 
