@@ -11,7 +11,7 @@ import pytest
 
 from specdesk.engines.spec.ngram import NgramPoolProposer, NgramProposer
 from specdesk.engines.spec.proposers import SUPPORTED_METHODS, make_proposer, proposer_class
-from specdesk.engines.spec.protocols import Engine, Proposer
+from specdesk.engines.spec.protocols import Engine, Proposer, TargetObserver
 from specdesk.engines.spec.stats import ProposerCounters
 from specdesk.engines.types import GenerationRequest, SamplingParams, SpecConfig, SpecDeskError
 
@@ -47,6 +47,11 @@ def test_every_proposer_follows_the_protocol_and_is_named_for_its_method():
         # One constructor shape, so the factory can build any of them.
         if cls not in (NgramProposer, NgramPoolProposer):
             assert list(inspect.signature(cls).parameters)[1:] == ["sampling", "rng", "p_min"], cls
+
+
+def test_torch_hidden_state_proposers_follow_the_observer_protocol():
+    for method in ("mtp", "dflash", "eagle3"):
+        assert_follows(proposer_class("specdesk.engines.torch", method), TargetObserver)
 
 
 def test_a_drifted_signature_is_caught():

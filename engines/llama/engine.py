@@ -20,6 +20,7 @@ from ..spec.proposers import SUPPORTED_METHODS, make_proposer
 from ..spec.verify import VerifyResult, verify
 from ..types import Draft, GenerationRequest, SamplingParams, SpecDeskError, StepEvent
 from .binding import GgufContext, GgufModel, validated_header
+from .ext import HiddenStateProposer
 from .validate import check_context
 
 
@@ -134,7 +135,7 @@ class LlamaEngine:
     def _route_hidden_states(self, proposer) -> None:
         """Only an active MTP / DFlash / EAGLE-3 proposer makes the target output its hidden
         states (switching costs llama.cpp a graph rebuild, so the same drafter stays attached)."""
-        wanted = proposer if getattr(proposer, "needs_hidden_states", False) else None
+        wanted = proposer if isinstance(proposer, HiddenStateProposer) else None
         previous = self._observer
         self._observer = wanted
         if previous is not None and wanted is not None and previous.drafter is wanted.drafter:

@@ -289,8 +289,6 @@ class HiddenStateProposer:
     target's hidden states (MTP, DFlash, EAGLE-3): the engine attaches it to the target's
     passes, and after verification the drafter keeps the rows of the committed tokens."""
 
-    needs_hidden_states = True
-
     def __init__(self, drafter, sampling: SamplingParams, rng: np.random.Generator, p_min: float = 0.0):
         # Drafts are top-1 tokens (q one-hot) at any temperature, so sampling and rng go unused.
         self.drafter = drafter

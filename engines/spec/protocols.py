@@ -30,6 +30,19 @@ class Proposer(Protocol):
 
 
 @runtime_checkable
+class TargetObserver(Proposer, Protocol):
+    """A proposer that reads the PyTorch target's hidden states (MTP, DFlash, EAGLE-3): the
+    target pass outputs the rows of the layers in `taps` (empty: only its final-normed
+    hidden state), and `observe` gets the rows of the tokens each pass kept. (llama.cpp's
+    drafters read the target's batches through GgufContext.on_decode instead.)"""
+
+    taps: tuple[int, ...]
+
+    def observe(self, output, rows: int, following: Sequence[int], start: int) -> None:
+        """Rows 0..rows-1 of a pass that began at position `start`, followed by `following`."""
+
+
+@runtime_checkable
 class Engine(Protocol):
     """A target model that generates: what the app asks of the llama.cpp and PyTorch engines."""
 

@@ -19,6 +19,7 @@ from ..spec.compat import check_compatible
 from ..spec.loop import run_steps
 from ..spec.ngram import NgramPoolProposer
 from ..spec.proposers import SUPPORTED_METHODS, make_proposer
+from ..spec.protocols import TargetObserver
 from ..types import Draft, GenerationRequest, SamplingParams, SpecDeskError, StepEvent
 from .device import choose_device, choose_dtype, device_name, require_torch
 
@@ -144,7 +145,7 @@ class TorchEngine:
 
     def prefill(self, prompt: list[int], proposer) -> None:
         ctx = self.context
-        observes = hasattr(proposer, "observe")
+        observes = isinstance(proposer, TargetObserver)
         # A hidden-state drafter needs the target's rows for the whole prompt: no prefix reuse.
         kept = ctx.sync_prefix(prompt[:-1]) if not observes else ctx.sync_prefix([])
         if len(prompt) - 1 > kept:
@@ -161,9 +162,9 @@ class TorchEngine:
         return verify_on_device(draft.tokens, draft.probs, output.logits, sampling, rng)
 
     def observe(self, proposer, output, rows: int, following: list[int], start: int) -> None:
-        if hasattr(proposer, "observe"):
+        if isinstance(proposer, TargetObserver):
             proposer.observe(output, rows, following, start)
 
     @staticmethod
     def _taps(proposer) -> tuple[int, ...]:
-        return tuple(getattr(proposer, "taps", ()))
+        return tuple(proposer.taps) if isinstance(proposer, TargetObserver) else ()
