@@ -190,16 +190,8 @@ class EngineClient:
         self.call("load_draft", str(path), progress=progress)
 
     def load_native(self, method: str, path=None) -> None:
+        """An MTP, DFlash or EAGLE-3 drafter for the target (both engines load them this way)."""
         self.call("load_native", method, None if path is None else str(path))
-
-    def load_mtp(self) -> None:
-        self.call("load_mtp")
-
-    def load_dflash(self, path) -> None:
-        self.call("load_dflash", str(path))
-
-    def load_eagle3(self, path) -> None:
-        self.call("load_eagle3", str(path))
 
     def method_availability(self) -> dict[str, Optional[str]]:
         return self.call("method_availability")

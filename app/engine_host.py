@@ -138,9 +138,6 @@ def _set_threads(engine, n_threads: int) -> int:
 CALLS: dict[str, Callable[..., Any]] = {
     "load_draft": _load_draft,
     "load_native": lambda engine, method, path=None: engine.load_native(method, path),
-    "load_mtp": lambda engine: engine.load_mtp(),
-    "load_dflash": lambda engine, path: engine.load_dflash(path),
-    "load_eagle3": lambda engine, path: engine.load_eagle3(path),
     "method_availability": lambda engine: engine.method_availability(),
     "set_threads": _set_threads,
     "reset_chat": lambda engine: engine.reset_chat(),
@@ -155,7 +152,7 @@ CALLS: dict[str, Callable[..., Any]] = {
     "chat_prompt": chat_prompt,
     "facts": engine_facts,
 }
-RETURNS_NOTHING = {"load_draft", "load_native", "load_mtp", "load_dflash", "load_eagle3", "reset_chat"}
+RETURNS_NOTHING = {"load_draft", "load_native", "reset_chat"}
 
 
 def ready_facts(engine) -> dict[str, Any]:

@@ -355,10 +355,8 @@ class Service:
 def load_drafter(engine: EngineClient, spec: SpecConfig, draft_path: Optional[str]) -> None:
     if draft_path is None:
         return
-    if spec.method in NATIVE_METHODS and engine.name != "torch":
+    if spec.method in NATIVE_METHODS:
         engine.load_native(spec.method, draft_path)
-    elif spec.method in NATIVE_METHODS:
-        engine.call(f"load_{spec.method}", draft_path)
     else:
         engine.load_draft(draft_path)
 

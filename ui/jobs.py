@@ -210,8 +210,6 @@ def load_drafter(engine, path: str, progress: Callable[[float], None]) -> str:
             engine.load_draft(path)
         else:
             engine.load_draft(path, progress=progress)
-    elif engine.name == "torch":
-        getattr(engine, f"load_{kind}")(path)
     else:
         engine.load_native(kind, path)
     return kind
