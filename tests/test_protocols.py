@@ -9,6 +9,7 @@ import threading
 import numpy as np
 import pytest
 
+from specdesk.engines.spec.loop import StepTarget
 from specdesk.engines.spec.ngram import NgramPoolProposer, NgramProposer
 from specdesk.engines.spec.proposers import SUPPORTED_METHODS, make_proposer, proposer_class
 from specdesk.engines.spec.protocols import Engine, Proposer, TargetObserver
@@ -97,6 +98,7 @@ def test_the_factory_names_the_missing_drafter_file_per_engine():
 def check_engine(engine) -> None:
     assert isinstance(engine, Engine)
     assert_follows(type(engine), Engine)
+    assert_follows(type(engine), StepTarget)  # the shared loop's hooks
     assert set(engine.method_availability()) == set(SUPPORTED_METHODS)
     tokens = engine.tokenize("def f(x):")
     assert "f(x)" in engine.detokenize(tokens)

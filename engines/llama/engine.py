@@ -16,7 +16,7 @@ import numpy as np
 from ..spec.compat import check_compatible
 from ..spec.loop import run_steps
 from ..spec.ngram import NgramPoolProposer
-from ..spec.proposers import SUPPORTED_METHODS, make_proposer
+from ..spec.proposers import SUPPORTED_METHODS
 from ..spec.verify import VerifyResult, verify
 from ..types import Draft, GenerationRequest, SamplingParams, SpecDeskError, StepEvent
 from .binding import GgufContext, GgufModel, validated_header
@@ -147,7 +147,7 @@ class LlamaEngine:
 
     # --- generation: the shared loop (engines/spec/loop.py) and its hooks -----
     def generate(self, request: GenerationRequest, cancel: threading.Event) -> Iterator[StepEvent]:
-        return run_steps(self, request, cancel, lambda request, rng: make_proposer(self, request.spec, request.sampling, rng))
+        return run_steps(self, request, cancel)
 
     def prefill(self, prompt: list[int], proposer) -> None:
         self._route_hidden_states(proposer)
@@ -161,9 +161,9 @@ class LlamaEngine:
     def target_pass(self, tokens: list[int], proposer) -> np.ndarray:
         return self.context.decode(tokens)  # logits (len(tokens), V)
 
-    def verify_pass(self, draft: Draft, logits: np.ndarray, sampling: SamplingParams,
+    def verify_pass(self, draft: Draft, output: np.ndarray, sampling: SamplingParams,
                     rng: np.random.Generator) -> VerifyResult:
-        return verify(draft.tokens, draft.probs, logits, sampling, rng)
+        return verify(draft.tokens, draft.probs, output, sampling, rng)  # output: the pass's logits
 
     def observe(self, proposer, output, rows: int, following: list[int], start: int) -> None:
         """Nothing: llama.cpp drafters read the target's batches through GgufContext.on_decode."""

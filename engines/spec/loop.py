@@ -16,6 +16,7 @@ import numpy as np
 
 from ..text import IncrementalDetokenizer
 from ..types import Draft, GenerationRequest, SamplingParams, SpecDeskError, StepEvent
+from .proposers import ModelSource, make_proposer
 from .protocols import Proposer
 from .verify import VerifyResult
 
@@ -149,8 +150,9 @@ class TargetModel(Protocol):
     def token_bytes(self, token: int) -> bytes: ...
 
 
-class StepTarget(Protocol):
-    """The hooks an engine gives the shared loop; everything else about a step lives here."""
+class StepTarget(ModelSource, Protocol):
+    """The hooks an engine gives the shared loop (and, as a ModelSource, the proposer
+    factory); everything else about a step lives here."""
 
     n_ctx: int
     target: TargetModel
@@ -175,11 +177,7 @@ class StepTarget(Protocol):
         (the rows of the tokens the target kept, followed by `following`)."""
 
 
-ProposerFactory = Callable[[GenerationRequest, np.random.Generator], Optional[Proposer]]
-
-
-def run_steps(engine: StepTarget, request: GenerationRequest, cancel: threading.Event,
-              make_proposer: ProposerFactory) -> Iterator[StepEvent]:
+def run_steps(engine: StepTarget, request: GenerationRequest, cancel: threading.Event) -> Iterator[StepEvent]:
     """The generation loop of both engines: propose up to k tokens -> one target pass over
     [last, d1..dk] -> accept a prefix -> roll the cache back past the rejected tail ->
     commit accepted + one target token -> one StepEvent. Baseline is the same loop with
@@ -188,7 +186,7 @@ def run_steps(engine: StepTarget, request: GenerationRequest, cancel: threading.
     check_prompt(prompt, engine.n_ctx, engine.target.n_vocab)
     # One generator for the proposer's samples and the verifier's draws, in that order each step.
     rng = np.random.default_rng(request.sampling.seed)
-    proposer = make_proposer(request, rng)
+    proposer = make_proposer(engine, request.spec, request.sampling, rng)
     engine.last_proposer = proposer
     if proposer is not None:
         proposer.begin(prompt)

@@ -18,7 +18,7 @@ import numpy as np
 from ..spec.compat import check_compatible
 from ..spec.loop import run_steps
 from ..spec.ngram import NgramPoolProposer
-from ..spec.proposers import SUPPORTED_METHODS, make_proposer
+from ..spec.proposers import SUPPORTED_METHODS
 from ..spec.protocols import TargetObserver
 from ..types import Draft, GenerationRequest, SamplingParams, SpecDeskError, StepEvent
 from .device import choose_device, choose_dtype, device_name, require_torch
@@ -141,7 +141,7 @@ class TorchEngine:
 
     # --- generation: the shared loop (engines/spec/loop.py) and its hooks -------
     def generate(self, request: GenerationRequest, cancel: threading.Event) -> Iterator[StepEvent]:
-        return run_steps(self, request, cancel, lambda request, rng: make_proposer(self, request.spec, request.sampling, rng))
+        return run_steps(self, request, cancel)
 
     def prefill(self, prompt: list[int], proposer) -> None:
         ctx = self.context
