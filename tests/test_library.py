@@ -9,7 +9,6 @@ import shutil
 from pathlib import Path
 
 import numpy as np
-import pytest
 
 from specdesk.app.library import (LibraryConfig, demo_family_paths, expand_location, load_sources, read_model,
                                   scan_library, source_locations)

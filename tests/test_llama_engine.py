@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import threading
 from collections import Counter
 
@@ -123,16 +122,25 @@ def _token_counts(engine, prompt_tokens, spec, sampling, runs, positions):
     return counts, accepted
 
 
-def _chi_square_same(a: Counter, b: Counter, min_expected: float = 5.0) -> float:
-    """Two-sample chi-square p-value; categories too rare for the test pooled into one bin."""
+def _chi_square_same(a: Counter, b: Counter, min_expected: float = 5.0, max_categories: int = 12) -> float:
+    """Two-sample chi-square p-value over the most frequent tokens, the rest pooled into one bin.
+
+    Pooling keeps the test's power on broad distributions: a hundred categories would spread the
+    statistic over a hundred degrees of freedom and hide a shift of mass onto a likely token, while
+    the pooled bin still sees mass moving into or out of the rare ones."""
     n_a, n_b = sum(a.values()), sum(b.values())
     categories = sorted(set(a) | set(b), key=lambda t: -(a[t] + b[t]))
     common = [t for t in categories if (a[t] + b[t]) * min(n_a, n_b) / (n_a + n_b) >= min_expected]
+    common = common[:max_categories]
     rare = [t for t in categories if t not in common]
     table = np.array([[a[t] for t in common] + [sum(a[t] for t in rare)],
                       [b[t] for t in common] + [sum(b[t] for t in rare)]])
     table = table[:, table.sum(axis=0) > 0]
     return scipy_stats.chi2_contingency(table)[1]
+
+
+# Repeated imports: prompt lookup drafts on every step and the small demo target often follows them.
+REPETITIVE = "import os\nimport sys\nimport re\n" * 2 + "import os\nimport sys\nimport"
 
 
 @pytest.mark.parametrize("method,sampling", [("draft", SamplingParams(temperature=0.8, top_p=0.95)),
@@ -146,9 +154,8 @@ def test_sampling_distribution_matches_plain_sampling(engine, demo_family, metho
     6000 runs per arm. Power check: the same test must reject the speculative sample with
     5% of its draws replaced by one moderately likely token (a ~5% total-variation shift).
     """
-    if method.startswith("ngram"):  # repetitive, so prompt lookup and the pool draft on most steps
-        text = ("    def get_x(self):\n        return self.x\n\n    def get_y(self):\n"
-                "        return self.y\n\n" * 3 + "    def get_z(self):\n")
+    if method.startswith("ngram"):  # repetitive, so prompt lookup and the pool draft, and the model follows
+        text = REPETITIVE
     else:  # code where the small draft agrees with the target often enough
         text = PROMPTS[0]
     prompt = engine.tokenize(text)

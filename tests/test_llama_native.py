@@ -3,7 +3,6 @@ symbol binding, GGUF export, losslessness, and the errors a user can act on."""
 
 from __future__ import annotations
 
-import ctypes
 from pathlib import Path
 
 import numpy as np

@@ -15,13 +15,13 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from scipy import stats as scipy_stats  # noqa: E402
 
 from specdesk.app.compare import load_prompts  # noqa: E402
 from specdesk.app.paths import assets_dir  # noqa: E402
 from specdesk.engines.torch.context import TorchContext, TorchModel  # noqa: E402
 from specdesk.engines.torch.engine import TorchEngine, supported_methods  # noqa: E402
 from specdesk.engines.types import GenerationRequest, SamplingParams, SpecConfig, SpecDeskError  # noqa: E402
+from test_llama_engine import _chi_square_same, _token_counts  # noqa: E402  (the same counting and test)
 
 PROMPTS = load_prompts(assets_dir() / "prompts" / "code.jsonl")
 # benchmarks/device_cuda.sh runs these tests on a GPU; float32 keeps greedy ties rare there too.
@@ -189,39 +189,13 @@ def test_logits_after_rejected_draft_equal_fresh_evaluation(demo_family):
                                rtol=0, atol=1e-4)
 
 
-def _token_counts(engine, prompt_tokens, spec, sampling, runs, positions):
-    counts = {p: Counter() for p in positions}
-    accepted = 0
-    for seed in range(runs):
-        seeded = SamplingParams(sampling.temperature, sampling.top_p, sampling.top_k, seed)
-        request = GenerationRequest(tuple(prompt_tokens), max_tokens=max(positions) + 1, sampling=seeded,
-                                    spec=spec, stop_at_eos=False)
-        out = []
-        for event in engine.generate(request, threading.Event()):
-            out.extend(event.tokens)
-            accepted += event.accepted
-        for p in positions:
-            counts[p][out[p]] += 1
-    return counts, accepted
-
-
-def _chi_square_same(a: Counter, b: Counter, min_expected: float = 5.0) -> float:
-    n_a, n_b = sum(a.values()), sum(b.values())
-    categories = sorted(set(a) | set(b), key=lambda t: -(a[t] + b[t]))
-    common = [t for t in categories if (a[t] + b[t]) * min(n_a, n_b) / (n_a + n_b) >= min_expected]
-    rare = [t for t in categories if t not in common]
-    table = np.array([[a[t] for t in common] + [sum(a[t] for t in rare)],
-                      [b[t] for t in common] + [sum(b[t] for t in rare)]])
-    table = table[:, table.sum(axis=0) > 0]
-    return scipy_stats.chi2_contingency(table)[1]
 
 
 SAMPLING = SamplingParams(temperature=0.8, top_p=0.95)
 TOP_K = SamplingParams(temperature=1.0, top_k=12)
 RUNS, POSITIONS = 4000, (0, 2)
-# Repetitive code, so prompt lookup and the pool draft on most steps.
-REPETITIVE = ("    def get_x(self):\n        return self.x\n\n    def get_y(self):\n"
-              "        return self.y\n\n" * 3 + "    def get_z(self):\n")
+# Repeated imports: prompt lookup drafts on every step and the small demo target often follows them.
+REPETITIVE = "import os\nimport sys\nimport re\n" * 2 + "import os\nimport sys\nimport"
 _plain: dict = {}
 
 
