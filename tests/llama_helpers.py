@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 import numpy as np
 
@@ -49,6 +49,40 @@ def rewrite_gguf(src: str | Path, dst: str | Path, edit_tokens: Callable[[list[s
         data = np.asarray(tensor.data)
         if extra_tokens and tensor.name in ("token_embd.weight", "output.weight"):
             data = np.concatenate([data, np.zeros((extra_tokens, data.shape[1]), data.dtype)])
+        writer.add_tensor(tensor.name, data, raw_shape=list(data.shape), raw_dtype=tensor.tensor_type)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return Path(dst)
+
+
+def copy_gguf(src: str | Path, dst: str | Path, overrides: dict[str, Any]) -> Path:
+    """A copy of a GGUF file with some metadata values replaced: "{arch}" in a key stands for the
+    file's architecture, the value None drops the key, and a key the file lacks is added (a str as
+    a string, a bool, int or float as such)."""
+    from gguf import GGUFReader, GGUFValueType, GGUFWriter
+
+    reader = GGUFReader(str(src))
+    arch = reader.fields["general.architecture"].contents()
+    changes = {key.replace("{arch}", arch): value for key, value in overrides.items()}
+    writer = GGUFWriter(str(dst), arch)
+    for name, field in reader.fields.items():
+        if name.startswith("GGUF.") or name == "general.architecture":
+            continue
+        value = changes.pop(name, field.contents())
+        if value is None:
+            continue
+        main_type = field.types[0]
+        writer.add_key_value(name, value, main_type,
+                             sub_type=field.types[-1] if main_type == GGUFValueType.ARRAY else None)
+    added_types = {str: GGUFValueType.STRING, bool: GGUFValueType.BOOL, int: GGUFValueType.INT64,
+                   float: GGUFValueType.FLOAT32}
+    for name, value in changes.items():
+        if value is not None:
+            writer.add_key_value(name, value, added_types[type(value)])
+    for tensor in reader.tensors:
+        data = np.asarray(tensor.data)
         writer.add_tensor(tensor.name, data, raw_shape=list(data.shape), raw_dtype=tensor.tensor_type)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()

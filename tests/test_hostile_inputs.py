@@ -151,7 +151,7 @@ def test_hostile_templates_are_refused_in_one_line_with_bounded_memory(name):
     assert "\n" not in message and message.startswith("the chat template of evil.gguf "), message
     assert any(e in message for e in ((expected,) if isinstance(expected, str) else expected)), message
     # Bounds that only a missing limit can break (each case alone would take minutes or GBs).
-    assert elapsed < TemplateLimits().max_seconds + 20, f"{name}: {elapsed:.1f} s"
+    assert elapsed < TemplateLimits().max_seconds + 60, f"{name}: {elapsed:.1f} s"
     assert peak < 200 * 2**20, f"{name}: {peak / 2**20:.0f} MB"
     assert threading.active_count() == threads  # the deadline needs no watcher thread
 
@@ -163,7 +163,7 @@ def test_the_wall_time_limit_ends_a_slow_template():
     with pytest.raises(SpecDeskError, match="ran longer than 0.3 s"):
         render_chat("{% for i in range(99999) %}{% for j in range(99999) %}{% endfor %}{% endfor %}",
                     [], source="slow.gguf", limits=limits)
-    assert time.monotonic() - started < 10
+    assert time.monotonic() - started < 60  # the deadline held: without it, hours
 
 
 def test_an_oversized_template_is_refused_before_parsing():
@@ -190,7 +190,7 @@ def test_a_50_mb_prompt_is_refused_before_tokenizing(small_engine):
         text_tokens(small_engine, prompt)
     message = str(refused.value)
     assert "\n" not in message and "more than the context of 256 tokens can hold" in message
-    assert time.monotonic() - started < 30  # tokenizing it in full took 12 s and 2.5 GB
+    assert time.monotonic() - started < 120  # a bound on a hang only; PromptTooLong itself shows the early check
 
 
 def test_text_that_may_fit_still_goes_to_the_tokenizer(small_engine):

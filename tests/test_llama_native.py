@@ -16,7 +16,7 @@ from specdesk.engines.llama.engine import LlamaEngine
 from specdesk.engines.llama.ext import SYMBOLS, Ext, available_methods
 from specdesk.engines.types import SamplingParams, SpecConfig, SpecDeskError
 
-from llama_helpers import generate_tokens
+from llama_helpers import copy_gguf, generate_tokens
 from test_llama_engine import _chi_square_same, _token_counts
 
 PROMPTS = load_prompts(assets_dir() / "prompts" / "code.jsonl")
@@ -52,27 +52,6 @@ def _spec(method: str, native: dict, k: int) -> SpecConfig:
 def _engine(method, mtp_engine, dflash_engine):
     return mtp_engine if method == "mtp" else dflash_engine
 
-
-def copy_gguf(src, dst, edit: dict) -> Path:
-    """Copy a GGUF file with some metadata values replaced."""
-    from gguf import GGUFReader, GGUFValueType, GGUFWriter
-
-    reader = GGUFReader(str(src))
-    writer = GGUFWriter(str(dst), reader.fields["general.architecture"].contents())
-    for name, field in reader.fields.items():
-        if name.startswith("GGUF.") or name == "general.architecture":
-            continue
-        main_type = field.types[0]
-        sub_type = field.types[-1] if main_type == GGUFValueType.ARRAY else None
-        writer.add_key_value(name, edit.get(name, field.contents()), main_type, sub_type=sub_type)
-    for tensor in reader.tensors:
-        data = np.asarray(tensor.data)
-        writer.add_tensor(tensor.name, data, raw_shape=list(data.shape), raw_dtype=tensor.tensor_type)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    return Path(dst)
 
 
 # --- binding -----------------------------------------------------------------------------
