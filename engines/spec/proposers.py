@@ -22,6 +22,9 @@ SUPPORTED_METHODS = METHODS  # both engines run every method
 _PROPOSERS = {"draft": ("draft", "DraftProposer"), "mtp": ("mtp", "MtpProposer"),
               "dflash": ("dflash", "DFlashProposer"), "eagle3": ("eagle3", "Eagle3Proposer")}
 _DRAFTER_NAMES = {"dflash": "a DFlash drafter", "eagle3": "an EAGLE-3 drafter"}
+# The modules proposer_class imports by name, in each engine package (an installer bundle
+# must list them: a freezing tool cannot see imports made by name).
+PROPOSER_MODULES = tuple(module for module, _ in _PROPOSERS.values())
 
 
 class ModelSource(Protocol):
