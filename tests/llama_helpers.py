@@ -50,11 +50,7 @@ def rewrite_gguf(src: str | Path, dst: str | Path, edit_tokens: Callable[[list[s
         if extra_tokens and tensor.name in ("token_embd.weight", "output.weight"):
             data = np.concatenate([data, np.zeros((extra_tokens, data.shape[1]), data.dtype)])
         writer.add_tensor(tensor.name, data, raw_shape=list(data.shape), raw_dtype=tensor.tensor_type)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    return Path(dst)
+    return _finish(writer, dst)
 
 
 def copy_gguf(src: str | Path, dst: str | Path, overrides: dict[str, Any]) -> Path:
@@ -84,6 +80,11 @@ def copy_gguf(src: str | Path, dst: str | Path, overrides: dict[str, Any]) -> Pa
     for tensor in reader.tensors:
         data = np.asarray(tensor.data)
         writer.add_tensor(tensor.name, data, raw_shape=list(data.shape), raw_dtype=tensor.tensor_type)
+    return _finish(writer, dst)
+
+
+def _finish(writer, dst: str | Path) -> Path:
+    """Write a GGUFWriter's header, metadata and tensors, and close it."""
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
