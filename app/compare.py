@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Callable, Iterable, Optional
 
 from specdesk.engines.files import require_regular_file
-from specdesk.engines.spec.stats import StatsAccumulator
+from specdesk.engines.speculation.stats import StatsAccumulator
 from specdesk.engines.types import GenerationRequest, RunStats, SamplingParams, SpecConfig, SpecDeskError, StepEvent
 
 EventCallback = Callable[[str, int, StepEvent], None]  # (run label, prompt index, event)

@@ -63,7 +63,7 @@ def draft_verdicts(engine, paths: dict[str, str]) -> tuple[tuple[str, tuple[str,
     """For each draft choice (-> its GGUF path): the reasons it cannot serve the loaded target,
     from a vocabulary-only read of the file (no weights are loaded)."""
     from specdesk.engines.llama.binding import GgufModel
-    from specdesk.engines.spec.compat import incompatibilities
+    from specdesk.engines.speculation.compat import incompatibilities
 
     verdicts = []
     for choice, path in paths.items():

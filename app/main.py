@@ -97,7 +97,7 @@ def chat_prompt(engine, messages: list[dict]) -> list[int]:
     if hasattr(engine, "chat_prompt"):  # an engine host renders the template itself (a template can hang)
         return engine.chat_prompt(messages)
     from specdesk.app.templates import render_chat
-    from specdesk.engines.spec.loop import check_prompt_text
+    from specdesk.engines.speculation.loop import check_prompt_text
 
     model = engine.target
     # Before rendering, the messages' own text: a template shows it (a template that drops

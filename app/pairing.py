@@ -1,7 +1,7 @@
 """Pairing: which drafts in the library can serve a target, how much each should help,
 which native drafters exist for it, and whether target + draft + caches fit in memory.
 
-Compatibility is the engine's own rule set (engines/spec/compat.py), applied to each
+Compatibility is the engine's own rule set (engines/speculation/compat.py), applied to each
 model's vocabulary as llama.cpp loads it (a vocab-only load: no weights are read), so a
 verdict here is exactly the one the engine gives when the pair is loaded. The expected
 benefit is the standard speculative-decoding speedup model (Leviathan et al. 2023) with an
@@ -163,7 +163,7 @@ def score_draft(target: ModelEntry, draft: ModelEntry) -> DraftVerdict:
 
 def check_draft(target: ModelEntry, draft: ModelEntry, target_vocab: Optional["GgufModel"] = None) -> DraftVerdict:
     """The engine's verdict on one pair; every refusal names what differs."""
-    from specdesk.engines.spec.compat import incompatibilities
+    from specdesk.engines.speculation.compat import incompatibilities
 
     if not draft.ok:
         return DraftVerdict(draft.path, draft.name, False, reasons=(draft.error,))

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Optional
 
-from specdesk.engines.spec.loop import check_prompt_text, is_prompt_too_long
+from specdesk.engines.speculation.loop import check_prompt_text, is_prompt_too_long
 from specdesk.engines.types import SpecDeskError
 
 

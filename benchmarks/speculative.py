@@ -34,7 +34,7 @@ from specdesk.app.compare import compare, load_prompts
 from specdesk.app.paths import assets_dir
 from specdesk.engines.llama.binding import GgufContext
 from specdesk.engines.llama.engine import LlamaEngine
-from specdesk.engines.spec.stats import expected_tokens_per_pass
+from specdesk.engines.speculation.stats import expected_tokens_per_pass
 from specdesk.engines.types import GenerationRequest, SamplingParams, SpecConfig
 
 

@@ -11,8 +11,8 @@ torch = pytest.importorskip("torch")
 from specdesk.app.compare import load_prompts  # noqa: E402
 from specdesk.app.demo.export_native_gguf import build_native  # noqa: E402
 from specdesk.app.paths import assets_dir  # noqa: E402
-from specdesk.engines.spec.drafting import confident_rows, top1_prob  # noqa: E402
-from specdesk.engines.spec.proposers import make_proposer  # noqa: E402
+from specdesk.engines.speculation.drafting import confident_rows, top1_prob  # noqa: E402
+from specdesk.engines.speculation.proposers import make_proposer  # noqa: E402
 from specdesk.engines.types import SamplingParams, SpecConfig  # noqa: E402
 
 from llama_helpers import generate_tokens  # noqa: E402

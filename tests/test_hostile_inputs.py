@@ -20,7 +20,7 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from specdesk.app.compare import load_prompts
 from specdesk.app.templates import TemplateLimits, render_chat
-from specdesk.engines.spec.loop import PromptTooLong, check_prompt_text, is_prompt_too_long
+from specdesk.engines.speculation.loop import PromptTooLong, check_prompt_text, is_prompt_too_long
 from specdesk.engines.types import SpecDeskError
 
 MESSAGES = [
@@ -207,7 +207,7 @@ def test_the_bound_never_exceeds_real_token_counts(small_engine):
     """Soundness of the quick check: on real text, and on text made of the vocabulary's
     longest token, no token covers more characters than max_token_chars says."""
     from specdesk.app.paths import assets_dir
-    from specdesk.engines.spec.loop import max_token_chars
+    from specdesk.engines.speculation.loop import max_token_chars
 
     model = small_engine.target
     longest = max(range(model.n_vocab), key=lambda t: len(model.token_bytes(t)))

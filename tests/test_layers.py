@@ -74,7 +74,7 @@ def test_importing_engines_and_app_loads_no_qt_and_no_ui():
                           cwd=ROOT)
     assert done.returncode == 0, done.stderr[-2000:]
     report = json.loads(done.stdout.strip().splitlines()[-1])
-    assert "specdesk.app.main" in report["modules"] and "specdesk.engines.spec.verify" in report["modules"]
+    assert "specdesk.app.main" in report["modules"] and "specdesk.engines.speculation.verify" in report["modules"]
     assert report["qt"] == [] and report["ui"] == [], report
 
 

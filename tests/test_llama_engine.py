@@ -12,7 +12,7 @@ from scipy import stats as scipy_stats
 from specdesk.app.compare import load_prompts
 from specdesk.app.paths import assets_dir
 from specdesk.engines.llama.binding import GgufContext, GgufModel
-from specdesk.engines.spec.compat import incompatibilities
+from specdesk.engines.speculation.compat import incompatibilities
 from specdesk.engines.llama.engine import LlamaEngine
 from specdesk.engines.types import GenerationRequest, SamplingParams, SpecConfig, SpecDeskError
 

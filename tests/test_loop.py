@@ -2,7 +2,7 @@
 
 import pytest
 
-from specdesk.engines.spec.loop import check_prompt, commit, step_budget, step_event
+from specdesk.engines.speculation.loop import check_prompt, commit, step_budget, step_event
 from specdesk.engines.types import SpecDeskError
 
 EOS = 2

@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from specdesk.engines.spec.ngram import NgramPoolProposer, NgramProposer, find_continuation
+from specdesk.engines.speculation.ngram import NgramPoolProposer, NgramProposer, find_continuation
 from specdesk.engines.types import Draft
 
 # --- find_continuation (the reference) -----------------------------------------------------------

@@ -82,7 +82,7 @@ def test_each_refusal_names_the_difference(demo_family, variants):
 def test_verdicts_match_the_engine_on_loaded_models(demo_family, variants):
     """Pairing (vocab-only loads) says exactly what the engine says when it loads the pair."""
     from specdesk.engines.llama.binding import GgufModel
-    from specdesk.engines.spec.compat import incompatibilities
+    from specdesk.engines.speculation.compat import incompatibilities
 
     target_entry = read_model(demo_family["target_gguf"])
     target = GgufModel(demo_family["target_gguf"])

@@ -1,4 +1,4 @@
-"""Both engines and every proposer against the written contracts of engines/spec/protocols.py:
+"""Both engines and every proposer against the written contracts of engines/speculation/protocols.py:
 the names and the parameters of each method, so a drifted signature fails here."""
 
 from __future__ import annotations
@@ -9,11 +9,11 @@ import threading
 import numpy as np
 import pytest
 
-from specdesk.engines.spec.loop import StepTarget
-from specdesk.engines.spec.ngram import NgramPoolProposer, NgramProposer
-from specdesk.engines.spec.proposers import SUPPORTED_METHODS, make_proposer, proposer_class
-from specdesk.engines.spec.protocols import Engine, Proposer, TargetObserver
-from specdesk.engines.spec.stats import ProposerCounters
+from specdesk.engines.speculation.loop import StepTarget
+from specdesk.engines.speculation.ngram import NgramPoolProposer, NgramProposer
+from specdesk.engines.speculation.proposers import SUPPORTED_METHODS, make_proposer, proposer_class
+from specdesk.engines.speculation.protocols import Engine, Proposer, TargetObserver
+from specdesk.engines.speculation.stats import ProposerCounters
 from specdesk.engines.types import GenerationRequest, SamplingParams, SpecConfig, SpecDeskError
 
 MODEL_METHODS = ("draft", "mtp", "dflash", "eagle3")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from specdesk.engines.spec.stats import (
+from specdesk.engines.speculation.stats import (
     ProposerCounters,
     StatsAccumulator,
     expected_tokens_per_pass,

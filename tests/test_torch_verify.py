@@ -1,4 +1,4 @@
-"""Conformance: the torch engine's verification gives exactly engines/spec/verify.py's result,
+"""Conformance: the torch engine's verification gives exactly engines/speculation/verify.py's result,
 draw for draw, on hand-built and random logits (greedy on the device, sampling via the
 shared code)."""
 
@@ -9,7 +9,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from specdesk.engines.spec.verify import sampling_probs, verify  # noqa: E402
+from specdesk.engines.speculation.verify import sampling_probs, verify  # noqa: E402
 from specdesk.engines.torch.verify import verify_on_device  # noqa: E402
 from specdesk.engines.types import SamplingParams  # noqa: E402
 

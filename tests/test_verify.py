@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from scipy.stats import chisquare
 
-from specdesk.engines.spec.verify import VerifyResult, sample, sampling_probs, verify
+from specdesk.engines.speculation.verify import VerifyResult, sample, sampling_probs, verify
 from specdesk.engines.types import SamplingParams
 
 VOCAB = 8

@@ -1,6 +1,6 @@
 """Mutation check of the verifiers: plausible bugs that the tests must catch.
 
-Each mutant is one textual edit of engines/spec/verify.py (numpy) or engines/torch/verify.py
+Each mutant is one textual edit of engines/speculation/verify.py (numpy) or engines/torch/verify.py
 (on the device). For each, the verifier tests run in a fresh pytest process with the mutated
 module in place of the real one (this file, loaded as a pytest plugin with SPECDESK_MUTANT
 set, compiles the edited source into the module before any test imports it; the files on
@@ -22,7 +22,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-NUMPY = "specdesk.engines.spec.verify"
+NUMPY = "specdesk.engines.speculation.verify"
 TORCH = "specdesk.engines.torch.verify"
 TESTS = ["tests/test_verify.py", "tests/test_torch_verify.py"]
 TORCH_TESTS = ["tests/test_torch_verify.py", "tests/test_verify.py"]  # the draw-for-draw conformance first
@@ -42,7 +42,7 @@ class Mutant:
 
 
 MUTANTS = [
-    # --- engines/spec/verify.py
+    # --- engines/speculation/verify.py
     Mutant("bonus-from-row-k-1", NUMPY, "return VerifyResult(k, sample(sampling_probs(logits[k], sampling), rng))",
            "return VerifyResult(k, sample(sampling_probs(logits[max(k - 1, 0)], sampling), rng))"),
     Mutant("draft-probs-from-row-0", NUMPY, "q_row = np.asarray(draft_probs[position], dtype=np.float64)",

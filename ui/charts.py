@@ -13,7 +13,7 @@ import numpy as np
 import pyqtgraph as pg
 from PySide6.QtWidgets import QApplication, QGraphicsItem, QLabel, QSizePolicy, QVBoxLayout, QWidget
 
-from specdesk.engines.spec.stats import StatsAccumulator
+from specdesk.engines.speculation.stats import StatsAccumulator
 from specdesk.engines.types import RunStats
 
 from . import theme

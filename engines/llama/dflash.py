@@ -20,8 +20,8 @@ from typing import Sequence
 
 import numpy as np
 
-from ..spec.compat import check_compatible
-from ..spec.drafting import below_p_min
+from ..speculation.compat import check_compatible
+from ..speculation.drafting import below_p_min
 from ..types import SpecDeskError
 from .binding import GgufContext, GgufModel
 from .ext import CachedPositions, Entry, HiddenStateProposer, LayerInputHooks, NativeContext, ext, open_layer_input_drafter, rows

@@ -1,5 +1,5 @@
 """Draft-model proposer: a smaller GGUF model in its own context drafts k tokens
-(the shared proposer of engines/spec/drafting.py over a llama.cpp context)."""
+(the shared proposer of engines/speculation/drafting.py over a llama.cpp context)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from typing import Sequence
 
 import numpy as np
 
-from ..spec.drafting import ModelDraftProposer
+from ..speculation.drafting import ModelDraftProposer
 
 
 class DraftProposer(ModelDraftProposer):

@@ -1,8 +1,8 @@
 """GGUF targets on llama.cpp: the generation loop of docs/ARCHITECTURE.md.
 
-The step loop is engines/spec/loop.py's, shared with the PyTorch engine; this engine gives
+The step loop is engines/speculation/loop.py's, shared with the PyTorch engine; this engine gives
 it a target pass with logits for every row of [last, d1..dk], verification on those rows
-(engines/spec/verify.py) and rollback of llama.cpp's KV cache by position.
+(engines/speculation/verify.py) and rollback of llama.cpp's KV cache by position.
 """
 
 from __future__ import annotations
@@ -13,11 +13,11 @@ from typing import Callable, Iterator, Optional
 
 import numpy as np
 
-from ..spec.compat import check_compatible
-from ..spec.loop import run_steps
-from ..spec.ngram import NgramPoolProposer
-from ..spec.proposers import SUPPORTED_METHODS
-from ..spec.verify import VerifyResult, verify
+from ..speculation.compat import check_compatible
+from ..speculation.loop import run_steps
+from ..speculation.ngram import NgramPoolProposer
+from ..speculation.proposers import SUPPORTED_METHODS
+from ..speculation.verify import VerifyResult, verify
 from ..types import Draft, GenerationRequest, SamplingParams, SpecDeskError, StepEvent
 from .binding import GgufContext, GgufModel, validated_header
 from .ext import HiddenStateProposer
@@ -128,7 +128,7 @@ class LlamaEngine:
         """A new conversation: the n-gram pool forgets what it learned."""
         self.pool.reset()
 
-    # --- the proposer factory's hooks (engines/spec/proposers.py) -------------
+    # --- the proposer factory's hooks (engines/speculation/proposers.py) -------------
     drafter_file = ("GGUF", "PATH")
     proposer_package = __package__  # where draft.DraftProposer, mtp.MtpProposer, ... live
 
@@ -145,7 +145,7 @@ class LlamaEngine:
         if wanted is not None:
             wanted.attach()
 
-    # --- generation: the shared loop (engines/spec/loop.py) and its hooks -----
+    # --- generation: the shared loop (engines/speculation/loop.py) and its hooks -----
     def generate(self, request: GenerationRequest, cancel: threading.Event) -> Iterator[StepEvent]:
         return run_steps(self, request, cancel)
 

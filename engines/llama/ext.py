@@ -18,7 +18,7 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from ..spec.stats import ProposerCounters
+from ..speculation.stats import ProposerCounters
 from ..types import Draft, SamplingParams, SpecDeskError
 from .binding import GgufModel, check_gguf_file, common_prefix, gguf_header, llama_lib
 

@@ -7,7 +7,7 @@ target's hidden state h_{p-1} (llama_get_embeddings_nextn: final-normed, every r
 target batch). Catch-up: after each target decode the same tokens go through the MTP
 context, paired with the previous rows' h. Drafting: from (x_last, h_{last-1}) the MTP block
 gives logits for the next token and its own h, which feeds the next draft step. Drafts are
-the top-1 token (engines/spec/drafting.py, the rule of both engines).
+the top-1 token (engines/speculation/drafting.py, the rule of both engines).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from typing import Sequence
 
 import numpy as np
 
-from ..spec.drafting import below_p_min
+from ..speculation.drafting import below_p_min
 from ..types import SpecDeskError
 from .binding import GgufContext, GgufModel
 from .ext import CachedPositions, Entry, HiddenStateProposer, NativeContext, ext, gguf_metadata, rows

@@ -24,8 +24,8 @@ import numpy as np
 import torch
 import torch.nn as nn
 
-from ..spec.drafting import confident_rows
-from ..spec.stats import ProposerCounters
+from ..speculation.drafting import confident_rows
+from ..speculation.stats import ProposerCounters
 from ..types import Draft, SamplingParams, SpecDeskError
 from .loader import Checkpoint, load_module, open_checkpoint
 from .model import FeedForward, KVCache, ModelConfig, RMSNorm, apply_rope, attend, rope_tables
@@ -216,7 +216,7 @@ class DFlashDrafter:
 class DFlashProposer:
     def __init__(self, drafter: DFlashDrafter, sampling: SamplingParams, rng: np.random.Generator,
                  p_min: float = 0.0):
-        # Drafts are top-1 tokens at any temperature (engines/spec/drafting.py): sampling and rng go unused.
+        # Drafts are top-1 tokens at any temperature (engines/speculation/drafting.py): sampling and rng go unused.
         self.drafter = drafter
         self.p_min = p_min
         self.taps = drafter.taps

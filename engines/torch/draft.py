@@ -1,5 +1,5 @@
 """Draft-model proposer: a second, smaller Hugging Face model on the same device drafts k tokens
-(the shared proposer of engines/spec/drafting.py over a TorchContext)."""
+(the shared proposer of engines/speculation/drafting.py over a TorchContext)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from typing import Sequence
 
 import numpy as np
 
-from ..spec.drafting import ModelDraftProposer
+from ..speculation.drafting import ModelDraftProposer
 
 
 class DraftProposer(ModelDraftProposer):

@@ -1,8 +1,8 @@
 """Hugging Face safetensors targets on PyTorch: the generation loop of docs/ARCHITECTURE.md.
 
-The step loop is engines/spec/loop.py's, shared with the llama engine; this engine gives it
+The step loop is engines/speculation/loop.py's, shared with the llama engine; this engine gives it
 a target pass over [last, d1..dk], verification on the device (verify.py, the semantics of
-engines/spec/verify.py) and rollback of its static KV cache by position. Proposers that read the target's hidden states
+engines/speculation/verify.py) and rollback of its static KV cache by position. Proposers that read the target's hidden states
 (MTP, DFlash, EAGLE-3) name the taps they need and get each pass's committed rows through
 `observe(output, rows, following_tokens)`.
 """
@@ -15,11 +15,11 @@ from typing import Iterator, Optional
 
 import numpy as np
 
-from ..spec.compat import check_compatible
-from ..spec.loop import run_steps
-from ..spec.ngram import NgramPoolProposer
-from ..spec.proposers import SUPPORTED_METHODS
-from ..spec.protocols import TargetObserver
+from ..speculation.compat import check_compatible
+from ..speculation.loop import run_steps
+from ..speculation.ngram import NgramPoolProposer
+from ..speculation.proposers import SUPPORTED_METHODS
+from ..speculation.protocols import TargetObserver
 from ..types import Draft, GenerationRequest, SamplingParams, SpecDeskError, StepEvent
 from .device import choose_device, choose_dtype, device_name, require_torch
 
@@ -135,11 +135,11 @@ class TorchEngine:
         self.context.close()
         self.target.close()
 
-    # --- the proposer factory's hooks (engines/spec/proposers.py) -------------
+    # --- the proposer factory's hooks (engines/speculation/proposers.py) -------------
     drafter_file = ("folder", "DIR")
     proposer_package = __package__  # where draft.DraftProposer, mtp.MtpProposer, ... live
 
-    # --- generation: the shared loop (engines/spec/loop.py) and its hooks -------
+    # --- generation: the shared loop (engines/speculation/loop.py) and its hooks -------
     def generate(self, request: GenerationRequest, cancel: threading.Event) -> Iterator[StepEvent]:
         return run_steps(self, request, cancel)
 

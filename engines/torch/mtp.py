@@ -24,8 +24,8 @@ import numpy as np
 import torch
 import torch.nn as nn
 
-from ..spec.drafting import below_p_min
-from ..spec.stats import ProposerCounters
+from ..speculation.drafting import below_p_min
+from ..speculation.stats import ProposerCounters
 from ..types import Draft, SamplingParams, SpecDeskError
 from .loader import Checkpoint, load_module
 from .model import DecoderLayer, KVCache, ModelConfig, RMSNorm, causal_mask, config_from_hf, rope_tables
@@ -161,13 +161,13 @@ class MtpDrafter:
 
 class MtpProposer:
     """Drafts up to k top-1 tokens from the target's MTP layer, chained on its own hidden
-    state, stopping below draft_p_min (engines/spec/drafting.py: the rule of both engines).
+    state, stopping below draft_p_min (engines/speculation/drafting.py: the rule of both engines).
 
     Any head with `taps`, `rows_from`, `step`, `layer.feedback` and `n_ctx` drafts the
     same way (EAGLE-3's is one)."""
 
     def __init__(self, head: MtpDrafter, sampling: SamplingParams, rng: np.random.Generator, p_min: float = 0.0):
-        # Drafts are top-1 tokens at any temperature (engines/spec/drafting.py): sampling and rng go unused.
+        # Drafts are top-1 tokens at any temperature (engines/speculation/drafting.py): sampling and rng go unused.
         self.head = head
         self.p_min = p_min
         self.taps = head.taps

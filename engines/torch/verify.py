@@ -1,7 +1,7 @@
 """Verification of a draft against logits that live on the model's device.
 
 Both greedy and sampled verification run where the logits are, with the semantics of
-engines/spec/verify.py: the same transform (temperature, then top-k, then top-p with ties
+engines/speculation/verify.py: the same transform (temperature, then top-k, then top-p with ties
 to the lower id), the same acceptance test u * q(x) < p(x), the same residual, and the same
 rng draws in the same order (one per examined position, then one for the committed token),
 so a seeded run commits the same tokens as the shared code. Only k probabilities and one
@@ -18,7 +18,7 @@ from typing import Optional, Sequence
 import numpy as np
 import torch
 
-from ..spec.verify import _RESIDUAL_EPS, _TOP_P_SLACK, VerifyResult, _fit_width, verify
+from ..speculation.verify import _RESIDUAL_EPS, _TOP_P_SLACK, VerifyResult, _fit_width, verify
 from ..types import SamplingParams
 
 

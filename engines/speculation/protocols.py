@@ -1,6 +1,6 @@
 """The written contracts between the generation loop, the proposers and the app.
 
-`Proposer` is what engines/spec/loop.py drives each step; `Engine` is what the app and the
+`Proposer` is what engines/speculation/loop.py drives each step; `Engine` is what the app and the
 engine host call. Both engines and every proposer are checked against them in
 tests/test_protocols.py, so a missing method fails a test rather than a user's run.
 """
@@ -16,7 +16,7 @@ from ..types import Draft, GenerationRequest, StepEvent
 @runtime_checkable
 class Proposer(Protocol):
     """Drafts tokens for the target to verify. The loop calls begin once per run, then
-    propose / accept once per step; stats() reports spec/stats.ProposerCounters' fields."""
+    propose / accept once per step; stats() reports speculation/stats.ProposerCounters' fields."""
 
     def begin(self, prompt: Sequence[int]) -> None: ...
 

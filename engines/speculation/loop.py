@@ -169,7 +169,7 @@ class StepTarget(ModelSource, Protocol):
 
     def verify_pass(self, draft: Draft, output: Any, sampling: SamplingParams,
                     rng: np.random.Generator) -> VerifyResult:
-        """Accept a prefix of the draft against the pass's rows (engines/spec/verify.py semantics)."""
+        """Accept a prefix of the draft against the pass's rows (engines/speculation/verify.py semantics)."""
 
     def observe(self, proposer: Optional[Proposer], output: Any, rows: int, following: list[int],
                 start: int) -> None:
