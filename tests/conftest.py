@@ -34,3 +34,15 @@ def demo_family(demo_cache_dir: Path) -> dict[str, str]:
             del os.environ["SPECDESK_CACHE_DIR"]
         else:
             os.environ["SPECDESK_CACHE_DIR"] = previous
+
+
+@pytest.fixture(scope="module")
+def local(demo_family):
+    """The small demo target on llama.cpp in this process, its draft model loaded: what the
+    engine process and the server are held to."""
+    from specdesk.engines.llama.engine import LlamaEngine
+
+    engine = LlamaEngine(demo_family["target_gguf"], n_threads=1)
+    engine.load_draft(demo_family["draft_gguf"])
+    yield engine
+    engine.close()

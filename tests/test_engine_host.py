@@ -46,16 +46,6 @@ def client(demo_family):
         yield engine
 
 
-@pytest.fixture(scope="module")
-def local(demo_family):
-    from specdesk.engines.llama.engine import LlamaEngine
-
-    engine = LlamaEngine(demo_family["target_gguf"], n_threads=1)
-    engine.load_draft(demo_family["draft_gguf"])
-    yield engine
-    engine.close()
-
-
 def events(engine, request: GenerationRequest) -> list:
     return list(engine.generate(request, threading.Event()))
 

@@ -72,16 +72,6 @@ def client(server):
     return openai.OpenAI(base_url=server, api_key=API_KEY, max_retries=0, timeout=120)
 
 
-@pytest.fixture(scope="module")
-def local(demo_family):
-    from specdesk.engines.llama.engine import LlamaEngine
-
-    engine = LlamaEngine(demo_family["target_gguf"], n_threads=1)
-    engine.load_draft(demo_family["draft_gguf"])
-    yield engine
-    engine.close()
-
-
 def reference(local, demo_family, tokens, max_tokens: int, sampling=SamplingParams(), method: str = "draft"):
     spec = SpecConfig(method=method, k=4, draft_path=demo_family["draft_gguf"] if method == "draft" else None)
     local.reset_chat()
