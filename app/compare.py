@@ -50,6 +50,48 @@ class PromptResult:
         return None
 
 
+# Two logits closer than this are a tie to within numerical noise: a batched pass and a
+# single-token pass sum in different orders, and in F16/BF16 that moves a logit by up to
+# about 1e-2 on the demo models (measured differences are a few 1e-4).
+NEAR_TIE_LOGIT_GAP = 0.02
+
+
+@dataclass(frozen=True)
+class Divergence:
+    """Where a greedy speculative run first left the baseline, and why it may have."""
+
+    prompt: int  # index of the prompt
+    token: int  # index of the first differing generated token
+    kind: str  # "near_tie": the target's top two logits were within noise there; else "mismatch" (a bug)
+    logit_gap: Optional[float]  # the target's top-1 minus top-2 logit at that position
+
+    def to_json(self) -> dict:
+        return {"prompt": self.prompt, "token": self.token, "kind": self.kind,
+                "logit_gap": None if self.logit_gap is None else round(self.logit_gap, 6)}
+
+    def describe(self) -> str:
+        gap = "" if self.logit_gap is None else f", top-two logit gap {self.logit_gap:.4g}"
+        what = ("a near-tie: the target's top two logits are within numerical noise there"
+                if self.kind == "near_tie" else "a mismatch: the target clearly preferred another token, a bug")
+        return f"prompt {self.prompt + 1}, token {self.token + 1}: {what}{gap}"
+
+
+def classify_divergence(engine, prompt_index: int, prompt_tokens: list[int], result: "PromptResult",
+                        tolerance: float = NEAR_TIE_LOGIT_GAP) -> Optional[Divergence]:
+    """The first divergence of a greedy pair of runs, classified by the target's own logits at
+    that position (one single-token pass after the common prefix): a near-tie when the two
+    runs chose the target's top two tokens and those are within `tolerance`, else a mismatch."""
+    position = result.first_divergence()
+    if position is None:
+        return None
+    base, spec = result.baseline.tokens, result.speculative.tokens
+    top = engine.top_logits([*prompt_tokens, *base[:position]], 2)
+    gap = top[0][1] - top[1][1]
+    chosen = {base[position] if position < len(base) else None, spec[position] if position < len(spec) else None}
+    near_tie = gap <= tolerance and chosen == {top[0][0], top[1][0]}
+    return Divergence(prompt_index, position, "near_tie" if near_tie else "mismatch", float(gap))
+
+
 def run_once(engine, request: GenerationRequest, cancel: Optional[threading.Event] = None,
              on_event: Optional[Callable[[StepEvent], None]] = None) -> RunResult:
     """Consume one generation; stats time the decode from its first pass to its last."""
@@ -110,6 +152,7 @@ class CompareReport:
     k: int
     temperature: float
     results: tuple[PromptResult, ...]
+    divergences: tuple[Divergence, ...] = ()  # greedy runs only: each prompt's first divergence
 
     @property
     def baseline(self) -> RunStats:
@@ -151,6 +194,7 @@ class CompareReport:
             },
             "speedup": round(self.speedup, 4),
             "identical_outputs": self.identical_outputs,
+            "divergences": [d.to_json() for d in self.divergences],
         }
 
 
@@ -186,8 +230,16 @@ def compare(engine, prompts: list[str], spec: SpecConfig, sampling: SamplingPara
         results.append(PromptResult(prompt, runs["baseline"], runs["speculative"]))
         if cancel.is_set():
             break
+    divergences = []
+    if sampling.greedy:
+        for index, (tokens, result) in enumerate(zip(encoded, results)):
+            if "cancelled" in (result.baseline.finish_reason, result.speculative.finish_reason):
+                continue  # a cut run differs in length only
+            divergence = classify_divergence(engine, index, tokens, result)
+            if divergence is not None:
+                divergences.append(divergence)
     return CompareReport(engine.name, str(engine.target.path), spec.draft_path, spec.method,
-                         spec.k, sampling.temperature, tuple(results))
+                         spec.k, sampling.temperature, tuple(results), tuple(divergences))
 
 
 MAX_PROMPTS_FILE_BYTES = 256 * 2**20

@@ -208,6 +208,10 @@ class EngineClient:
     def detokenize(self, tokens) -> str:
         return self.call("detokenize", list(tokens))
 
+    def top_logits(self, tokens, n: int = 2) -> list[tuple[int, float]]:
+        """The target's n highest logits for the token after `tokens` (see LlamaEngine.top_logits)."""
+        return [tuple(pair) for pair in self.call("top_logits", list(tokens), n)]
+
     def chat_prompt(self, messages: list[dict]) -> list[int]:
         """The conversation in the model's chat template, rendered in the host (a template can hang)."""
         return self.call("chat_prompt", [dict(m) for m in messages])

@@ -144,6 +144,7 @@ CALLS: dict[str, Callable[..., Any]] = {
     "tokenize": lambda engine, text, add_bos=True: engine.tokenize(text, add_bos=add_bos),
     "detokenize": lambda engine, tokens: engine.detokenize(tokens),
     "device_description": lambda engine: getattr(engine, "device_description", "CPU"),
+    "top_logits": lambda engine, tokens, n=2: engine.top_logits(list(tokens), n),
     "target.tokenize": _target_call("tokenize"),
     "target.token_text": _target_call("token_text"),
     "target.detokenize": _target_call("detokenize"),

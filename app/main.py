@@ -133,10 +133,8 @@ def format_table(report) -> str:
     if spec.passes:
         share = spec.draft_s / max(1e-9, spec.draft_s + spec.verify_s)
         rows.append(f"time drafting {share:.0%} · verifying {1 - share:.0%}")
-    for i, r in enumerate(report.results):
-        at = r.first_divergence()
-        if report.temperature == 0 and at is not None:
-            rows.append(f"prompt {i + 1}: outputs differ from token {at}")
+    for divergence in report.divergences:
+        rows.append(f"outputs differ at {divergence.describe()}")
     return "\n".join(rows)
 
 

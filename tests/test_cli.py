@@ -13,7 +13,7 @@ from specdesk.app.main import main
 from llama_helpers import rewrite_gguf
 
 REPORT_KEYS = {"engine", "target", "draft", "method", "k", "temperature", "prompts", "baseline", "speculative",
-               "speedup", "identical_outputs"}
+               "speedup", "identical_outputs", "divergences"}
 
 
 def run_cli(capsys, *argv: str) -> tuple[int, str, str]:
@@ -36,7 +36,7 @@ def test_compare_writes_one_json_object(capsys, demo_family, tmp_path):
     assert set(report["speculative"]) == {"tokens", "seconds", "tok_per_s", "drafted", "accepted", "acceptance_rate",
                                           "mean_accepted_length", "per_position_acceptance"}
     assert len(report["speculative"]["per_position_acceptance"]) == 3
-    assert report["identical_outputs"] is True
+    assert report["identical_outputs"] is True and report["divergences"] == []
     assert report["speedup"] > 0
 
 

@@ -340,8 +340,15 @@ class CompareView(QWidget):
             colour = good
         else:
             at = result.first_divergence()
-            verdict = f"outputs differ from token {at} (marked) ✗"
-            colour = "#d04040"
+            first = next((d for d in report.divergences if d.prompt == 0), None)
+            if first is not None and first.kind == "near_tie":
+                verdict = (f"outputs differ from token {at} (marked): a near-tie, the target's top two logits "
+                           f"differ by {first.logit_gap:.2g} there (numerical noise)")
+                colour = theme.muted(self.palette()).name()
+            else:
+                gap = "" if first is None else f": a mismatch, top-two logit gap {first.logit_gap:.3g}"
+                verdict = f"outputs differ from token {at} (marked){gap} ✗"
+                colour = "#d04040"
             self.baseline_pane.mark_token(at)
             self.speculative_pane.mark_token(at)
         self.verdict.setText(f'<span style="font-size:14pt; font-weight:600">{pace}</span>'

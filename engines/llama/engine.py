@@ -14,7 +14,7 @@ from typing import Callable, Iterator, Optional
 import numpy as np
 
 from ..speculation.compat import check_compatible
-from ..speculation.loop import run_steps
+from ..speculation.loop import run_steps, top_entries
 from ..speculation.ngram import NgramPoolProposer
 from ..speculation.proposers import SUPPORTED_METHODS
 from ..speculation.verify import VerifyResult, verify
@@ -112,6 +112,12 @@ class LlamaEngine:
 
     def detokenize(self, tokens) -> str:
         return self.target.detokenize(tokens)
+
+    def top_logits(self, tokens: list[int], n: int = 2) -> list[tuple[int, float]]:
+        """The target's n highest logits for the token after `tokens`, from the single-token
+        pass a baseline run makes there (used to explain where two runs diverged)."""
+        self.prefill(list(tokens), None)
+        return top_entries(self.target_pass([tokens[-1]], None)[0], n)
 
     def close(self) -> None:
         for drafter in self._native.values():

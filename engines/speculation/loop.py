@@ -133,6 +133,14 @@ def step_event(n_drafted: int, accepted: int, committed: Sequence[int], from_dra
     )
 
 
+def top_entries(logits: np.ndarray, n: int) -> list[tuple[int, float]]:
+    """The n largest entries of a (V,) logits row as (token, logit), largest first; ties go
+    to the lower token id, as argmax breaks them."""
+    row = np.asarray(logits, dtype=np.float32)
+    order = np.argsort(-row, kind="stable")[:n]
+    return [(int(token), float(row[token])) for token in order]
+
+
 class TargetCache(Protocol):
     """The target's KV cache as the loop sees it: positions held, and a cut back to a position."""
 

@@ -58,4 +58,7 @@ class Engine(Protocol):
 
     def generate(self, request: GenerationRequest, cancel: threading.Event) -> Iterator[StepEvent]: ...
 
+    def top_logits(self, tokens: Sequence[int], n: int = 2) -> list[tuple[int, float]]:
+        """The target's n highest (token, logit) for the token after `tokens`, largest first."""
+
     def close(self) -> None: ...

@@ -16,7 +16,7 @@ from typing import Iterator, Optional
 import numpy as np
 
 from ..speculation.compat import check_compatible
-from ..speculation.loop import run_steps
+from ..speculation.loop import run_steps, top_entries
 from ..speculation.ngram import NgramPoolProposer
 from ..speculation.proposers import SUPPORTED_METHODS
 from ..speculation.protocols import TargetObserver
@@ -128,6 +128,13 @@ class TorchEngine:
 
     def reset_chat(self) -> None:
         self.pool.reset()
+
+    def top_logits(self, tokens: list[int], n: int = 2) -> list[tuple[int, float]]:
+        """The target's n highest logits for the token after `tokens`, from the single-token
+        pass a baseline run makes there (used to explain where two runs diverged)."""
+        self.prefill(list(tokens), None)
+        logits = self.target_pass([tokens[-1]], None).logits[0]  # (V,)
+        return top_entries(logits.detach().float().cpu().numpy(), n)
 
     def close(self) -> None:
         self._drafts.clear()
