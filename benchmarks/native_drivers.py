@@ -74,23 +74,38 @@ def vendored_source(root: Path, version: str) -> Path:
     return src
 
 
-def build_driver(jobs: int = 2) -> Path:
-    """The cached llama-speculative-simple binary, built first if needed (CPU, Release)."""
-    version = metadata.version("llama-cpp-python")
-    root = cache_dir() / "llama-native" / version
-    binary = root / "build" / "bin" / TARGET
+SERVER = "llama-server"
+BUILDS = {  # target -> (build folder, CMake options beyond the common ones)
+    TARGET: ("build", ["-DLLAMA_BUILD_TOOLS=OFF", "-DLLAMA_BUILD_SERVER=OFF", "-DLLAMA_BUILD_EXAMPLES=ON"]),
+    SERVER: ("build-server", ["-DLLAMA_BUILD_TOOLS=ON", "-DLLAMA_BUILD_SERVER=ON", "-DLLAMA_BUILD_EXAMPLES=OFF",
+                              "-DLLAMA_BUILD_UI=OFF", "-DLLAMA_USE_PREBUILT_UI=OFF"]),
+}
+
+
+def native_binary(target: str = TARGET) -> Path:
+    """Where the cached `target` binary lives (it may not be built yet)."""
+    folder = BUILDS[target][0]
+    return cache_dir() / "llama-native" / metadata.version("llama-cpp-python") / folder / "bin" / target
+
+
+def build_driver(jobs: int = 2, target: str = TARGET) -> Path:
+    """The cached binary of `target` (llama-speculative-simple or llama-server), built first
+    if needed (CPU, Release, that target alone; the source is fetched once for both)."""
+    binary = native_binary(target)
     if binary.is_file():
         return binary
+    version = metadata.version("llama-cpp-python")
+    root = cache_dir() / "llama-native" / version
     src = vendored_source(root, version)
-    build = root / "build"
-    log(f"building {TARGET} from {src} (CPU only; several minutes on two cores, once)")
+    folder, options = BUILDS[target]
+    build = root / folder
+    log(f"building {target} from {src} (CPU only; several minutes on two cores, once)")
     generator = ["-G", "Ninja"] if shutil.which("ninja") else []
     subprocess.run(["cmake", "-S", str(src), "-B", str(build), *generator, "-DCMAKE_BUILD_TYPE=Release",
-                    "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_TOOLS=OFF", "-DLLAMA_BUILD_SERVER=OFF",
-                    "-DLLAMA_BUILD_APP=OFF", "-DLLAMA_BUILD_EXAMPLES=ON", "-DLLAMA_CURL=OFF",
+                    "-DLLAMA_BUILD_TESTS=OFF", *options, "-DLLAMA_BUILD_APP=OFF", "-DLLAMA_CURL=OFF",
                     "-DLLAMA_OPENSSL=OFF", "-DGGML_CUDA=OFF", "-DBUILD_SHARED_LIBS=OFF"],
                    check=True, stdout=subprocess.DEVNULL)
-    subprocess.run(["cmake", "--build", str(build), "-j", str(jobs), "--target", TARGET], check=True,
+    subprocess.run(["cmake", "--build", str(build), "-j", str(jobs), "--target", target], check=True,
                    stdout=subprocess.DEVNULL)
     return binary
 
