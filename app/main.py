@@ -139,6 +139,10 @@ def format_table(report) -> str:
 
 
 def cmd_compare(args) -> int:
+    if getattr(args, "endpoint", None):  # a served engine (app/served.py)
+        from specdesk.app.served import cmd_served_compare
+
+        return cmd_served_compare(args)
     from specdesk.app.compare import compare, load_prompts
 
     if args.prompt is not None and args.prompts is not None:
@@ -187,6 +191,10 @@ def cmd_compare(args) -> int:
 
 # --- chat --------------------------------------------------------------------
 def cmd_chat(args) -> int:
+    if getattr(args, "endpoint", None):  # a served engine (app/served.py)
+        from specdesk.app.served import cmd_served_chat
+
+        return cmd_served_chat(args)
     from specdesk.app.compare import run_once
     from specdesk.app.prompting import fit_chat
     from specdesk.engines.types import GenerationRequest
@@ -267,9 +275,11 @@ def build_parser(add_more: Optional[Callable[[argparse.ArgumentParser, Any], Non
     (specdesk.ui.cli) add the desktop app's own."""
     parser = argparse.ArgumentParser(prog="specdesk", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command")
+    from specdesk.app.served import add_endpoint_options
 
     p = sub.add_parser("compare", help="run baseline and speculative decoding on the same prompts")
     add_model_options(p)
+    add_endpoint_options(p, compare=True)
     p.add_argument("--prompt", help="one prompt (raw completion text)")
     p.add_argument("--prompts", help='a JSONL file, one {"prompt": "..."} per line')
     p.add_argument("--chat", action="store_true", help="wrap prompts in the model's chat template")
@@ -278,6 +288,7 @@ def build_parser(add_more: Optional[Callable[[argparse.ArgumentParser, Any], Non
 
     p = sub.add_parser("chat", help="chat in the terminal")
     add_model_options(p)
+    add_endpoint_options(p, compare=False)
     p.set_defaults(func=cmd_chat)
 
     p = sub.add_parser("demo", help="the embedded demo model family")
