@@ -14,6 +14,9 @@ import threading
 from pathlib import Path
 from typing import Any, Callable, Optional
 
+from specdesk.app.prompting import chat_prompt  # the engine process renders chat prompts through this name
+from specdesk.app.session import chat_tokens, open_engine as open_engine_process, prompt_tokenizer, resolve_demo
+from specdesk.app.settings import DEMO, DEMO_DFLASH, DEMO_HF
 from specdesk.engines.types import MAX_DRAFT_TOKENS, METHODS, SamplingParams, SpecConfig, SpecDeskError
 
 
@@ -22,12 +25,6 @@ MAX_SEED = 2**32 - 1  # llama.cpp's sampler seed is 32 bits
 
 def _progress(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
-
-
-def demo_paths(small: bool = False) -> dict[str, str]:
-    from specdesk.app.demo.install import build_family
-
-    return build_family(small=small, progress=_progress)
 
 
 def add_model_options(parser: argparse.ArgumentParser) -> None:
@@ -56,15 +53,16 @@ def add_model_options(parser: argparse.ArgumentParser) -> None:
 
 
 def resolve_models(args) -> tuple[str, Optional[str]]:
+    """The target and draft paths: without --target, the demo family's (built if needed)."""
     target, draft = args.target, args.draft
     torch_engine = getattr(args, "engine", "llama") == "torch"
     if target is None:
-        paths = demo_paths(small=args.small_demo)
-        target = paths["target_hf" if torch_engine else "target_gguf"]
+        target = DEMO_HF if torch_engine else DEMO
         if draft is None and args.method == "draft":
-            draft = paths["draft_hf" if torch_engine else "draft_gguf"]
+            draft = DEMO
         if draft is None and args.method == "dflash" and torch_engine:
-            draft = paths.get("dflash_hf")
+            draft = DEMO_DFLASH
+        target, draft = resolve_demo(target, draft, "small" if args.small_demo else "full", _progress)
     if args.method == "dflash" and torch_engine and draft is None:
         raise SpecDeskError("method 'dflash' needs a DFlash drafter folder: pass --draft DIR")
     if args.method == "draft" and draft is None:
@@ -86,29 +84,10 @@ def build_configs(args, draft: Optional[str]) -> tuple[SpecConfig, SamplingParam
 
 
 def open_engine(target: str, args):
-    """The engine in its own process (app/engine_host.py): a crash in a model ends that, not the CLI."""
-    from specdesk.app.engine_client import EngineClient
-
-    return EngineClient(target, kind=getattr(args, "engine", "llama"), n_ctx=args.ctx, n_threads=args.threads,
-                        device=getattr(args, "device", "auto"))
-
-
-def chat_prompt(engine, messages: list[dict]) -> list[int]:
-    if hasattr(engine, "chat_prompt"):  # an engine host renders the template itself (a template can hang)
-        return engine.chat_prompt(messages)
-    from specdesk.app.templates import render_chat
-    from specdesk.engines.speculation.loop import check_prompt_text
-
-    model = engine.target
-    # Before rendering, the messages' own text: a template shows it (a template that drops
-    # most of a message is not worth rendering 50 MB for), and a template looping over the
-    # lines of a huge message would be stopped by its limits with a reason that misleads.
-    check_prompt_text("".join(m["content"] for m in messages if isinstance(m.get("content"), str)),
-                      engine.n_ctx, model)
-    text = render_chat(model.chat_template(), messages, bos_token=model.token_text(model.vocab.bos),
-                       eos_token=model.token_text(model.vocab.eos), source=str(model.path))
-    check_prompt_text(text, engine.n_ctx, model)  # before tokenizing: a 50 MB paste is refused at once
-    return model.tokenize(text, add_bos=False, parse_special=True)
+    """The engine the options ask for, in its own process (app/session.open_engine): a crash in
+    a model ends that, not the CLI."""
+    return open_engine_process(target, args.ctx, args.threads, kind=getattr(args, "engine", "llama"),
+                               device=getattr(args, "device", "auto"))
 
 
 # --- compare ---------------------------------------------------------------
@@ -163,12 +142,7 @@ def cmd_compare(args) -> int:
     try:
         if spec.method == "draft":
             engine.load_draft(spec.draft_path)
-        if args.chat:
-            tokenize = lambda text: chat_prompt(engine, [{"role": "user", "content": text}])
-        else:
-            from specdesk.app.prompting import text_tokens
-
-            tokenize = lambda text: text_tokens(engine, text)
+        tokenize = prompt_tokenizer(engine, args.chat)
         live = sys.stderr.isatty() and args.json != "-"
 
         def show_progress(label, index, event):
@@ -196,7 +170,6 @@ def cmd_chat(args) -> int:
 
         return cmd_served_chat(args)
     from specdesk.app.compare import run_once
-    from specdesk.app.prompting import fit_chat
     from specdesk.engines.types import GenerationRequest
 
     target, draft = resolve_models(args)
@@ -222,7 +195,7 @@ def cmd_chat(args) -> int:
             cancel = threading.Event()
             try:
                 # The oldest turns go first when the conversation outgrows the context.
-                tokens, dropped = fit_chat(engine, messages, args.max_tokens)
+                tokens, dropped = chat_tokens(engine, messages, args.max_tokens)
                 del messages[:dropped]
                 request = GenerationRequest(tuple(tokens), max_tokens=args.max_tokens, sampling=sampling, spec=spec)
                 print("model> ", end="", flush=True)

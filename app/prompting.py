@@ -1,5 +1,6 @@
-"""Prompts from text: checked against the context before tokenizing, and a conversation cut
-to the context (oldest turns first). The CLI chat, compare and the app share these.
+"""Prompts from text: checked against the context before tokenizing, a conversation in the
+model's chat template, and a conversation cut to the context (oldest turns first). The CLI,
+the app (app/session.py) and the engine process share these.
 """
 
 from __future__ import annotations
@@ -17,14 +18,31 @@ def text_tokens(engine, text: str) -> list[int]:
     return engine.tokenize(text)
 
 
+def chat_prompt(engine, messages: list[dict]) -> list[int]:
+    """A conversation in the target's chat template, as tokens; refused before rendering and
+    before tokenizing when its text cannot fit the context."""
+    if hasattr(engine, "chat_prompt"):  # an engine host renders the template itself (a template can hang)
+        return engine.chat_prompt(messages)
+    from specdesk.app.templates import render_chat
+
+    model = engine.target
+    # Before rendering, the messages' own text: a template shows it (a template that drops
+    # most of a message is not worth rendering 50 MB for), and a template looping over the
+    # lines of a huge message would be stopped by its limits with a reason that misleads.
+    check_prompt_text("".join(m["content"] for m in messages if isinstance(m.get("content"), str)),
+                      engine.n_ctx, model)
+    text = render_chat(model.chat_template(), messages, bos_token=model.token_text(model.vocab.bos),
+                       eos_token=model.token_text(model.vocab.eos), source=str(model.path))
+    check_prompt_text(text, engine.n_ctx, model)  # before tokenizing: a 50 MB paste is refused at once
+    return model.tokenize(text, add_bos=False, parse_special=True)
+
+
 def fit_chat(engine, messages: list[dict], reserve: int) -> tuple[list[int], int]:
     """The conversation's prompt with room for `reserve` new tokens; the oldest turns are
     dropped until it fits, down to the last message. Returns (tokens, turns dropped).
 
     Fewer turns never make a longer prompt, so the number to drop is found by bisection:
     a few renders even for a conversation of thousands of turns."""
-    from specdesk.app.main import chat_prompt
-
     if not messages:
         raise SpecDeskError("there is no message to answer")
     last = len(messages) - 1

@@ -57,10 +57,10 @@ def main() -> int:
     from specdesk.app.compare import load_prompts, run_once
     from specdesk.app.demo.install import build_family
     from specdesk.app.paths import assets_dir
+    from specdesk.app.session import chat_tokens
     from specdesk.app.settings import Settings
     from specdesk.engines.llama.engine import LlamaEngine
     from specdesk.engines.types import GenerationRequest, SamplingParams, SpecConfig
-    from specdesk.ui import jobs
     from specdesk.ui.app import make_app
     from specdesk.ui.main_window import MainWindow
 
@@ -111,7 +111,7 @@ def main() -> int:
 
     def through_cli(prompt: str):
         cli_engine.reset_chat()
-        tokens, _ = jobs.chat_tokens(cli_engine, [{"role": "user", "content": prompt}], args.max_tokens)
+        tokens, _ = chat_tokens(cli_engine, [{"role": "user", "content": prompt}], args.max_tokens)
         request = GenerationRequest(tuple(tokens), max_tokens=args.max_tokens, sampling=sampling, spec=spec)
         return run_once(cli_engine, request, threading.Event()).stats
 

@@ -6,8 +6,9 @@ import threading
 
 import pytest
 
+from specdesk.app.session import chat_tokens, run_chat, run_sweep
 from specdesk.engines.types import SamplingParams, SpecConfig, SpecDeskError, StepEvent
-from specdesk.ui.jobs import EventBatcher, chat_tokens, run_chat, run_sweep
+from specdesk.ui.jobs import EventBatcher
 
 TOKEN_BYTES = {1: b"a", 2: b"\xc3", 3: b"\xa9", 4: b"b", 5: b"\xe2\x82"}.__getitem__  # 2+3 = "é"; 5 is half of "€"
 

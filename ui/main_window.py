@@ -15,6 +15,7 @@ from PySide6.QtCore import QCoreApplication, Qt, QTimer
 from PySide6.QtWidgets import QLabel, QMainWindow, QMessageBox, QProgressBar, QSplitter, QTabWidget
 
 from specdesk.app.history import History
+from specdesk.app.session import ModelInfo, file_label
 from specdesk.app.settings import DEMO, DEMO_HF, Settings, read_settings, save_settings
 from specdesk.engines.types import SpecConfig, SpecDeskError
 
@@ -23,7 +24,6 @@ from .charts import ChartPanel, format_status
 from .compare_view import CompareView
 from .controls import ControlsPanel
 from .dialogs import ask, show_error
-from .jobs import ModelInfo, file_label
 from .models_view import ModelsView
 from .worker import EngineWorker, JobError, JobResult
 

@@ -16,7 +16,6 @@ error says so, with the process's last output as details; the worker thread carr
 from __future__ import annotations
 
 import itertools
-import os
 import logging
 import threading
 import traceback
@@ -26,7 +25,7 @@ from typing import Any, Optional
 from PySide6.QtCore import QObject, QThread, Qt, Signal, Slot
 
 from specdesk.app.engine_client import EngineHostDied
-from specdesk.app.settings import DEMO
+from specdesk.app.session import ModelInfo, Session
 from specdesk.engines.types import SamplingParams, SpecConfig, SpecDeskError
 
 from . import jobs
@@ -73,7 +72,7 @@ class _Runner(QObject):
     """Lives in the worker thread; runs one job at a time, in the order they were queued."""
 
     stream = Signal(object)  # jobs.StreamBatch
-    partial = Signal(object)  # (job_id, jobs.SweepPoint)
+    partial = Signal(object)  # (job_id, session.SweepPoint)
     progress = Signal(str)
     fraction = Signal(float)  # how much of the file being loaded is read, 0..1
     loaded = Signal(object)  # JobResult(value=ModelInfo), before the "finished" of a load
@@ -82,17 +81,17 @@ class _Runner(QObject):
 
     def __init__(self) -> None:
         super().__init__()
-        self.engine = None
-        self.draft_path: Optional[str] = None
-        self.draft_kind = "draft"  # or "dflash" / "eagle3": a model-native drafter
-        self._n_ctx: Optional[int] = None
-        self._kept_target = False
+        self.session = Session()  # the loaded target and its drafter (app/session.py)
+
+    @property
+    def engine(self):
+        return self.session.engine
 
     @Slot(object)
     def run(self, job: _Job) -> None:
         try:
             if job.kind == "close":
-                self._close_engine()
+                self.session.close()
                 QThread.currentThread().quit()
                 return
             value = getattr(self, f"_{job.kind}")(job)
@@ -100,9 +99,7 @@ class _Runner(QObject):
         except _DraftRefused as e:
             self.errored.emit(JobError(job.job_id, "draft", str(e)))
         except EngineHostDied as e:
-            lost = self.engine is not None and not self.engine.alive
-            if lost:
-                self._close_engine()
+            lost = self.session.engine_lost()
             self.errored.emit(JobError(job.job_id, job.kind, str(e), e.details, lost))
         except SpecDeskError as e:
             self.errored.emit(JobError(job.job_id, job.kind, str(e)))
@@ -114,61 +111,15 @@ class _Runner(QObject):
             self.errored.emit(JobError(job.job_id, job.kind, f"{type(e).__name__}: {e}"))
 
     # --- jobs ---------------------------------------------------------------
-    def _need_engine(self):
-        if self.engine is None:
-            raise SpecDeskError("no model is loaded: pick a target model (a GGUF file) first")
-        return self.engine
-
     def _load(self, job: _Job):
-        from specdesk.engines.llama.engine import default_threads
-
         a = job.args
-        target, draft = jobs.resolve_demo(a["target"], a["draft"], a["demo_size"], self.progress.emit)
-        threads = a["threads"] or default_threads()
-        engine = self.engine
-        self._kept_target = True
-        if engine is not None and not engine.alive:  # its process ended: load afresh
-            self._close_engine()
-            engine = None
-        if engine is None or not jobs.same_file(engine.target.path, target) or a["n_ctx"] != self._n_ctx:
-            self._kept_target = False
-            self.progress.emit(f"loading {jobs.file_label(target)}")
-            new_engine = jobs.open_engine(target, a["n_ctx"], threads, self._fraction_reporter(), job.cancel)
-            self._close_engine()  # only once the new one loaded: a bad file keeps the old model
-            self.engine, self._n_ctx, engine = new_engine, a["n_ctx"], new_engine
-        elif engine.n_threads != threads:
-            engine.set_threads(threads)
-        # A refused draft leaves the previous one in use if this engine still has it loaded.
-        previous = (self.draft_path, self.draft_kind) if self.engine is engine and self._kept_target else (None, "draft")
-        self.draft_path, self.draft_kind = None, "draft"
-        draft_error = None
-        if draft:
-            self.progress.emit(f"loading draft {jobs.file_label(draft)}")
-            try:
-                self.draft_kind = jobs.load_drafter(engine, draft, self._fraction_reporter())
-                self.draft_path = draft
-            except EngineHostDied:
-                raise  # not a refused draft: the target went with the process
-            except SpecDeskError as e:
-                draft_error = str(e)
-                self.draft_path, self.draft_kind = previous
-
-        def resolve(choice: str) -> str:
-            if choice != DEMO:
-                return choice
-            return jobs.resolve_demo(DEMO, DEMO, a["demo_size"], self.progress.emit)[1]
-
-        # The demo draft is checked only when the demo family is in use (so, built): a check
-        # must never start a build. Vocabulary checks read GGUF files, for GGUF targets.
-        demo_in_use = DEMO in (a["target"], a["draft"])
-        choices = [c for c in a.get("drafts", ()) if c and (c != DEMO or demo_in_use)
-                   and engine.name != "torch" and not os.path.isdir(c)]
-        info = jobs.describe_engine(engine, self.draft_path, {choice: resolve(choice) for choice in choices},
-                                    self.draft_kind)
-        self.loaded.emit(JobResult(job.job_id, "load", info))
-        if draft_error is not None:
-            raise _DraftRefused(draft_error)
-        return info
+        outcome = self.session.load(a["target"], a["draft"], demo_size=a["demo_size"], n_ctx=a["n_ctx"],
+                                    threads=a["threads"], drafts=a.get("drafts", ()), progress=self.progress.emit,
+                                    fraction=self._fraction_reporter(), cancel=job.cancel)
+        self.loaded.emit(JobResult(job.job_id, "load", outcome.info))
+        if outcome.draft_error is not None:
+            raise _DraftRefused(outcome.draft_error)
+        return outcome.info
 
     def _fraction_reporter(self):
         """A progress callback that sends whole percents only (llama.cpp calls it per tensor)."""
@@ -182,43 +133,36 @@ class _Runner(QObject):
         return report
 
     def _chat(self, job: _Job):
-        engine = self._need_engine()
         a = job.args
-        batcher = jobs.EventBatcher(job.job_id, "chat", a["spec"].draft_tokens, engine.target.token_bytes,
-                                    self.stream.emit)
-        with engine.watching(job.cancel):  # Stop also ends a chat template that never finishes rendering
-            result = jobs.run_chat(engine, a["messages"], a["spec"], a["sampling"], a["max_tokens"], job.cancel,
-                                   batcher)
+        batcher = jobs.EventBatcher(job.job_id, "chat", a["spec"].draft_tokens,
+                                    self.session.need_engine().target.token_bytes, self.stream.emit)
+        result = self.session.chat(a["messages"], a["spec"], a["sampling"], a["max_tokens"], job.cancel, batcher)
         batcher.flush()
         return result
 
     def _compare(self, job: _Job):
-        engine = self._need_engine()
         a = job.args
+        token_bytes = self.session.need_engine().target.token_bytes
+        batchers: dict[str, jobs.EventBatcher] = {}
 
-        def batcher_for(label: str, k: int) -> jobs.EventBatcher:
-            return jobs.EventBatcher(job.job_id, label, k, engine.target.token_bytes, self.stream.emit)
+        def on_event(label: str, k: int, event) -> None:
+            if label not in batchers:
+                batchers[label] = jobs.EventBatcher(job.job_id, label, k, token_bytes, self.stream.emit)
+            batchers[label](event)
 
-        with engine.watching(job.cancel):
-            return jobs.run_compare(engine, a["prompt"], a["spec"], a["sampling"], a["max_tokens"], job.cancel,
-                                    batcher_for, a["chat"])
+        report = self.session.compare(a["prompt"], a["spec"], a["sampling"], a["max_tokens"], job.cancel, on_event,
+                                      a["chat"])
+        for batcher in batchers.values():
+            batcher.flush()
+        return report
 
     def _sweep(self, job: _Job):
-        engine = self._need_engine()
         a = job.args
-        with engine.watching(job.cancel):
-            return jobs.run_sweep(engine, a["prompt"], a["spec"], a["sampling"], a["max_tokens"], a["ks"],
-                                  job.cancel, lambda point: self.partial.emit((job.job_id, point)), a["chat"])
+        return self.session.sweep(a["prompt"], a["spec"], a["sampling"], a["max_tokens"], a["ks"], job.cancel,
+                                  lambda point: self.partial.emit((job.job_id, point)), a["chat"])
 
     def _new_chat(self, job: _Job):
-        if self.engine is not None:
-            self.engine.reset_chat()
-
-    def _close_engine(self) -> None:
-        if self.engine is not None:
-            self.engine.close()
-            self.engine = None
-            self.draft_path = None
+        self.session.new_chat()
 
 
 class EngineWorker(QObject):
@@ -228,7 +172,7 @@ class EngineWorker(QObject):
     fraction = Signal(float)  # how much of the model file being loaded is read, 0..1
     loaded = Signal(object)  # ModelInfo: what is loaded now
     stream = Signal(object)  # jobs.StreamBatch
-    partial = Signal(object)  # (job_id, jobs.SweepPoint)
+    partial = Signal(object)  # (job_id, session.SweepPoint)
     finished = Signal(object)  # JobResult
     errored = Signal(object)  # JobError
     busy_changed = Signal(bool)
@@ -239,7 +183,7 @@ class EngineWorker(QObject):
         super().__init__(parent)
         self._ids = itertools.count(1)
         self._pending: dict[int, _Job] = {}
-        self.info: Optional[jobs.ModelInfo] = None
+        self.info: Optional[ModelInfo] = None
         self._thread = QThread()
         self._thread.setObjectName("specdesk-engine")
         self._runner = _Runner()
@@ -321,9 +265,7 @@ class EngineWorker(QObject):
         patience = timeout_ms * 3 // 4
         ended = self._thread.wait(patience)
         if not ended:
-            engine = self._runner.engine
-            if engine is not None:
-                engine.kill()
+            self._runner.session.kill()
             ended = self._thread.wait(timeout_ms - patience)
         if ended:
             _live_threads.discard(self._thread)

@@ -1,0 +1,365 @@
+"""The application layer: what the terminal and the desktop app do with models, written once
+(docs/ARCHITECTURE.md, Layers).
+
+Which engine a target runs on (llama.cpp for a GGUF file, PyTorch for a Hugging Face folder)
+and opening it in its own process, the demo family's placeholders, chat prompts and the one
+rule that cuts a conversation to the context, drafter detection and loading, what a loaded
+engine can do, and the chat, compare and k-sweep jobs. `Session` holds one loaded target and
+its drafter across jobs. Nothing here imports Qt: ui/worker.py runs a Session on its engine
+thread, app/main.py's subcommands call the same functions in the terminal.
+
+Every function takes an engine as the `Engine` protocol describes it (the in-process engines
+or app/engine_client.EngineClient), and none asks which engine it is.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Optional, Sequence
+
+from specdesk.app.compare import CompareReport, RunResult, compare, run_once, warm_up
+from specdesk.app.prompting import chat_prompt, fit_chat, text_tokens
+from specdesk.app.settings import DEMO, DEMO_DFLASH, DEMO_HF
+from specdesk.engines.types import GenerationRequest, RunStats, SamplingParams, SpecConfig, SpecDeskError, StepEvent
+
+NATIVE_DRAFTERS = ("dflash", "eagle3")  # drafters made for one target, loaded with load_native
+
+
+# --- engines -------------------------------------------------------------------
+def is_hf_target(target: str) -> bool:
+    """A Hugging Face folder runs on the PyTorch engine; a GGUF file on llama.cpp."""
+    return target == DEMO_HF or os.path.isdir(target)
+
+
+def engine_kind(target: str) -> str:
+    """The engine process's kind for a target: "torch" for a folder, "llama" for a GGUF file."""
+    return "torch" if is_hf_target(target) else "llama"
+
+
+def open_engine(target: str, n_ctx: int = 0, threads: Optional[int] = None, *, kind: Optional[str] = None,
+                device: str = "auto", progress: Optional[Callable[[float], None]] = None,
+                cancel: Optional[threading.Event] = None):
+    """The engine in its own process (app/engine_host.py): a model that aborts or hangs there
+    never takes the caller down. `kind` defaults to what the target's format runs on."""
+    from specdesk.app.engine_client import EngineClient
+
+    return EngineClient(target, kind=kind or engine_kind(target), n_ctx=n_ctx, n_threads=threads, device=device,
+                        progress=progress, cancel=cancel)
+
+
+def resolve_demo(target: str, draft: Optional[str], demo_size: str,
+                 progress: Callable[[str], None]) -> tuple[str, Optional[str]]:
+    """Replace the demo placeholders (settings.DEMO, DEMO_HF, DEMO_DFLASH) by the demo family's
+    files, building them if needed: for a PyTorch target the demo draft is its HF folder, and
+    DEMO_DFLASH its DFlash drafter."""
+    demo_values = (DEMO, DEMO_HF, DEMO_DFLASH)
+    if target not in demo_values and draft not in demo_values:
+        return target, draft
+    from specdesk.app.demo.install import build_family
+
+    family = build_family(small=demo_size == "small", progress=progress)
+    hf = is_hf_target(target)
+    targets = {DEMO: family["target_gguf"], DEMO_HF: family["target_hf"]}
+    drafts = {DEMO: family["draft_hf"] if hf else family["draft_gguf"], DEMO_DFLASH: family.get("dflash_hf")}
+    if draft == DEMO_DFLASH and not hf:
+        raise SpecDeskError("the demo DFlash drafter runs on the PyTorch engine: choose the demo target "
+                            "(PyTorch) or a Hugging Face model folder as the target")
+    if draft == DEMO_DFLASH and not drafts[DEMO_DFLASH]:
+        raise SpecDeskError("this demo family has no DFlash drafter: rebuild it with `specdesk demo build`")
+    return targets.get(target, target), drafts.get(draft, draft)
+
+
+def same_file(a, b) -> bool:
+    return os.path.abspath(a) == os.path.abspath(b)
+
+
+def file_label(path: Optional[str]) -> str:
+    return Path(path).name if path else "none"
+
+
+# --- drafters ------------------------------------------------------------------
+def drafter_kind(path: str) -> str:
+    """"dflash" or "eagle3" for a model-native drafter (a folder or GGUF), else "draft"."""
+    if os.path.isdir(path):
+        try:
+            config = json.loads((Path(path) / "config.json").read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return "draft"
+        architectures = config.get("architectures") or []
+        if "DFlashDraftModel" in architectures:
+            return "dflash"
+        if any("Eagle3" in a for a in architectures):
+            return "eagle3"
+        return "draft"
+    from specdesk.engines.llama.binding import gguf_header
+
+    try:
+        arch = gguf_header(path).fields.get("general.architecture")
+    except (SpecDeskError, OSError):  # not readable here: the engine's own load gives the clear error
+        return "draft"
+    return arch if arch in NATIVE_DRAFTERS else "draft"
+
+
+def load_drafter(engine, path: str, progress: Optional[Callable[[float], None]] = None) -> str:
+    """Load a draft model or a native drafter for the engine; returns its kind. `progress`
+    follows a draft model's load where the engine reports one (the engine process does, for
+    either engine)."""
+    kind = drafter_kind(path)
+    if kind != "draft":
+        engine.load_native(kind, path)
+    elif progress is None:
+        engine.load_draft(path)
+    else:
+        engine.load_draft(path, progress=progress)
+    return kind
+
+
+def verdict_choices(target: str, choices: Sequence[str]) -> list[str]:
+    """The draft choices whose fit with `target` is checked on load: vocabulary checks read
+    GGUF files, so only GGUF drafts for a GGUF target."""
+    if is_hf_target(target):
+        return []
+    return [c for c in choices if c and (c == DEMO or not os.path.isdir(c))]
+
+
+# --- what is loaded ------------------------------------------------------------
+@dataclass(frozen=True)
+class ModelInfo:
+    """What is loaded after a load job."""
+
+    target_path: str
+    draft_path: Optional[str]  # None: no draft model loaded
+    engine: str
+    supported_methods: tuple[str, ...]  # what this target can run now
+    n_ctx: int
+    threads: int
+    n_params: int
+    size_bytes: int
+    chat_template: bool  # whether the model file has its own chat template
+    unavailable: tuple[tuple[str, str], ...] = ()  # (method, why not) for the engine's other methods
+    draft_verdicts: tuple[tuple[str, tuple[str, ...]], ...] = ()  # (draft choice, why it cannot serve; () fits)
+
+
+def describe_engine(engine, draft_path: Optional[str], verdict_paths: dict[str, str],
+                    draft_kind: str = "draft") -> ModelInfo:
+    """What is loaded, from the engine host's facts (app/engine_host.engine_facts); `verdict_paths`
+    maps draft choices to the GGUF files whose fit with the target the host checks."""
+    facts = engine.facts(draft_path, draft_kind, verdict_paths)
+    availability = facts["availability"]
+    supported = tuple(m for m, why in availability.items() if why is None)
+    unavailable = tuple((m, why) for m, why in availability.items() if why is not None)
+    return ModelInfo(str(engine.target.path), draft_path, engine.name, supported, engine.n_ctx, facts["threads"],
+                     facts["n_params"], facts["size_bytes"], facts["has_chat_template"], unavailable,
+                     tuple(facts["verdicts"]))
+
+
+# --- prompts -------------------------------------------------------------------
+def chat_tokens(engine, messages: list[dict], max_tokens: int) -> tuple[list[int], int]:
+    """The prompt for a conversation, with room for the reply; the oldest turns go first when
+    it outgrows the context. The room kept is max_tokens, at most half the context (a longer
+    reply stops at the context's end). Returns (tokens, turns dropped)."""
+    return fit_chat(engine, messages, reserve=min(max_tokens, engine.n_ctx // 2))
+
+
+def prompt_tokenizer(engine, chat: bool) -> Callable[[str], list[int]]:
+    """With `chat`, a prompt is one user message in the model's chat template (as in a chat);
+    without, it is raw text to continue."""
+    if not chat:
+        return lambda text: text_tokens(engine, text)
+    return lambda text: chat_prompt(engine, [{"role": "user", "content": text}])
+
+
+# --- jobs ----------------------------------------------------------------------
+@dataclass(frozen=True)
+class ChatResult:
+    result: RunResult
+    prompt_tokens: int
+    dropped_messages: int  # oldest messages left out because the conversation outgrew the context
+
+
+@dataclass(frozen=True)
+class SweepPoint:
+    k: int  # 0 is the baseline
+    stats: RunStats
+
+
+@dataclass(frozen=True)
+class SweepResult:
+    method: str
+    baseline: RunStats
+    points: tuple[SweepPoint, ...]  # speculative runs, in the order of ks
+
+    def best(self) -> Optional[SweepPoint]:
+        return max(self.points, key=lambda p: p.stats.tok_per_s, default=None)
+
+
+def run_chat(engine, messages: list[dict], spec: SpecConfig, sampling: SamplingParams, max_tokens: int,
+             cancel: threading.Event, on_event: Optional[Callable[[StepEvent], None]] = None) -> ChatResult:
+    """The reply to a conversation (its oldest turns cut to fit the context)."""
+    tokens, dropped = chat_tokens(engine, messages, max_tokens)
+    request = GenerationRequest(tuple(tokens), max_tokens=max_tokens, sampling=sampling, spec=spec)
+    return ChatResult(run_once(engine, request, cancel, on_event), len(tokens), dropped)
+
+
+def run_compare(engine, prompt: str, spec: SpecConfig, sampling: SamplingParams, max_tokens: int,
+                cancel: threading.Event, on_event: Optional[Callable[[str, int, StepEvent], None]] = None,
+                chat: bool = True) -> CompareReport:
+    """Baseline and speculative on one prompt; `on_event(label, k, event)` gets each run's
+    events, `k` the draft tokens per step of that run (0 for the baseline)."""
+    if spec.method == "none":
+        raise SpecDeskError("compare needs a speculation method: choose ngram, ngram-pool or draft")
+
+    def forward(label: str, index: int, event: StepEvent) -> None:
+        on_event(label, 0 if label == "baseline" else spec.k, event)
+
+    return compare(engine, [prompt], spec, sampling, max_tokens, prompt_tokenizer(engine, chat),
+                   forward if on_event is not None else None, cancel)
+
+
+def run_sweep(engine, prompt: str, spec: SpecConfig, sampling: SamplingParams, max_tokens: int,
+              ks: Sequence[int], cancel: threading.Event,
+              on_point: Callable[[SweepPoint], None], chat: bool = True) -> SweepResult:
+    """Baseline once, then the speculative method at each k, on the same prompt."""
+    if spec.method == "none":
+        raise SpecDeskError("the k sweep needs a speculation method: choose ngram, ngram-pool or draft")
+    tokens = prompt_tokenizer(engine, chat)(prompt)
+    warm_up(engine, tokens, spec, sampling)
+
+    def once(config: SpecConfig) -> RunStats:
+        request = GenerationRequest(tuple(tokens), max_tokens=max_tokens, sampling=sampling, spec=config)
+        return run_once(engine, request, cancel).stats
+
+    baseline = once(dataclasses.replace(spec, method="none"))
+    on_point(SweepPoint(0, baseline))
+    points = []
+    for k in ks:
+        if cancel.is_set():
+            break
+        if spec.method == "ngram-pool":
+            engine.reset_chat()  # the pool learns from every run: each k starts from the same state
+        point = SweepPoint(k, once(dataclasses.replace(spec, k=k)))
+        points.append(point)
+        on_point(point)
+    return SweepResult(spec.method, baseline, tuple(points))
+
+
+# --- one loaded target across jobs -----------------------------------------------
+@dataclass(frozen=True)
+class LoadOutcome:
+    info: ModelInfo
+    draft_error: Optional[str] = None  # the target loaded, its draft was refused (the previous one stays)
+
+
+class Session:
+    """One loaded target and its drafter, kept across jobs; a new load reuses the engine when
+    the target and context are the same, and a bad file keeps what was loaded before."""
+
+    def __init__(self) -> None:
+        self.engine = None
+        self.draft_path: Optional[str] = None
+        self.draft_kind = "draft"  # or "dflash" / "eagle3": a model-native drafter
+        self._n_ctx: Optional[int] = None
+
+    def need_engine(self):
+        if self.engine is None:
+            raise SpecDeskError("no model is loaded: pick a target model (a GGUF file) first")
+        return self.engine
+
+    def load(self, target: str, draft: Optional[str], *, demo_size: str = "full", n_ctx: int = 0,
+             threads: int = 0, drafts: Sequence[str] = (), progress: Callable[[str], None] = lambda message: None,
+             fraction: Optional[Callable[[float], None]] = None,
+             cancel: Optional[threading.Event] = None) -> LoadOutcome:
+        """Load a target (a path or a demo placeholder) and optionally a draft; check which of
+        `drafts` (paths or DEMO) could serve the target. A refused draft is reported in the
+        outcome, not raised: the target stays usable."""
+        from specdesk.app.engine_client import EngineHostDied
+        from specdesk.engines.llama.engine import default_threads
+
+        requested_target, requested_draft = target, draft
+        target, draft = resolve_demo(target, draft, demo_size, progress)
+        threads = threads or default_threads()
+        engine = self.engine
+        kept_target = True
+        if engine is not None and not engine.alive:  # its process ended: load afresh
+            self.close()
+            engine = None
+        if engine is None or not same_file(engine.target.path, target) or n_ctx != self._n_ctx:
+            kept_target = False
+            progress(f"loading {file_label(target)}")
+            new_engine = open_engine(target, n_ctx, threads, progress=fraction, cancel=cancel)
+            self.close()  # only once the new one loaded: a bad file keeps the old model
+            self.engine, self._n_ctx, engine = new_engine, n_ctx, new_engine
+        elif engine.n_threads != threads:
+            engine.set_threads(threads)
+        # A refused draft leaves the previous one in use if this engine still has it loaded.
+        previous = (self.draft_path, self.draft_kind) if kept_target else (None, "draft")
+        self.draft_path, self.draft_kind = None, "draft"
+        draft_error = None
+        if draft:
+            progress(f"loading draft {file_label(draft)}")
+            try:
+                self.draft_kind = load_drafter(engine, draft, fraction)
+                self.draft_path = draft
+            except EngineHostDied:
+                raise  # not a refused draft: the target went with the process
+            except SpecDeskError as e:
+                draft_error = str(e)
+                self.draft_path, self.draft_kind = previous
+
+        def resolve(choice: str) -> str:
+            return resolve_demo(DEMO, DEMO, demo_size, progress)[1] if choice == DEMO else choice
+
+        # The demo draft is checked only when the demo family is in use (so, built): a check
+        # must never start a build.
+        demo_in_use = DEMO in (requested_target, requested_draft)
+        choices = [c for c in verdict_choices(target, drafts) if c != DEMO or demo_in_use]
+        info = describe_engine(engine, self.draft_path, {choice: resolve(choice) for choice in choices},
+                               self.draft_kind)
+        return LoadOutcome(info, draft_error)
+
+    def chat(self, messages: list[dict], spec: SpecConfig, sampling: SamplingParams, max_tokens: int,
+             cancel: threading.Event, on_event: Optional[Callable[[StepEvent], None]] = None) -> ChatResult:
+        engine = self.need_engine()
+        with engine.watching(cancel):  # Stop also ends a chat template that never finishes rendering
+            return run_chat(engine, messages, spec, sampling, max_tokens, cancel, on_event)
+
+    def compare(self, prompt: str, spec: SpecConfig, sampling: SamplingParams, max_tokens: int,
+                cancel: threading.Event, on_event: Optional[Callable[[str, int, StepEvent], None]] = None,
+                chat: bool = True) -> CompareReport:
+        engine = self.need_engine()
+        with engine.watching(cancel):
+            return run_compare(engine, prompt, spec, sampling, max_tokens, cancel, on_event, chat)
+
+    def sweep(self, prompt: str, spec: SpecConfig, sampling: SamplingParams, max_tokens: int, ks: Sequence[int],
+              cancel: threading.Event, on_point: Callable[[SweepPoint], None], chat: bool = True) -> SweepResult:
+        engine = self.need_engine()
+        with engine.watching(cancel):
+            return run_sweep(engine, prompt, spec, sampling, max_tokens, ks, cancel, on_point, chat)
+
+    def new_chat(self) -> None:
+        """The engine forgets what the n-gram pool learned from the previous chat."""
+        if self.engine is not None:
+            self.engine.reset_chat()
+
+    def engine_lost(self) -> bool:
+        """Whether the loaded engine's process has ended (it is then closed and forgotten)."""
+        lost = self.engine is not None and not self.engine.alive
+        if lost:
+            self.close()
+        return lost
+
+    def kill(self) -> None:
+        """End the engine process now (a step that does not return holds its thread)."""
+        if self.engine is not None:
+            self.engine.kill()
+
+    def close(self) -> None:
+        if self.engine is not None:
+            self.engine.close()
+            self.engine = None
+            self.draft_path = None
