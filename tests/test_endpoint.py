@@ -1,0 +1,189 @@
+"""Served engines (app/endpoint.py, app/served.py): against a real `specdesk serve`, and against
+replayed recordings of vLLM and SGLang (tests/served/*.json, marked as recordings) for the
+servers that need GPUs. The real llama-server is in tests/test_llama_server.py.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from served_replay import Replay, load  # noqa: E402
+
+from specdesk.app.endpoint import (Endpoint, EndpointError, StreamReader, base_url, parse_metrics,  # noqa: E402
+                                   served_stats)
+from specdesk.app.served import compare_served  # noqa: E402
+from specdesk.engines.types import SamplingParams  # noqa: E402
+
+CHAT = [{"role": "user", "content": "Write a function that parses command line arguments."}]
+
+
+# --- pure pieces, on literals ------------------------------------------------------------
+def test_base_url_takes_what_users_type():
+    assert base_url("localhost:8080") == "http://localhost:8080"
+    assert base_url("http://gpu-box:8000/v1/") == "http://gpu-box:8000"
+    assert base_url("https://team.example/llm/v1") == "https://team.example/llm"
+    with pytest.raises(EndpointError, match="not a server address"):
+        base_url("ftp://x")
+
+
+def test_prometheus_text_is_read_and_a_bad_line_is_named():
+    samples = parse_metrics('# HELP a x\na_total{position="0",tp="1"} 3\na_total{position="0",tp="0"} 2\n'
+                            'a_total{position="1"} 1.5e0\nb 7 1764500000\n', "srv/metrics")
+    assert samples.total("a_total") == 6.5 and samples.total("b") == 7 and samples.total("c") is None
+    assert samples.by_label("a_total", "position") == {"0": 5.0, "1": 1.5}
+    with pytest.raises(EndpointError, match=r"srv/metrics, line 2: not Prometheus text"):
+        parse_metrics("ok 1\n<html>oops</html>\n", "srv/metrics")
+
+
+def test_llama_server_chunks_give_running_counts_and_the_final_numbers():
+    reader = StreamReader("srv")
+    events = [reader.feed("data: " + json.dumps({"choices": [{"delta": {"content": text}}], "timings": timings}))
+              for text, timings in (("a", {"predicted_n": 1}), ("bc", {"predicted_n": 3, "draft_n": 4,
+                                                                         "draft_n_accepted": 1}))]
+    reader.feed("data: " + json.dumps({"choices": [{"delta": {}, "finish_reason": "length"}],
+                                       "timings": {"predicted_n": 3, "draft_n": 4, "draft_n_accepted": 1}}))
+    reader.feed("data: [DONE]")
+    assert events == [("a", 1, 0, 0), ("bc", 2, 4, 1)]
+    assert reader.done and reader.finish_reason == "length" and reader.text == "abc"
+    numbers = reader.per_request_numbers()
+    assert (numbers.drafted, numbers.accepted, numbers.source) == (4, 1, "per request")
+    stats = served_stats(reader.completion_tokens(), 1.0, numbers)
+    assert stats.passes == 2 and stats.mean_accepted_length == 1.5  # 3 tokens, one of them an accepted draft
+
+
+# --- recorded vLLM and SGLang, replayed -----------------------------------------------------
+@pytest.mark.parametrize("name", ["vllm_per_request.json", "vllm_counters.json", "sglang_per_request.json"])
+def test_recorded_servers_fill_the_charts_from_their_own_numbers(name):
+    recording = load(name)
+    expected = recording["expected"]
+    with Replay(recording) as replay:
+        endpoint = Endpoint(replay.url)
+        info = endpoint.probe()
+        assert info.kind == expected["kind"] and endpoint.model == recording["models"]["data"][0]["id"]
+        events = []
+        run = endpoint.chat(CHAT, SamplingParams(), 64, on_event=events.append)
+    sent = replay.requests[0]
+    assert sent["stream"] and sent["stream_options"]["include_usage"]
+    assert sent.get("return_spec_tokens_details") is (True if info.kind == "sglang" else None)
+    stats = run.result.stats
+    assert run.result.text == "".join(c["choices"][0]["delta"].get("content") or ""
+                                      for c in recording["stream"] if c["choices"])
+    assert (stats.tokens, stats.drafted, stats.accepted) == (expected["tokens"], expected["drafted"],
+                                                             expected["accepted"])
+    assert stats.passes == expected.get("passes", expected["tokens"] - expected["accepted"])
+    if "per_position_accepted" in expected:
+        assert list(stats.per_position_accepted) == expected["per_position_accepted"]
+        assert list(stats.per_position_drafted) == expected["per_position_drafted"]
+    if "histogram" in expected:
+        assert list(stats.accepted_length_histogram) == expected["histogram"]
+    text_chunks = sum(1 for c in recording["stream"] if c["choices"] and c["choices"][0]["delta"].get("content"))
+    # vLLM gives a running token count on each chunk; without one, each chunk counts as one token
+    assert sum(len(e.tokens) for e in events) == (expected["tokens"] if info.kind == "vllm" else text_chunks)
+    source = {"vllm_per_request.json": "per request", "vllm_counters.json": "metric deltas",
+              "sglang_per_request.json": "per request"}[name]
+    assert run.numbers.source == source and run.note is None
+    assert ("lifetime averages" in info.describe()) is (info.kind == "sglang")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_failures_are_one_line_and_keep_the_partial_reply():
+    recording = load("vllm_counters.json")
+    with pytest.raises(EndpointError, match=r"^cannot reach http://127\.0\.0\.1:\d+: "):
+        Endpoint(f"127.0.0.1:{free_port()}").probe()
+    with Replay(recording, api_key="sk-right") as replay:
+        with pytest.raises(EndpointError, match="refused the API key .HTTP 401: Invalid API key"):
+            Endpoint(replay.url, api_key="sk-wrong").probe()
+        assert Endpoint(replay.url, api_key="sk-right").probe().kind == "vllm"
+    with Replay(recording, drop_after=6) as replay:
+        endpoint = Endpoint(replay.url)
+        with pytest.raises(EndpointError, match="closed the stream mid-reply") as caught:
+            endpoint.chat(CHAT)
+    sent = "".join(c["choices"][0]["delta"].get("content") or "" for c in recording["stream"][:6])
+    assert caught.value.partial == sent and sent and "\n" not in str(caught.value)
+    with Replay(recording) as replay:
+        endpoint = Endpoint(replay.url)
+        endpoint.probe()
+        replay.model_gone = True
+        with pytest.raises(EndpointError, match="does not serve model 'meta-llama/Llama-3.3-70B-Instruct' now"):
+            endpoint.chat(CHAT)
+        with pytest.raises(EndpointError, match="does not serve model 'gone'"):
+            Endpoint(replay.url, model="gone").probe()
+    with Replay(recording) as replay:
+        endpoint = Endpoint(replay.url)
+        endpoint.probe()
+        replay.metrics_text = "vllm:spec_decode_num_drafts_total 1\nthis is not prometheus\n"
+        run = endpoint.chat(CHAT)  # the reply stands; the numbers it could not read are said
+    assert run.result.text and run.note and "line 2: not Prometheus text" in run.note
+    assert run.numbers.source == "none"
+
+
+def test_one_endpoint_compare_needs_a_server_that_switches_speculation():
+    with Replay(load("vllm_counters.json")) as replay:
+        with pytest.raises(EndpointError, match="cannot switch speculation off per request: .*--baseline-endpoint"):
+            compare_served(Endpoint(replay.url), None, ["x"], SamplingParams(), 8)
+
+
+# --- a real specdesk serve -------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def serve(demo_family):
+    from test_serve import start_server, stop_server
+
+    child, url = start_server("--target", demo_family["target_gguf"], "--draft", demo_family["draft_gguf"],
+                              "--method", "draft", "--k", "4", "--threads", "1", "--api-key", "sk-served")
+    yield url
+    stop_server(child)
+
+
+def test_specdesk_serve_numbers_are_the_replies_own(serve):
+    endpoint = Endpoint(serve, api_key="sk-served")
+    info = endpoint.probe()
+    assert info.kind == "specdesk" and info.switches_speculation and info.metrics
+    before = endpoint.scrape()
+    run = endpoint.chat(CHAT, SamplingParams(), 40)
+    after = endpoint.scrape()
+    raw, stats = run.numbers.raw, run.result.stats
+    assert run.numbers.source == "per request" and stats.tokens == raw["tokens"] == 40
+    assert (stats.drafted, stats.accepted, stats.passes) == (raw["draft_tokens"], raw["accepted_tokens"],
+                                                             raw["passes"])
+    assert list(stats.per_position_accepted) == raw["accepted_per_position"]
+    for position, accepted in enumerate(raw["accepted_per_position"]):
+        name = "specdesk:spec_decode_num_accepted_tokens_per_pos_total"
+        moved = after.by_label(name, "position")[str(position)] - before.by_label(name, "position").get(str(position), 0)
+        assert moved == accepted
+    assert stats.drafted > 0 and stats.tok_per_s > 0
+
+
+def test_compare_on_one_specdesk_serve_switches_speculation_off_per_request(serve):
+    endpoint = Endpoint(serve, api_key="sk-served")
+    labels = []
+    report = compare_served(endpoint, None, ["import argparse\n", "def main("], SamplingParams(), 24,
+                            on_event=lambda label, index, e: labels.append((label, index)), warm=False)
+    assert report.identical_outputs is True
+    assert report.baseline.drafted == 0 and report.speculative.drafted > 0
+    firsts = [next(label for label, i in labels if i == index) for index in (0, 1)]
+    assert firsts == ["baseline", "speculative"]  # the order alternates
+    from specdesk.app.served import report_json
+
+    payload = report_json(report, endpoint, None)
+    assert {"baseline", "speculative", "speedup", "identical_outputs", "prompts"} <= set(payload)
+    assert payload["speculative"]["numbers_from"] == ["per request"]
+
+
+def test_cancel_ends_the_stream(serve):
+    endpoint = Endpoint(serve, api_key="sk-served")
+    cancel = threading.Event()
+    run = endpoint.chat(CHAT, SamplingParams(), 400, cancel, on_event=lambda e: cancel.set())
+    assert run.result.finish_reason == "cancelled" and run.result.stats.tokens < 400
