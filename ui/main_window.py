@@ -25,6 +25,7 @@ from .compare_view import CompareView
 from .controls import ControlsPanel
 from .dialogs import ask, show_error
 from .models_view import ModelsView
+from .served_chat import ServedChat
 from .worker import EngineWorker, JobError, JobResult
 
 REPAINT_INTERVAL_MS = 33  # ~30 Hz
@@ -124,6 +125,7 @@ class MainWindow(QMainWindow):
         self.worker.finished.connect(self._on_finished)
         self.worker.errored.connect(self._on_errored)
         self.worker.busy_changed.connect(self._on_busy)
+        self.served = ServedChat(self)  # Servers > Add server…: the chat on a served engine
 
         self._refresh_chat_list()
         if self.settings.last_chat_id is not None and self.history.chat(self.settings.last_chat_id):
@@ -225,6 +227,8 @@ class MainWindow(QMainWindow):
     def send_message(self, text: str) -> Optional[int]:
         if self._chat_job is not None:
             return None
+        if self.served.active:
+            return self.served.send(text)
         try:
             spec, sampling, max_tokens = self._request()
         except SpecDeskError as e:
@@ -257,6 +261,7 @@ class MainWindow(QMainWindow):
         return job_id
 
     def stop(self) -> None:
+        self.served.stop()
         if self._chat_job is not None:
             self.worker.stop(self._chat_job.job_id)
 
@@ -409,7 +414,8 @@ class MainWindow(QMainWindow):
     def _update_actions(self) -> None:
         loading = self._load_job is not None
         can_run = self.info is not None and not loading
-        self.chat_view.set_generating(self._chat_job is not None, can_run)
+        self.chat_view.set_generating(self._chat_job is not None or self.served.busy,
+                                      can_run or self.served.active)
         self.compare_view.set_available(can_run and not self.worker.busy)
         self.busy_bar.setVisible(loading)
 

@@ -1,0 +1,104 @@
+"""The window on a served engine (ui/served_chat.py), offscreen: Servers > Add server…, the
+chat streamed from the server with the same charts, and a failed reply kept as partial.
+The server is the replayed vLLM recording (tests/served/, marked as a recording); the real
+llama-server and specdesk serve are in tests/test_llama_server.py and tests/test_endpoint.py.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("pytestqt")
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from PySide6.QtWidgets import QDialogButtonBox, QMessageBox  # noqa: E402
+
+from served_replay import Replay, load  # noqa: E402
+
+from specdesk.app.credentials import keyring_available, store_key  # noqa: E402
+from specdesk.app.history import History  # noqa: E402
+from specdesk.app.settings import Settings  # noqa: E402
+from specdesk.ui.main_window import MainWindow  # noqa: E402
+
+TIMEOUT_MS = 30_000
+
+
+@pytest.fixture
+def window(qtbot, tmp_path, monkeypatch):
+    shown = []
+    monkeypatch.setattr(QMessageBox, "critical", lambda parent, title, text, *a, **k: shown.append(text))
+    window = MainWindow(Settings(max_tokens=64, temperature=0.0), History(tmp_path / "history.sqlite3"),
+                        settings_file=tmp_path / "settings.json", autoload=False)
+    window.errors = shown
+    qtbot.addWidget(window)
+    window.resize(1280, 800)
+    window.show()
+    yield window
+    window.close()
+
+
+def connect(qtbot, window, url: str, key: str = ""):
+    dialog = window.served.add_server()
+    dialog.url_edit.setText(url)
+    dialog.key_edit.setText(key)
+    dialog.connect_button.click()
+    ok = dialog.buttons.button(QDialogButtonBox.Ok)
+    qtbot.waitUntil(lambda: ok.isEnabled() or "refused" in dialog.info.text(), timeout=TIMEOUT_MS)
+    return dialog, ok
+
+
+def test_add_server_lists_models_says_what_it_reports_and_chats_with_its_charts(qtbot, window):
+    recording = load("vllm_per_request.json")
+    with Replay(recording, api_key="sk-team") as replay:
+        dialog, ok = connect(qtbot, window, replay.url, "sk-wrong")
+        assert "refused the API key" in dialog.info.text() and not ok.isEnabled()
+        dialog.key_edit.setText("sk-team")
+        dialog.connect_button.click()
+        qtbot.waitUntil(ok.isEnabled, timeout=TIMEOUT_MS)
+        assert dialog.models.currentText() == "meta-llama/Llama-3.3-70B-Instruct"
+        assert "vLLM" in dialog.info.text() and "acceptance per draft position" in dialog.info.text()
+        ok.click()
+        try:
+            assert ("session only" in dialog.key_note) is (not keyring_available())
+            assert "sk-team" not in (Path(window._settings_file).read_text()
+                                     if Path(window._settings_file).exists() else "")
+            assert window.served.active and "vLLM" in window.status_label.text()
+
+            window.chat_view.input.setPlainText("Write a function that parses command line arguments.")
+            window.chat_view.send_button.click()
+            qtbot.waitUntil(lambda: not window.served.busy, timeout=TIMEOUT_MS)
+        finally:
+            store_key(replay.url, None)
+    stats = window.charts.current_stats()
+    assert (stats.tokens, stats.drafted, stats.accepted) == (53, 129, 10)
+    assert stats.per_position_accepted == (4, 3, 3) and stats.per_position_drafted == (43, 43, 43)
+    assert window.charts.series.steps == 43  # one streamed chunk per engine step
+    reply = window.chat_view.messages[-1]
+    expected = "".join(c["choices"][0]["delta"].get("content") or "" for c in recording["stream"] if c["choices"])
+    assert reply.role == "assistant" and reply.text == expected
+    assert "acceptance 0.08" in window.charts.status.text()
+    saved = window.history.messages(window.chat_id)[-1]
+    assert saved.meta["numbers_from"] == "per request" and "sk-team" not in str(saved.meta)
+    window.close()
+    assert "sk-team" not in Path(window._settings_file).read_text()
+    assert not window.errors
+
+
+def test_a_dropped_stream_keeps_the_partial_reply_marked(qtbot, window):
+    recording = load("vllm_counters.json")
+    with Replay(recording, drop_after=5) as replay:
+        _, ok = connect(qtbot, window, replay.url)
+        ok.click()
+        window.chat_view.input.setPlainText("hello")
+        window.chat_view.send_button.click()
+        qtbot.waitUntil(lambda: not window.served.busy, timeout=TIMEOUT_MS)
+    reply = window.chat_view.messages[-1]
+    assert reply.role == "assistant" and reply.text
+    assert len(window.errors) == 1 and "closed the stream mid-reply" in window.errors[0]
+    saved = window.history.messages(window.chat_id)[-1]
+    assert saved.meta["partial"] and saved.content == reply.text
+    assert window.chat_view.send_button.isEnabled()  # the window goes on
