@@ -13,13 +13,12 @@ from __future__ import annotations
 
 import itertools
 import logging
-import threading
 import time
 import traceback
-from dataclasses import dataclass, field
-from typing import Any, Callable, Optional
+from dataclasses import dataclass
+from typing import Any, Callable, ClassVar, Optional
 
-from PySide6.QtCore import QObject, QThread, Qt, Signal, Slot
+from PySide6.QtCore import Qt, Signal, Slot
 from PySide6.QtWidgets import (QAbstractItemView, QCheckBox, QDialog, QDialogButtonBox, QFileDialog, QGroupBox,
                                QHBoxLayout, QHeaderView, QLabel, QLineEdit, QProgressBar, QPushButton,
                                QSplitter, QTableWidget, QTableWidgetItem, QVBoxLayout, QWidget)
@@ -29,112 +28,39 @@ from specdesk.app.library import LibraryConfig, ModelEntry
 from specdesk.engines.types import SpecDeskError
 
 from .dialogs import show_error
+from .job_thread import Job, JobRunner, JobThread, running_threads  # noqa: F401  (running_threads: for tests)
 from .jobs import Throttle
 
 log = logging.getLogger(__name__)
 PROGRESS_INTERVAL_S = 0.05  # a download reports to the GUI at most this often
 PROGRESS_STEPS = 1000  # progress bars count permille (QProgressBar is 32-bit; files are not)
 
-_live_threads: set[QThread] = set()
+@dataclass(kw_only=True)
+class _Task(Job):
+    """A Models-tab job: `work` runs on its lane's thread; `shown` gets its value and
+    `refused` its failure (message, cancelled) on the GUI thread (None: the tab reports it)."""
+
+    kind: ClassVar[str] = "models"
+    work: Callable[["_Task"], Any]
+    shown: Callable[[Any], None]
+    refused: Optional[Callable[[str, bool], None]] = None
 
 
-def running_threads() -> list[QThread]:
-    """Models-tab threads still running (tests assert this is empty after each test)."""
-    return [t for t in list(_live_threads) if t.isRunning()]
+class _TaskRunner(JobRunner):
+    """Runs the tab's tasks on a lane's thread; a failure is (message, cancelled)."""
 
+    def perform(self, job: _Task) -> Any:
+        if job.cancel.is_set():
+            raise DownloadCancelled("cancelled before it started")
+        return job.work(job)
 
-@dataclass
-class _Job:
-    job_id: int
-    kind: str
-    work: Callable[["_Job"], Any]
-    cancel: threading.Event = field(default_factory=threading.Event)
-
-
-class _Runner(QObject):
-    """Lives in a worker thread; runs its jobs in order."""
-
-    done = Signal(object)  # (job_id, kind, value)
-    failed = Signal(object)  # (job_id, kind, message, cancelled)
-    progress = Signal(object)  # (job_id, DownloadProgress)
-
-    @Slot(object)
-    def run(self, job: _Job) -> None:
-        if job.kind == "close":
-            QThread.currentThread().quit()
-            return
-        try:
-            if job.cancel.is_set():
-                raise DownloadCancelled("cancelled before it started")
-            self.done.emit((job.job_id, job.kind, job.work(job)))
-        except DownloadCancelled as e:
-            self.failed.emit((job.job_id, job.kind, str(e), True))
-        except SpecDeskError as e:
-            self.failed.emit((job.job_id, job.kind, str(e), False))
-        except Exception as e:  # a bug: report it, keep the thread alive
-            log.error("models job %s failed:\n%s", job.kind, traceback.format_exc())
-            self.failed.emit((job.job_id, job.kind, f"{type(e).__name__}: {e}", False))
-
-
-class _Lane(QObject):
-    """GUI-thread handle of one worker thread (started on first use)."""
-
-    done = Signal(object)
-    failed = Signal(object)
-    progress = Signal(object)
-    _submit = Signal(object)
-
-    def __init__(self, name: str, ids: itertools.count, parent: Optional[QObject] = None):
-        super().__init__(parent)
-        self._name, self._ids = name, ids
-        self._thread: Optional[QThread] = None
-        self.pending: dict[int, _Job] = {}
-
-    def _start(self) -> None:
-        self._thread = QThread()
-        self._thread.setObjectName(self._name)
-        self._runner = _Runner()
-        self._runner.moveToThread(self._thread)
-        self._submit.connect(self._runner.run, Qt.QueuedConnection)
-        self._runner.done.connect(self._on_done, Qt.QueuedConnection)
-        self._runner.failed.connect(self._on_failed, Qt.QueuedConnection)
-        self._runner.progress.connect(self.progress, Qt.QueuedConnection)
-        self._thread.finished.connect(self._runner.deleteLater)
-        _live_threads.add(self._thread)
-        self._thread.start()
-
-    def submit(self, kind: str, work: Callable[[_Job], Any]) -> _Job:
-        if self._thread is None:
-            self._start()
-        job = _Job(next(self._ids), kind, work)
-        self.pending[job.job_id] = job
-        self._submit.emit(job)
-        return job
-
-    def emit_progress(self, item) -> None:  # called on the worker thread
-        self._runner.progress.emit(item)
-
-    @Slot(object)
-    def _on_done(self, item) -> None:
-        self.pending.pop(item[0], None)
-        self.done.emit(item)
-
-    @Slot(object)
-    def _on_failed(self, item) -> None:
-        self.pending.pop(item[0], None)
-        self.failed.emit(item)
-
-    def shutdown(self, timeout_ms: int = 10_000) -> bool:
-        if self._thread is None:
-            return True
-        for job in self.pending.values():
-            job.cancel.set()
-        self._submit.emit(_Job(0, "close", lambda job: None))
-        ended = self._thread.wait(timeout_ms)
-        if ended:
-            _live_threads.discard(self._thread)
-        self._thread = None
-        return ended
+    def failure(self, job: _Task, error: Exception) -> tuple[str, bool]:
+        if isinstance(error, DownloadCancelled):
+            return str(error), True
+        if isinstance(error, SpecDeskError):
+            return str(error), False
+        log.error("models job failed:\n%s", "".join(traceback.format_exception(error)))  # a bug
+        return f"{type(error).__name__}: {error}", False
 
 
 def _item(text: Any, tip: Optional[str] = None, data: Any = None) -> QTableWidgetItem:
@@ -172,7 +98,7 @@ class DownloadRow:
     row: int
     bar: QProgressBar
     button: QPushButton
-    job: Optional[_Job] = None
+    job: Optional[_Task] = None
     state: str = "queued"  # queued, running, done, cancelled, failed
     path: Optional[str] = None
     message: str = ""
@@ -266,12 +192,12 @@ class ModelsView(QWidget):
             config_source = (lambda: LibraryConfig.from_settings(settings)) if settings is not None else LibraryConfig
         self._config_source = config_source
         ids = itertools.count(1)
-        self._jobs = _Lane("specdesk-models", ids, self)
-        self._downloads_lane = _Lane("specdesk-downloads", ids, self)
+        self._jobs = JobThread("specdesk-models", _TaskRunner, ids, self)
+        self._downloads_lane = JobThread("specdesk-downloads", _TaskRunner, ids, self)
         for lane in (self._jobs, self._downloads_lane):
             lane.done.connect(self._on_done)
             lane.failed.connect(self._on_failed)
-        self._downloads_lane.progress.connect(self._on_progress)
+        self._downloads_lane.progressed.connect(self._on_progress)
         self.entries: list[ModelEntry] = []
         self.downloads: dict[int, DownloadRow] = {}
         self._download_ids = itertools.count(1)
@@ -381,7 +307,7 @@ class ModelsView(QWidget):
         self._scanned = True
         config = self._config_source()
         self.status.setText("scanning the model library…")
-        return self._jobs.submit("scan", lambda job: scan_library(config)).job_id
+        return self._jobs.submit(_Task(work=lambda job: scan_library(config), shown=self._show_library)).job_id
 
     def set_source(self, name: str, enabled: bool) -> Optional[int]:
         """Switch one app's model folder on or off (remembered in settings) and rescan."""
@@ -448,7 +374,8 @@ class ModelsView(QWidget):
 
         gguf, author = self.gguf_only.isChecked(), self.author.text().strip() or None
         self.status.setText(f"searching for {text!r}…")
-        return self._jobs.submit("search", lambda job: search(text, gguf_only=gguf, author=author)).job_id
+        return self._jobs.submit(_Task(work=lambda job: search(text, gguf_only=gguf, author=author),
+                                       shown=self._show_results)).job_id
 
     def _show_results(self, results) -> None:
         self.results.setRowCount(0)
@@ -473,7 +400,8 @@ class ModelsView(QWidget):
         self.current_repo = repo_id
         self.files.setRowCount(0)
         self.status.setText(f"listing {repo_id}…")
-        return self._jobs.submit("files", lambda job: (repo_id, list_files(repo_id))).job_id
+        return self._jobs.submit(_Task(work=lambda job: list_files(repo_id),
+                                       shown=lambda files: self._show_files(repo_id, files))).job_id
 
     def _show_files(self, repo_id: str, files) -> None:
         if repo_id != self.current_repo:
@@ -520,15 +448,16 @@ class ModelsView(QWidget):
         lane = self._downloads_lane
         throttle = Throttle(PROGRESS_INTERVAL_S, clock=time.monotonic)
 
-        def work(job: _Job):
+        def work(job: _Task):
             def report(p: DownloadProgress) -> None:
                 if throttle.due() or p.done == p.total:
                     throttle.mark()
-                    lane.emit_progress((job.job_id, p))
+                    lane.report(job, p)
 
             return str(download(d.repo_id, d.filename, cancel=job.cancel, progress=report))
 
-        d.job = lane.submit("download", work)
+        d.job = lane.submit(_Task(work=work, shown=lambda path: self._download_done(d, path),
+                                  refused=lambda message, cancelled: self._download_refused(d, message, cancelled)))
         self._by_job[d.job.job_id] = d.download_id
         self._set_state(d, "queued", "queued")
 
@@ -575,7 +504,9 @@ class ModelsView(QWidget):
 
         dialog = PairingDialog(target, self)
         entries = list(self.entries)
-        job = self._jobs.submit("pair", lambda job: pair(target.path, entries, n_ctx=n_ctx))
+        job = self._jobs.submit(_Task(work=lambda job: pair(target.path, entries, n_ctx=n_ctx),
+                                      shown=lambda report: self._pairing_done(job.job_id, report),
+                                      refused=lambda message, cancelled: self._pairing_refused(job.job_id, message)))
         self._dialogs[job.job_id] = dialog
         dialog.show()
         return dialog
@@ -583,42 +514,48 @@ class ModelsView(QWidget):
     # --- results ------------------------------------------------------------------
     @Slot(object)
     def _on_done(self, item) -> None:
-        job_id, kind, value = item
-        if self._closed:
-            return
-        if kind == "scan":
-            self._show_library(value)
-        elif kind == "search":
-            self._show_results(value)
-        elif kind == "files":
-            self._show_files(*value)
-        elif kind == "download":
-            d = self.downloads[self._by_job.pop(job_id)]
-            d.path = value
-            d.bar.setValue(PROGRESS_STEPS)
-            self._set_state(d, "done", f"done: {value}")
-            self.refresh_library()  # the new file joins the library
-        elif kind == "pair":
-            dialog = self._dialogs.pop(job_id, None)
-            if dialog is not None:
-                dialog.show_report(value)
-            self.pairing_ready.emit(value)
+        job, value = item
+        if not self._closed:
+            job.shown(value)
 
     @Slot(object)
     def _on_failed(self, item) -> None:
-        job_id, kind, message, cancelled = item
+        job, (message, cancelled) = item
         if self._closed:
             return
-        if kind == "download":
-            d = self.downloads[self._by_job.pop(job_id)]
-            self._set_state(d, "cancelled" if cancelled else "failed", message)
-            return
-        if kind == "pair" and job_id in self._dialogs:
-            self._dialogs.pop(job_id).show_error(message)
+        if job.refused is not None:
+            job.refused(message, cancelled)
+        else:
+            self._report_failure(message)
+
+    def _report_failure(self, message: str, popup: bool = True) -> None:
         self.status.setText(message.splitlines()[0] if message else "error")
         self.failed.emit(message)
-        if kind != "pair":
+        if popup:
             show_error(self, message)
+
+    def _download_done(self, d: DownloadRow, path: str) -> None:
+        self._by_job.pop(d.job.job_id, None)
+        d.path = path
+        d.bar.setValue(PROGRESS_STEPS)
+        self._set_state(d, "done", f"done: {path}")
+        self.refresh_library()  # the new file joins the library
+
+    def _download_refused(self, d: DownloadRow, message: str, cancelled: bool) -> None:
+        self._by_job.pop(d.job.job_id, None)
+        self._set_state(d, "cancelled" if cancelled else "failed", message)
+
+    def _pairing_done(self, job_id: int, report) -> None:
+        dialog = self._dialogs.pop(job_id, None)
+        if dialog is not None:
+            dialog.show_report(report)
+        self.pairing_ready.emit(report)
+
+    def _pairing_refused(self, job_id: int, message: str) -> None:
+        dialog = self._dialogs.pop(job_id, None)
+        if dialog is not None:
+            dialog.show_error(message)
+        self._report_failure(message, popup=False)
 
     def busy(self) -> bool:
         return bool(self._jobs.pending or self._downloads_lane.pending)
