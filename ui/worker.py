@@ -50,35 +50,35 @@ class LoadJob(Job):
 
 
 @dataclass(kw_only=True)
-class ChatJob(Job):
-    kind: ClassVar[str] = "chat"
-    messages: list[dict]
+class _RunJob(Job):
+    """A job that generates: its method, sampling and length."""
+
     spec: SpecConfig
     sampling: SamplingParams
     max_tokens: int
 
 
 @dataclass(kw_only=True)
-class CompareJob(Job):
+class ChatJob(_RunJob):
+    kind: ClassVar[str] = "chat"
+    messages: list[dict]
+
+
+@dataclass(kw_only=True)
+class CompareJob(_RunJob):
     """Baseline and speculative on one prompt (a chat message, or raw text with chat=False)."""
 
     kind: ClassVar[str] = "compare"
     prompt: str
-    spec: SpecConfig
-    sampling: SamplingParams
-    max_tokens: int
     chat: bool = True
 
 
 @dataclass(kw_only=True)
-class SweepJob(Job):
+class SweepJob(CompareJob):
+    """Baseline once, then the method at each of `ks`, on one prompt."""
+
     kind: ClassVar[str] = "sweep"
-    prompt: str
-    spec: SpecConfig
-    sampling: SamplingParams
-    max_tokens: int
     ks: tuple[int, ...] = tuple(range(1, 9))
-    chat: bool = True
 
 
 @dataclass(kw_only=True)
