@@ -14,6 +14,10 @@ decoded greedily by both on the same GGUF files, the same k and the same thread 
   eagle3  draft-eagle3, the demo target + the demo EAGLE-3 drafter GGUF
 (the driver refuses --spec-type none, so there is no baseline row).
 
+`--build-server` builds llama-server the same way (its own build folder beside the driver's)
+and prints its path: the served-engine tests (tests/test_llama_server.py) and
+benchmarks/served.py run it on the demo pair with `--metrics` (start_server below).
+
 Speeds are decode-only on both sides: llama.cpp's "decoded N tokens in S seconds" line
 (timed after the prompt is evaluated) and SpecDesk's wall time of a generation whose prompt
 is already in the cache (a one-token warm-up run evaluates it); each prompt runs --repeat
@@ -38,6 +42,7 @@ import threading
 import time
 from importlib import metadata
 from pathlib import Path
+from typing import Optional
 
 from specdesk.app.compare import load_prompts
 from specdesk.app.paths import assets_dir, cache_dir
@@ -108,6 +113,56 @@ def build_driver(jobs: int = 2, target: str = TARGET) -> Path:
     subprocess.run(["cmake", "--build", str(build), "-j", str(jobs), "--target", target], check=True,
                    stdout=subprocess.DEVNULL)
     return binary
+
+
+# --- llama-server -------------------------------------------------------------------------
+def server_command(binary: Path, target: str, port: int, draft: Optional[str] = None, k: int = 4,
+                   threads: int = 1, n_ctx: int = 1024) -> list[str]:
+    """llama-server on `target`, speculating with `draft` (draft-simple, k tokens, no p-min
+    cut) when given, one slot, with the Prometheus /metrics SpecDesk reads."""
+    command = [str(binary), "-m", target, "--host", "127.0.0.1", "--port", str(port), "-t", str(threads),
+               "-tb", str(threads), "-c", str(n_ctx), "-np", "1", "--metrics", "--no-webui"]
+    if draft:
+        command += ["-md", draft, "--spec-type", "draft-simple", "--spec-draft-n-max", str(k),
+                    "--spec-draft-p-min", "0"]
+    return command
+
+
+def start_server(binary: Path, target: str, draft: Optional[str] = None, k: int = 4, threads: int = 1,
+                 n_ctx: int = 1024, timeout_s: float = 120.0) -> tuple[subprocess.Popen, str]:
+    """A running llama-server on a free localhost port: (process, its base URL)."""
+    import socket
+    import urllib.request
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    log_file = tempfile.TemporaryFile()
+    child = subprocess.Popen(server_command(binary, target, port, draft, k, threads, n_ctx),
+                             stdout=log_file, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and child.poll() is None:
+        try:
+            with urllib.request.urlopen(url + "/health", timeout=2) as response:
+                if response.status == 200:
+                    return child, url
+        except OSError:
+            time.sleep(0.2)
+    child.kill()
+    child.wait()
+    log_file.seek(0)
+    tail = "\n".join(log_file.read().decode(errors="replace").strip().splitlines()[-8:])
+    raise RuntimeError(f"llama-server did not come up on {url} (exit {child.returncode}):\n{tail}")
+
+
+def stop_server(child: subprocess.Popen) -> None:
+    child.terminate()
+    try:
+        child.wait(15)
+    except subprocess.TimeoutExpired:
+        child.kill()
+        child.wait()
 
 
 # --- one prompt, both drivers ------------------------------------------------------------
@@ -186,8 +241,15 @@ def main() -> None:
                         help="runs per prompt and side; the fastest counts (other load on the machine only slows runs)")
     parser.add_argument("--small", action="store_true", help="the small test family instead of the shipped one")
     parser.add_argument("--jobs", type=int, default=2, help="parallel compile jobs for the one-time build")
+    parser.add_argument("--build-server", action="store_true",
+                        help="only build (once) and print the path of llama-server, which the served-engine tests use")
     args = parser.parse_args()
 
+    if args.build_server:
+        started = time.monotonic()
+        binary = build_driver(args.jobs, SERVER)
+        print(json.dumps({"llama_server": str(binary), "seconds": round(time.monotonic() - started, 1)}))
+        return
     binary = build_driver(args.jobs)
     files = family_files(args.small)
     prompts = load_prompts(assets_dir() / "prompts" / "code.jsonl")
