@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from specdesk.app.engine_client import STOP_GRACE_S, EngineClient, EngineHostDied
-from specdesk.app.main import chat_prompt
+from specdesk.app.prompting import chat_prompt
 from specdesk.engines.types import GenerationRequest, SamplingParams, SpecConfig, SpecDeskError
 
 from llama_helpers import copy_gguf

@@ -231,15 +231,14 @@ def test_a_lone_surrogate_in_a_prompt_is_one_line(small_engine):
 def test_a_huge_chat_message_is_refused_as_too_long_not_as_a_slow_template(small_engine):
     """The demo template loops over a message's lines: 2 million lines would stop it on its
     step limit, a reason that misleads. The message is refused as too long before rendering."""
-    from specdesk.app.main import chat_prompt
+    from specdesk.app.prompting import chat_prompt
 
     with pytest.raises(PromptTooLong, match="the prompt is too long: 12,000,000 characters"):
         chat_prompt(small_engine, [{"role": "user", "content": "x = 1\n" * 2_000_000}])
 
 
 def test_a_long_conversation_keeps_the_most_turns_that_fit(small_engine):
-    from specdesk.app.main import chat_prompt
-    from specdesk.app.prompting import fit_chat
+    from specdesk.app.prompting import chat_prompt, fit_chat
 
     conversation = [{"role": "user" if i % 2 == 0 else "assistant", "content": f"turn {i}: sort the list {i}"}
                     for i in range(3001)]

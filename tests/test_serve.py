@@ -24,7 +24,7 @@ import pytest
 openai = pytest.importorskip("openai")
 
 from specdesk.app.compare import run_once  # noqa: E402
-from specdesk.app.main import chat_prompt  # noqa: E402
+from specdesk.app.prompting import chat_prompt  # noqa: E402
 from specdesk.engines.types import GenerationRequest, SamplingParams, SpecConfig  # noqa: E402
 
 API_KEY = "sk-specdesk-test"
