@@ -46,4 +46,28 @@ for dtype in bfloat16 float32; do
     timeout 90 python3 benchmarks/torch_engine.py --device cuda --dtype "$dtype" --k 4 --prompts 6 \
         --max-tokens 128 | tee "$out/bench-$dtype.jsonl"
 done
+# Served engines against a real vLLM, when this machine has it and a local model to serve
+# (the machine reaches no network): SPECDESK_VLLM_MODEL=/path/to/model, and optionally
+# SPECDESK_VLLM_SPEC='{"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3}'.
+# A baseline and a speculative server side by side; benchmarks/served.py compares them.
+if python3 -c "import vllm" 2>/dev/null && [ -n "${SPECDESK_VLLM_MODEL:-}" ]; then
+    default_spec='{"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1, "prompt_lookup_max": 3}'
+    spec_config="${SPECDESK_VLLM_SPEC:-$default_spec}"
+    vllm serve "$SPECDESK_VLLM_MODEL" --port 8101 --gpu-memory-utilization 0.4 --max-model-len 4096 \
+        --speculative-config "$spec_config" --per-request-spec-decode-metrics summary >"$out/vllm-spec.log" 2>&1 &
+    spec_pid=$!
+    vllm serve "$SPECDESK_VLLM_MODEL" --port 8102 --gpu-memory-utilization 0.4 --max-model-len 4096 \
+        >"$out/vllm-base.log" 2>&1 &
+    base_pid=$!
+    for _ in $(seq 120); do
+        curl -sf localhost:8101/health >/dev/null && curl -sf localhost:8102/health >/dev/null && break
+        sleep 2
+    done
+    timeout 240 python3 benchmarks/served.py --endpoint http://localhost:8101 \
+        --baseline-endpoint http://localhost:8102 --prompts 4 --max-tokens 128 | tee "$out/served-vllm.jsonl" || true
+    kill "$spec_pid" "$base_pid" 2>/dev/null || true
+    wait "$spec_pid" "$base_pid" 2>/dev/null || true
+else
+    echo '{"served_vllm": "skipped: vllm is not installed here, or SPECDESK_VLLM_MODEL names no local model"}'
+fi
 exit "$tests_status"
