@@ -573,7 +573,8 @@ class StreamReader:
             return ServedNumbers("per request", _int(s.get("draft_tokens")), _int(s.get("accepted_tokens")),
                                  _int(s.get("passes")) if "passes" in s else None,
                                  tuple(_int(v) for v in s.get("drafted_per_position") or ()),
-                                 tuple(_int(v) for v in s.get("accepted_per_position") or ()), (), dict(s))
+                                 tuple(_int(v) for v in s.get("accepted_per_position") or ()),
+                                 tuple(_int(v) for v in s.get("accepted_length_histogram") or ()), dict(s))
         if self.vllm is not None:
             v = self.vllm
             histogram = tuple(_int(n) for n in v.get("acceptance_histogram") or ())

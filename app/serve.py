@@ -10,7 +10,8 @@ Two fields beyond OpenAI's:
   baseline run, to compare against);
 - response "specdesk": what speculation did for this request: drafts (verification steps
   that checked draft tokens), draft_tokens, accepted_tokens, acceptance_rate,
-  drafted_per_position / accepted_per_position / acceptance_per_position, passes, tokens,
+  drafted_per_position / accepted_per_position / acceptance_per_position,
+  accepted_length_histogram (index n: passes that accepted n drafts), passes, tokens,
   seconds, tok_per_s, draft_s, verify_s, method, k. Streamed, it is in the last chunk.
 """
 
@@ -245,6 +246,7 @@ def speculation_summary(stats: RunStats, drafts: int, spec: SpecConfig) -> dict:
         "drafted_per_position": list(stats.per_position_drafted),
         "accepted_per_position": list(stats.per_position_accepted),
         "acceptance_per_position": [round(a, 6) for a in stats.per_position_acceptance],
+        "accepted_length_histogram": list(stats.accepted_length_histogram),
         "passes": stats.passes, "tokens": stats.tokens, "seconds": round(stats.seconds, 6),
         "tok_per_s": round(stats.tok_per_s, 3), "draft_s": round(stats.draft_s, 6),
         "verify_s": round(stats.verify_s, 6),

@@ -159,6 +159,8 @@ def test_specdesk_serve_numbers_are_the_replies_own(serve):
     assert (stats.drafted, stats.accepted, stats.passes) == (raw["draft_tokens"], raw["accepted_tokens"],
                                                              raw["passes"])
     assert list(stats.per_position_accepted) == raw["accepted_per_position"]
+    assert list(stats.accepted_length_histogram) == raw["accepted_length_histogram"]
+    assert sum(stats.accepted_length_histogram) == stats.passes
     for position, accepted in enumerate(raw["accepted_per_position"]):
         name = "specdesk:spec_decode_num_accepted_tokens_per_pos_total"
         moved = after.by_label(name, "position")[str(position)] - before.by_label(name, "position").get(str(position), 0)

@@ -34,6 +34,12 @@ def cmd_screenshot(args) -> int:
 
     width, height = parse_size(args.size)
     terminal.output_folder(args.out, "--out")
+    if args.endpoint:  # the chat on a served engine (ui/served_screenshot.py)
+        from specdesk.ui.served_screenshot import take_served_screenshot
+
+        print(take_served_screenshot(Path(args.out), args.endpoint, args.api_key, args.model, (width, height),
+                                     dark=args.dark, suffix=args.suffix, progress=terminal._progress))
+        return 0
     for path in take_screenshots(Path(args.out), (width, height), dark=args.dark, threads=args.threads or 0,
                                  demo_size="full" if args.full_demo else "small",
                                  suffix=args.suffix, progress=terminal._progress):
@@ -56,6 +62,9 @@ def add_desktop_commands(parser: argparse.ArgumentParser, sub) -> None:
     p.add_argument("--threads", type=int, default=None, help="CPU threads (default: automatic)")
     p.add_argument("--full-demo", action="store_true",
                    help="use the full demo family (real code replies) instead of the small test family")
+    p.add_argument("--endpoint", metavar="URL", help="instead: served-chat.png, the chat on this server")
+    p.add_argument("--model", help="with --endpoint: the server's model id (default: the first it lists)")
+    p.add_argument("--api-key", help="with --endpoint: the server's API key")
     p.set_defaults(func=cmd_screenshot)
 
 
