@@ -15,7 +15,7 @@ pytest.importorskip("pytestqt")
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from PySide6.QtWidgets import QDialogButtonBox, QMessageBox  # noqa: E402
+from PySide6.QtWidgets import QDialogButtonBox, QGroupBox, QMessageBox  # noqa: E402
 
 from served_replay import Replay, load  # noqa: E402
 
@@ -67,6 +67,8 @@ def test_add_server_lists_models_says_what_it_reports_and_chats_with_its_charts(
             assert "sk-team" not in (Path(window._settings_file).read_text()
                                      if Path(window._settings_file).exists() else "")
             assert window.served.active and "vLLM" in window.status_label.text()
+            models_group = next(g for g in window.controls.findChildren(QGroupBox) if g.title() == "Models")
+            assert not models_group.isEnabled()  # the local pickers do not apply to the server's replies
 
             window.chat_view.input.setPlainText("Write a function that parses command line arguments.")
             window.chat_view.send_button.click()

@@ -18,8 +18,8 @@ from typing import Optional
 
 from PySide6.QtCore import QObject, QTimer, Signal
 from PySide6.QtGui import QAction
-from PySide6.QtWidgets import (QComboBox, QDialog, QDialogButtonBox, QFormLayout, QHBoxLayout, QLabel, QLineEdit,
-                               QPushButton, QVBoxLayout, QWidget)
+from PySide6.QtWidgets import (QComboBox, QDialog, QDialogButtonBox, QFormLayout, QGroupBox, QHBoxLayout, QLabel,
+                               QLineEdit, QPushButton, QVBoxLayout, QWidget)
 
 from specdesk.app.credentials import load_key, store_key
 from specdesk.app.endpoint import Endpoint, EndpointError, ServedRun, ServerInfo, base_url
@@ -192,14 +192,23 @@ class ServedChat(QObject):
         self.window.setWindowTitle(f"SpecDesk — {endpoint.model} at {endpoint.url}")
         self.window.status_label.setText(f"server {endpoint.url} · model {endpoint.model} · "
                                          f"{endpoint.info.describe()}" + (f" · {key_note}" if key_note else ""))
+        self._local_models_shown(False)
         self.window._update_actions()
 
     def use_local(self) -> None:
         self.stop()
         self.endpoint = None
         self.local_action.setEnabled(False)
+        self._local_models_shown(True)
         self.window._show_model_status()
         self.window._update_actions()
+
+    def _local_models_shown(self, on: bool) -> None:
+        """The local model pickers do not apply to a server's replies: greyed out while one is in use."""
+        for group in self.window.controls.findChildren(QGroupBox):
+            if group.title() == "Models":
+                group.setEnabled(on)
+                group.setToolTip("" if on else "replies come from the server (Servers > Use local models to return)")
 
     # --- one reply ------------------------------------------------------------------------
     def send(self, text: str) -> Optional[int]:
