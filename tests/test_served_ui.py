@@ -104,3 +104,28 @@ def test_a_dropped_stream_keeps_the_partial_reply_marked(qtbot, window):
     saved = window.history.messages(window.chat_id)[-1]
     assert saved.meta["partial"] and saved.content == reply.text
     assert window.chat_view.send_button.isEnabled()  # the window goes on
+
+
+def test_compare_view_runs_on_a_server_against_its_baseline_server(qtbot, window):
+    with Replay(load("vllm_per_request.json")) as speculative, Replay(load("vllm_counters.json")) as baseline:
+        dialog = window.served.add_server()
+        dialog.url_edit.setText(speculative.url)
+        dialog.baseline_edit.setText(baseline.url)
+        dialog.connect_button.click()
+        ok = dialog.buttons.button(QDialogButtonBox.Ok)
+        qtbot.waitUntil(ok.isEnabled, timeout=TIMEOUT_MS)
+        ok.click()
+        view = window.compare_view
+        window.tabs.setCurrentWidget(view)
+        assert view.run_button.isEnabled() and not view.sweep_button.isEnabled()
+        view.prompt.setPlainText("def parse_args(argv):")
+        view.run_button.click()
+        assert view.stop_button.isEnabled()
+        qtbot.waitUntil(lambda: not window.served.busy, timeout=TIMEOUT_MS)
+    assert not window.errors
+    report = view.report
+    assert report.identical_outputs is True and "identical output" in view.verdict.text()
+    assert report.speculative.drafted == 129 and report.baseline.tokens == 53
+    assert len(speculative.requests) == 2 and len(baseline.requests) == 2  # a warm-up and the run on each
+    assert view.speculative_pane.pieces and "".join(view.baseline_pane.pieces) == report.results[0].baseline.text
+    assert "time drafting" not in view.details.text()

@@ -116,6 +116,7 @@ class CompareView(QWidget):
         self.sweep_result = None
         self._sweep_points: list = []
         self._sweep_baseline = None
+        self.served = None  # set by the window: runs the compare on a served engine (ui/served_chat.py)
 
         self.prompt = QPlainTextEdit(self)
         self.prompt.setPlaceholderText("A prompt to run without and with speculation")
@@ -221,6 +222,8 @@ class CompareView(QWidget):
         return text, spec, sampling, max_tokens
 
     def run_compare(self) -> Optional[int]:
+        if self.served is not None and self.served.active:
+            return self.served.run_compare(self.prompt.toPlainText())
         text, spec, sampling, max_tokens = self._request()
         self.baseline_pane.clear()
         self.speculative_pane.clear()
@@ -248,6 +251,8 @@ class CompareView(QWidget):
         return self._sweep_job
 
     def stop(self) -> None:
+        if self.served is not None:
+            self.served.stop()
         for job in (self._compare_job, self._sweep_job):
             if job is not None:
                 self.worker.stop(job)
@@ -313,6 +318,10 @@ class CompareView(QWidget):
         self.set_available(not self.worker.busy)
 
     # --- results ------------------------------------------------------------------------
+    def show_report(self, report) -> None:
+        """A finished compare's verdict, numbers and charts (from the worker, or a served engine)."""
+        self._show_report(report)
+
     def _show_report(self, report) -> None:
         self.report = report
         self.refresh()
@@ -335,9 +344,15 @@ class CompareView(QWidget):
             verdict = (f"sampled at T = {report.temperature:g}: outputs differ by design; "
                        "speculative sampling keeps the target's distribution")
             colour = theme.muted(self.palette()).name()
+        elif report.identical_outputs and not result.baseline.tokens:  # a server sends text, not token ids
+            verdict = f"identical output ✓ ({base.tokens} tokens, the same text)"
+            colour = good
         elif report.identical_outputs:
             verdict = f"identical output ✓ ({len(result.baseline.tokens)} tokens, token for token)"
             colour = good
+        elif not result.baseline.tokens:
+            verdict = f"outputs differ from character {result.first_text_difference()} ✗"
+            colour = "#d04040"
         else:
             at = result.first_divergence()
             first = next((d for d in report.divergences if d.prompt == 0), None)
@@ -355,9 +370,10 @@ class CompareView(QWidget):
                              f'&nbsp;&nbsp;·&nbsp;&nbsp;<span style="font-size:12pt; color:{colour}">{verdict}</span>')
         self.verdict.setProperty("identical", report.identical_outputs)
         share = spec.draft_s / max(1e-9, spec.draft_s + spec.verify_s)
+        timing = (f" · time drafting {share:.0%}, verifying {1 - share:.0%}" if spec.draft_s + spec.verify_s > 0
+                  else "")  # a server does not say how long drafting took
         self.details.setText(f"baseline {base.tok_per_s:.1f} tok/s · speculative {spec.tok_per_s:.1f} tok/s · "
-                             f"{spec.accepted}/{spec.drafted} drafts accepted · "
-                             f"time drafting {share:.0%}, verifying {1 - share:.0%}")
+                             f"{spec.accepted}/{spec.drafted} drafts accepted{timing}")
         acceptance = spec.per_position_acceptance
         self.position_bars.setOpts(x=np.arange(1, len(acceptance) + 1), height=np.array(acceptance), width=0.6)
         self.position_plot.setXRange(0.4, max(1, len(acceptance)) + 0.6, padding=0)

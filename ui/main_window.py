@@ -416,7 +416,11 @@ class MainWindow(QMainWindow):
         can_run = self.info is not None and not loading
         self.chat_view.set_generating(self._chat_job is not None or self.served.busy,
                                       can_run or self.served.active)
-        self.compare_view.set_available(can_run and not self.worker.busy)
+        served = self.served
+        self.compare_view.set_available((can_run or served.active) and not self.worker.busy and not served.busy)
+        if served.active:  # on a server: compare runs there (no k sweep), and Stop ends it
+            self.compare_view.sweep_button.setEnabled(False)
+            self.compare_view.stop_button.setEnabled(served.busy)
         self.busy_bar.setVisible(loading)
 
     # --- closing --------------------------------------------------------------------

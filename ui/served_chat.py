@@ -23,7 +23,7 @@ from PySide6.QtWidgets import (QComboBox, QDialog, QDialogButtonBox, QFormLayout
 
 from specdesk.app.credentials import load_key, store_key
 from specdesk.app.endpoint import Endpoint, EndpointError, ServedRun, ServerInfo, base_url
-from specdesk.engines.types import StepEvent
+from specdesk.engines.types import SpecDeskError, StepEvent
 
 from .chat_view import ChatMessage
 from .charts import format_status
@@ -46,6 +46,29 @@ class ServedBatch:
     from_draft: tuple[bool, ...]
 
 
+class Coalescer:
+    """One run's StepEvents into ServedBatches, at most one per BATCH_INTERVAL_S (the first at once)."""
+
+    def __init__(self, job_id: int, label: str, k: int, emit):
+        self.job_id, self.label, self.k, self.emit = job_id, label, k, emit
+        self.first, self.last_sent = True, 0.0
+        self.events: list[StepEvent] = []
+        self.times: list[float] = []
+
+    def __call__(self, event: StepEvent) -> None:
+        self.events.append(event)
+        self.times.append(time.perf_counter())
+        if self.first or time.perf_counter() - self.last_sent >= BATCH_INTERVAL_S:
+            self.flush()
+
+    def flush(self) -> None:
+        if self.events:
+            self.emit(ServedBatch(self.job_id, self.label, self.k, self.first, tuple(self.events), tuple(self.times),
+                                  tuple(e.text for e in self.events), (False,) * len(self.events)))
+            self.first, self.last_sent = False, time.perf_counter()
+            self.events, self.times = [], []
+
+
 class ConnectDialog(QDialog):
     """Base URL, optional API key; Connect lists the models and what the server reports."""
 
@@ -64,6 +87,9 @@ class ConnectDialog(QDialog):
         self.connect_button = QPushButton("Connect", self)
         self.models = QComboBox(self)
         self.models.setEnabled(False)
+        self.baseline_edit = QLineEdit(self)
+        self.baseline_edit.setPlaceholderText("optional: the same model without speculation, for Compare")
+        self.baseline: Optional[Endpoint] = None
         self.info = QLabel("", self)
         self.info.setWordWrap(True)
         self.buttons = QDialogButtonBox(QDialogButtonBox.Ok | QDialogButtonBox.Cancel, self)
@@ -75,6 +101,7 @@ class ConnectDialog(QDialog):
         form.addRow("Server URL", row)
         form.addRow("API key", self.key_edit)
         form.addRow("Model", self.models)
+        form.addRow("Baseline server", self.baseline_edit)
         layout = QVBoxLayout(self)
         layout.addLayout(form)
         layout.addWidget(self.info)
@@ -95,12 +122,20 @@ class ConnectDialog(QDialog):
             return
         key = self.key_edit.text().strip() or load_key(url)
         endpoint = Endpoint(url, api_key=key, timeout=15.0)
+        baseline_text = self.baseline_edit.text().strip()
         self.connect_button.setEnabled(False)
         self.info.setText(f"connecting to {url}…")
 
         def work() -> None:
             try:
-                self.probed.emit(endpoint, endpoint.probe())
+                info = endpoint.probe()
+                self.baseline = None
+                if baseline_text:
+                    baseline = Endpoint(baseline_text, api_key=key or load_key(base_url(baseline_text)),
+                                        timeout=15.0)
+                    baseline.probe()
+                    self.baseline = baseline
+                self.probed.emit(endpoint, info)
             except EndpointError as e:
                 self.probed.emit(None, str(e))
 
@@ -127,6 +162,10 @@ class ConnectDialog(QDialog):
             return
         self.endpoint.model = self.models.currentText()
         self.endpoint.timeout = 120.0
+        if self.baseline is not None:
+            self.baseline.timeout = 120.0
+            if self.endpoint.model in self.baseline.info.models:
+                self.baseline.model = self.endpoint.model
         typed = self.key_edit.text().strip()
         if typed:
             self.key_note = store_key(self.endpoint.url, typed)
@@ -149,19 +188,28 @@ class ServedChat(QObject):
     batch_ready = Signal(object)
     reply_done = Signal(int, object)  # (job id, ServedRun)
     reply_failed = Signal(int, object)  # (job id, EndpointError)
+    compare_batch = Signal(object)
+    compare_done = Signal(int, object)  # (job id, CompareReport)
+    compare_failed = Signal(int, object)  # (job id, error)
 
     def __init__(self, window):
         super().__init__(window)
         self.window = window
         self.endpoint: Optional[Endpoint] = None
+        self.baseline: Optional[Endpoint] = None  # Compare's baseline arm, when the server cannot switch per request
         self.job_id = 0
         self._running: Optional[tuple[int, ChatMessage, threading.Event]] = None
+        self._comparing: Optional[tuple[int, threading.Event]] = None
         self.timer = QTimer(self)
         self.timer.setInterval(REPAINT_INTERVAL_MS)
         self.timer.timeout.connect(self._tick)
         self.batch_ready.connect(self._on_batch)
         self.reply_done.connect(self._on_done)
         self.reply_failed.connect(self._on_failed)
+        self.compare_batch.connect(self._on_compare_batch)
+        self.compare_done.connect(self._on_compare_done)
+        self.compare_failed.connect(self._on_compare_failed)
+        window.compare_view.served = self
         menu = window.menuBar().addMenu("&Servers")
         self.add_action = QAction("Add server…", self)
         self.add_action.triggered.connect(self.add_server)
@@ -177,17 +225,18 @@ class ServedChat(QObject):
 
     @property
     def busy(self) -> bool:
-        return self._running is not None
+        return self._running is not None or self._comparing is not None
 
     def add_server(self) -> Optional[ConnectDialog]:
         dialog = ConnectDialog(self.window, self.endpoint.url if self.endpoint else "")
-        dialog.accepted.connect(lambda: self.use(dialog.endpoint, dialog.key_note))
+        dialog.accepted.connect(lambda: self.use(dialog.endpoint, dialog.key_note, dialog.baseline))
         dialog.open()
         return dialog
 
-    def use(self, endpoint: Endpoint, key_note: str = "") -> None:
+    def use(self, endpoint: Endpoint, key_note: str = "", baseline: Optional[Endpoint] = None) -> None:
         self.stop()
         self.endpoint = endpoint
+        self.baseline = baseline
         self.local_action.setEnabled(True)
         self.window.setWindowTitle(f"SpecDesk — {endpoint.model} at {endpoint.url}")
         self.window.status_label.setText(f"server {endpoint.url} · model {endpoint.model} · "
@@ -197,7 +246,7 @@ class ServedChat(QObject):
 
     def use_local(self) -> None:
         self.stop()
-        self.endpoint = None
+        self.endpoint = self.baseline = None
         self.local_action.setEnabled(False)
         self._local_models_shown(True)
         self.window._show_model_status()
@@ -234,35 +283,15 @@ class ServedChat(QObject):
         k = 1 if endpoint.info.kind == "llama-server" else 0  # its chunks carry running draft counts
 
         def work() -> None:
-            pending: list[StepEvent] = []
-            times: list[float] = []
-            first, last_sent = True, 0.0
-
-            def flush() -> None:
-                nonlocal first, last_sent
-                if pending:
-                    self.batch_ready.emit(ServedBatch(job_id, "chat", k, first, tuple(pending), tuple(times),
-                                                      tuple(e.text for e in pending), (False,) * len(pending)))
-                    first, last_sent = False, time.perf_counter()
-                    pending.clear()
-                    times.clear()
-
-            stream = endpoint.stream_chat(history, sampling, max_tokens, cancel)
+            batcher = Coalescer(job_id, "chat", k, self.batch_ready.emit)
             try:
-                while True:
-                    try:
-                        event = next(stream)
-                    except StopIteration as done:
-                        flush()
-                        self.reply_done.emit(job_id, done.value)
-                        return
-                    pending.append(event)
-                    times.append(time.perf_counter())
-                    if first or time.perf_counter() - last_sent >= BATCH_INTERVAL_S:
-                        flush()
+                run = endpoint.chat(history, sampling, max_tokens, cancel, batcher)
             except EndpointError as e:
-                flush()
+                batcher.flush()
                 self.reply_failed.emit(job_id, e)
+                return
+            batcher.flush()
+            self.reply_done.emit(job_id, run)
 
         threading.Thread(target=work, daemon=True, name="specdesk-served-chat").start()
         self.timer.start()
@@ -272,11 +301,87 @@ class ServedChat(QObject):
     def stop(self) -> None:
         if self._running is not None:
             self._running[2].set()
+        if self._comparing is not None:
+            self._comparing[1].set()
+
+    # --- compare ------------------------------------------------------------------------
+    def run_compare(self, text: str) -> Optional[int]:
+        """The compare view's run on the server: speculation off per request where it can be
+        (specdesk serve), else against the baseline server given in Add server…."""
+        window, view = self.window, self.window.compare_view
+        if self._comparing is not None or self.endpoint is None:
+            return None
+        if not text.strip():
+            window.report_error("type a prompt to compare first")
+            return None
+        endpoint, baseline = self.endpoint, self.baseline
+        if baseline is None and not endpoint.info.switches_speculation:
+            window.report_error(f"{endpoint.url} ({endpoint.info.kind}) cannot switch speculation off per request: "
+                                "add the server again with a baseline server (the same model without speculation)")
+            return None
+        sampling, max_tokens = window.controls.sampling(), window.controls.max_tokens()
+        view.baseline_pane.clear()
+        view.speculative_pane.clear()
+        view.baseline_pane.setTitle("Baseline (no speculation)" if baseline is None else
+                                    f"Baseline ({baseline.model} at {baseline.url})")
+        view.speculative_pane.setTitle(f"Speculative ({endpoint.model} at {endpoint.url})")
+        view.verdict.setText("running baseline, then speculative, on the server…")
+        view.details.setText("")
+        self.job_id += 1
+        job_id, cancel = self.job_id, threading.Event()
+        self._comparing = (job_id, cancel)
+
+        def work() -> None:
+            from specdesk.app.served import compare_served
+
+            batchers: dict[str, Coalescer] = {}
+
+            def on_event(label: str, index: int, event: StepEvent) -> None:
+                if index < 0:
+                    return  # the warm-up requests
+                if label not in batchers:
+                    batchers[label] = Coalescer(job_id, label, 0, self.compare_batch.emit)
+                batchers[label](event)
+
+            try:
+                report = compare_served(endpoint, baseline, [text], sampling, max_tokens, on_event, cancel)
+            except (EndpointError, SpecDeskError) as e:
+                self.compare_failed.emit(job_id, e)
+                return
+            for batcher in batchers.values():
+                batcher.flush()
+            self.compare_done.emit(job_id, report)
+
+        threading.Thread(target=work, daemon=True, name="specdesk-served-compare").start()
+        self.timer.start()
+        window._update_actions()
+        return job_id
+
+    def _on_compare_batch(self, batch: ServedBatch) -> None:
+        if self._comparing is not None and batch.job_id == self._comparing[0]:
+            view = self.window.compare_view
+            (view.baseline_pane if batch.label == "baseline" else view.speculative_pane).add_batch(batch)
+
+    def _on_compare_done(self, job_id: int, report) -> None:
+        if self._comparing is None or self._comparing[0] != job_id:
+            return
+        self._comparing = None
+        self.window.compare_view.show_report(report)
+        self.window._update_actions()
+
+    def _on_compare_failed(self, job_id: int, error) -> None:
+        if self._comparing is None or self._comparing[0] != job_id:
+            return
+        self._comparing = None
+        self.window.compare_view.verdict.setText("the compare did not finish (see the message)")
+        self.window._update_actions()
+        self.window.report_error(str(error))
 
     def _tick(self) -> None:
         self.window.chat_view.flush()
         self.window.charts.refresh()
-        if self._running is None:
+        self.window.compare_view.refresh()
+        if not self.busy:
             self.timer.stop()
 
     def _on_batch(self, batch: ServedBatch) -> None:
