@@ -189,3 +189,22 @@ def test_cancel_ends_the_stream(serve):
     cancel = threading.Event()
     run = endpoint.chat(CHAT, SamplingParams(), 400, cancel, on_event=lambda e: cancel.set())
     assert run.result.finish_reason == "cancelled" and run.result.stats.tokens < 400
+
+
+def test_cli_compare_and_chat_on_endpoints(capsys, monkeypatch):
+    from specdesk.app.main import main
+
+    with Replay(load("vllm_per_request.json")) as speculative, Replay(load("vllm_counters.json")) as baseline:
+        assert main(["compare", "--endpoint", speculative.url, "--prompt", "def f(", "--max-tokens", "16"]) == 2
+        assert "cannot switch speculation off per request" in capsys.readouterr().err
+        assert main(["compare", "--endpoint", speculative.url, "--baseline-endpoint", baseline.url,
+                     "--prompt", "def f(", "--max-tokens", "16", "--json", "-"]) == 0
+        payload = json.loads(capsys.readouterr().out)
+        assert payload["identical_outputs"] is True and payload["speculative"]["drafted"] == 129
+        assert payload["endpoint"]["kind"] == "vllm" and payload["baseline_endpoint"]["url"] == baseline.url
+        assert {"baseline", "speculative", "speedup", "prompts", "temperature", "k"} <= set(payload)
+        monkeypatch.setattr("sys.stdin", __import__("io").StringIO("hello\n\n"))
+        assert main(["chat", "--endpoint", speculative.url, "--max-tokens", "16"]) == 0
+        out = capsys.readouterr()
+        assert "def parse_args" in out.out and "acceptance 0.08 · 1.23 tok/pass" in out.err
+        assert "numbers: per request" in out.err
