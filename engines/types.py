@@ -11,7 +11,7 @@ from typing import Optional
 
 import numpy as np
 
-METHODS = ("none", "ngram", "ngram-pool", "draft", "mtp", "dflash", "eagle3")
+METHODS = ("none", "auto", "ngram", "ngram-pool", "draft", "mtp", "dflash", "eagle3")
 MAX_DRAFT_TOKENS = 16
 
 
@@ -47,6 +47,7 @@ class SpecConfig:
     ngram_min: int = 1
     ngram_max: int = 4
     draft_p_min: float = 0.0  # a draft model stops drafting when its top probability falls below this
+    auto_methods: tuple[str, ...] = ()  # method "auto": the methods it may choose from (empty: every one available)
 
     def __post_init__(self) -> None:
         if self.method not in METHODS:
@@ -57,6 +58,9 @@ class SpecConfig:
             raise SpecDeskError("method 'draft' needs a draft model: pass --draft PATH")
         if not (0.0 <= self.draft_p_min < 1.0):
             raise SpecDeskError(f"draft p-min {self.draft_p_min} is out of range: use 0 (off) up to below 1")
+        for method in self.auto_methods:
+            if method not in METHODS or method in ("none", "auto"):
+                raise SpecDeskError(f"auto cannot choose {method!r}: name methods among {', '.join(METHODS[2:])}")
         if not (1 <= self.ngram_min <= self.ngram_max):
             raise SpecDeskError(f"n-gram sizes {self.ngram_min}..{self.ngram_max} are invalid: need 1 <= min <= max")
 
@@ -102,6 +106,8 @@ class StepEvent:
     verify_s: float
     finished: bool = False
     finish_reason: Optional[str] = None  # "eos", "length", "cancelled" on the last event
+    method: Optional[str] = None  # method auto: what drafted this step ("none": nothing did)
+    reason: Optional[str] = None  # method auto: why, e.g. "draft, k = 3: expected 1.30x"
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,7 @@ from typing import Callable, Iterator, Optional
 
 import numpy as np
 
+from ..speculation.auto import AutoProposer
 from ..speculation.compat import check_compatible
 from ..speculation.loop import run_steps, top_entries
 from ..speculation.ngram import NgramPoolProposer
@@ -141,6 +142,8 @@ class LlamaEngine:
     def _route_hidden_states(self, proposer) -> None:
         """Only an active MTP / DFlash / EAGLE-3 proposer makes the target output its hidden
         states (switching costs llama.cpp a graph rebuild, so the same drafter stays attached)."""
+        if isinstance(proposer, AutoProposer):  # its MTP proposer sees every pass, whoever drafts
+            proposer = proposer.observer
         wanted = proposer if isinstance(proposer, HiddenStateProposer) else None
         previous = self._observer
         self._observer = wanted

@@ -16,6 +16,7 @@ import numpy as np
 
 from ..text import IncrementalDetokenizer
 from ..types import Draft, GenerationRequest, SamplingParams, SpecDeskError, StepEvent
+from .auto import AutoProposer
 from .proposers import ModelSource, make_proposer
 from .protocols import Proposer
 from .verify import VerifyResult
@@ -118,7 +119,8 @@ def commit(draft_tokens: Sequence[int], accepted: int, next_token: int, remainin
 
 
 def step_event(n_drafted: int, accepted: int, committed: Sequence[int], from_draft: Sequence[bool], text: str,
-               draft_s: float, verify_s: float, finish_reason: Optional[str]) -> StepEvent:
+               draft_s: float, verify_s: float, finish_reason: Optional[str], method: Optional[str] = None,
+               reason: Optional[str] = None) -> StepEvent:
     return StepEvent(
         tokens=tuple(committed),
         text=text,
@@ -130,6 +132,8 @@ def step_event(n_drafted: int, accepted: int, committed: Sequence[int], from_dra
         verify_s=verify_s,
         finished=finish_reason is not None,
         finish_reason=finish_reason,
+        method=method,
+        reason=reason,
     )
 
 
@@ -230,7 +234,8 @@ def run_steps(engine: StepTarget, request: GenerationRequest, cancel: threading.
         text = detok.push(committed)
         if finish_reason is not None:
             text += detok.flush()
+        choice = proposer.choice if isinstance(proposer, AutoProposer) else None
         yield step_event(len(draft.tokens), accepted, committed, from_draft, text, drafted - started,
-                         verified - drafted, finish_reason)
+                         verified - drafted, finish_reason, choice and choice.method, choice and choice.reason)
         if finish_reason is not None:
             return

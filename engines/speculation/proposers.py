@@ -47,6 +47,10 @@ def make_proposer(engine: ModelSource, spec: SpecConfig, sampling: SamplingParam
         raise SpecDeskError(f"method {spec.method!r} is not available: use one of {', '.join(SUPPORTED_METHODS)}")
     if spec.method == "none":
         return None
+    if spec.method == "auto":
+        from .auto import make_auto_proposer
+
+        return make_auto_proposer(engine, spec, sampling, rng)
     if spec.method == "ngram":
         return NgramProposer(spec.ngram_min, spec.ngram_max)
     if spec.method == "ngram-pool":

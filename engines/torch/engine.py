@@ -15,6 +15,7 @@ from typing import Iterator, Optional
 
 import numpy as np
 
+from ..speculation.auto import AutoProposer
 from ..speculation.compat import check_compatible
 from ..speculation.loop import run_steps, top_entries
 from ..speculation.ngram import NgramPoolProposer
@@ -151,6 +152,7 @@ class TorchEngine:
         return run_steps(self, request, cancel)
 
     def prefill(self, prompt: list[int], proposer) -> None:
+        proposer = self._observer(proposer)
         ctx = self.context
         observes = isinstance(proposer, TargetObserver)
         # A hidden-state drafter needs the target's rows for the whole prompt: no prefix reuse.
@@ -161,7 +163,7 @@ class TorchEngine:
             self.observe(proposer, out, len(prompt) - 1 - kept, prompt[kept + 1:], start)
 
     def target_pass(self, tokens: list[int], proposer):
-        return self.context.decode(tokens, taps=self._taps(proposer))  # logits (len(tokens), V), taps
+        return self.context.decode(tokens, taps=self._taps(self._observer(proposer)))  # logits (len(tokens), V), taps
 
     def verify_pass(self, draft: Draft, output, sampling: SamplingParams, rng: np.random.Generator):
         from .verify import verify_on_device
@@ -169,8 +171,15 @@ class TorchEngine:
         return verify_on_device(draft.tokens, draft.probs, output.logits, sampling, rng)
 
     def observe(self, proposer, output, rows: int, following: list[int], start: int) -> None:
+        proposer = self._observer(proposer)
         if isinstance(proposer, TargetObserver):
             proposer.observe(output, rows, following, start)
+
+    @staticmethod
+    def _observer(proposer):
+        """The proposer that reads the target's hidden states: auto's MTP proposer sees every
+        pass, whoever drafts."""
+        return proposer.observer if isinstance(proposer, AutoProposer) else proposer
 
     @staticmethod
     def _taps(proposer) -> tuple[int, ...]:

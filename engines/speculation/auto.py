@@ -1,0 +1,333 @@
+"""The `auto` method: each step, the method and k with the highest expected tokens per second.
+
+Costs are this machine's: a target pass (with verification) over n = 1..K+1 tokens, and each
+method's drafting time per token, measured once per target, engine, device, threads and
+method set (`measure_costs`, kept on the engine and, where the engine names a folder, in a
+JSON file there). Acceptance is each method's running estimate per draft position from the
+steps it drafted (`AcceptanceEstimate`). `choose` is a pure function of the two.
+
+Lossless like every method: a step's choice depends only on the costs and on what earlier
+steps committed, never on that step's target pass, and each step verifies its draft exactly
+as the chosen method would alone. Deterministic for the same costs, inputs and seed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Mapping, Optional, Sequence
+
+import numpy as np
+
+from ..types import Draft, SamplingParams
+from .stats import ProposerCounters
+
+AUTO_METHODS = ("ngram", "ngram-pool", "draft", "mtp")  # the order ties are broken in
+PRIOR_ACCEPTANCE = 0.6  # per-position acceptance assumed before a method has drafted
+PRIOR_WEIGHT = 2.0  # how many observed steps the prior is worth
+DECAY = 0.97  # older steps count less, so a change of text shows within a few dozen steps
+REPROBE_EVERY = 24  # a method unused for this many steps drafts once, so it can come back
+PROBE_TEXT = ("def fibonacci(n):\n    if n < 2:\n        return n\n    return fibonacci(n - 1) + fibonacci(n - 2)\n\n"
+              "for i in range(10):\n    print(i, fibonacci(i))\n")
+
+
+@dataclass(frozen=True)
+class Costs:
+    """Measured seconds on this machine."""
+
+    pass_s: tuple[float, ...]  # (K+1,) a target pass over n = 1..K+1 tokens, verification included
+    draft_token_s: Mapping[str, float]  # method -> seconds drafting per drafted token
+
+    def pass_cost(self, n: float) -> float:
+        """A pass over n tokens (fractional n: linear between measured sizes)."""
+        return float(np.interp(n, np.arange(1, len(self.pass_s) + 1), self.pass_s))
+
+    def to_json(self) -> dict:
+        return {"pass_s": list(self.pass_s), "draft_token_s": dict(self.draft_token_s)}
+
+    @classmethod
+    def from_json(cls, data: dict) -> "Costs":
+        return cls(tuple(float(x) for x in data["pass_s"]),
+                   {str(m): float(s) for m, s in data["draft_token_s"].items()})
+
+
+@dataclass
+class AcceptanceEstimate:
+    """One method's running acceptance per draft position: of the steps that reached position
+    i (every earlier draft token accepted), the share whose token i was drafted and accepted
+    (a draft shorter than asked counts as a rejection there). Older steps decay."""
+
+    max_k: int
+    reached: np.ndarray = field(init=False)  # (max_k,)
+    accepted: np.ndarray = field(init=False)  # (max_k,)
+    asked: float = 0.0
+    drafted: float = 0.0
+
+    def __post_init__(self) -> None:
+        self.reached = np.zeros(self.max_k)
+        self.accepted = np.zeros(self.max_k)
+
+    def record(self, k: int, drafted: int, accepted: int) -> None:
+        self.reached *= DECAY
+        self.accepted *= DECAY
+        self.asked, self.drafted = self.asked * DECAY + k, self.drafted * DECAY + drafted
+        reached = min(k, accepted + 1)
+        self.reached[:reached] += 1
+        self.accepted[:accepted] += 1
+
+    def per_position(self) -> np.ndarray:
+        """(max_k,) conditional acceptance of position i given positions < i were accepted."""
+        return (self.accepted + PRIOR_WEIGHT * PRIOR_ACCEPTANCE) / (self.reached + PRIOR_WEIGHT)
+
+    def draft_share(self) -> float:
+        """Drafted tokens per token asked for (n-gram methods often find fewer)."""
+        return (self.drafted + PRIOR_WEIGHT) / (self.asked + PRIOR_WEIGHT)
+
+
+@dataclass(frozen=True)
+class Choice:
+    method: str  # "none" or a method
+    k: int
+    expected_speedup: float  # over a plain pass per token, from the costs and estimates
+    reason: str
+
+
+def expected_tokens(per_position: Sequence[float], k: int) -> float:
+    """Tokens one step commits: the target's own plus each draft position reached and accepted."""
+    return 1.0 + float(np.sum(np.cumprod(np.asarray(per_position[:k], dtype=np.float64))))
+
+
+def expected_speedup(costs: Costs, method: str, per_position: Sequence[float], draft_share: float, k: int) -> float:
+    drafted = draft_share * k
+    step_s = costs.draft_token_s.get(method, 0.0) * drafted + costs.pass_cost(1.0 + drafted)
+    return expected_tokens(per_position, k) * costs.pass_s[0] / step_s
+
+
+def choose(costs: Costs, estimates: Mapping[str, AcceptanceEstimate], max_k: int) -> Choice:
+    """The (method, k) with the highest expected tokens per second, or no speculation when
+    nothing is expected to beat a plain pass. Ties go to no speculation, then to the method
+    listed first, then to the smaller k."""
+    best: Optional[tuple[float, str, int]] = None
+    for method, estimate in estimates.items():
+        per_position, share = estimate.per_position(), estimate.draft_share()
+        for k in range(1, max_k + 1):
+            speedup = expected_speedup(costs, method, per_position, share, k)
+            if best is None or speedup > best[0]:
+                best = (speedup, method, k)
+    if best is None:
+        return Choice("none", 0, 1.0, "no speculation: no method available")
+    speedup, method, k = best
+    if speedup <= 1.0:
+        return Choice("none", 0, 1.0, f"no speculation: best expected {speedup:.2f}x ({method}, k = {k})")
+    return Choice(method, k, speedup, f"{method}, k = {k}: expected {speedup:.2f}x")
+
+
+def _method_order(method: str) -> int:
+    return AUTO_METHODS.index(method) if method in AUTO_METHODS else len(AUTO_METHODS)
+
+
+class AutoProposer:
+    """Drafts each step with the method `choose` picks from its sub-proposers (one per
+    method). `observer`: the one sub-proposer that reads the target's hidden states (MTP),
+    which the engine feeds every pass, whichever method drafted it."""
+
+    def __init__(self, proposers: Mapping[str, object], costs: Costs, max_k: int, observer: Optional[str] = None):
+        self.proposers = {m: proposers[m] for m in sorted(proposers, key=_method_order)}
+        self.costs = costs
+        self.max_k = max_k
+        self.observer = self.proposers.get(observer) if observer else None
+        self.counters = ProposerCounters()
+        self.estimates = {m: AcceptanceEstimate(max_k) for m in self.proposers}
+        self.last_used = {m: 0 for m in self.proposers}
+        self.steps = 0
+        self.choice = Choice("none", 0, 1.0, "no speculation: not started")
+        self._pending: Optional[tuple[str, int, int]] = None  # (method, k asked, drafted) of this step
+
+    def begin(self, prompt: Sequence[int]) -> None:
+        for proposer in self.proposers.values():
+            proposer.begin(prompt)
+        self.steps = 0
+        self.last_used = {m: 0 for m in self.proposers}
+
+    def decide(self, k_budget: int) -> Choice:
+        """This step's choice (from history only); a method unused for REPROBE_EVERY steps
+        drafts once at its best k, so a change of text can bring it back."""
+        choice = choose(self.costs, self.estimates, max(1, min(self.max_k, k_budget)))
+        stale = [m for m in self.proposers if self.steps - self.last_used[m] >= REPROBE_EVERY and m != choice.method]
+        if stale:
+            method = stale[0]
+            estimate = self.estimates[method]
+            k = max(range(1, max(1, min(self.max_k, k_budget)) + 1),
+                    key=lambda n: expected_speedup(self.costs, method, estimate.per_position(),
+                                                   estimate.draft_share(), n))
+            speedup = expected_speedup(self.costs, method, estimate.per_position(), estimate.draft_share(), k)
+            choice = Choice(method, k, speedup, f"{method}, k = {k}: re-probing (expected {speedup:.2f}x)")
+        return choice
+
+    def propose(self, context: Sequence[int], k: int) -> Draft:
+        started = time.perf_counter()
+        self.steps += 1
+        self.choice = self.decide(k)
+        method = self.choice.method
+        if method == "none" or k <= 0:
+            self._pending = None
+            draft = Draft(())
+        else:
+            self.last_used[method] = self.steps
+            draft = self.proposers[method].propose(context, min(k, self.choice.k))
+            self._pending = (method, min(k, self.choice.k), len(draft.tokens))
+        self.counters.record_proposal(len(draft.tokens), time.perf_counter() - started)
+        return draft
+
+    def accept(self, n_accepted: int, committed: Sequence[int]) -> None:
+        self.counters.record_accepted(n_accepted)
+        chosen = None
+        if self._pending is not None:
+            chosen, asked, drafted = self._pending
+            self.estimates[chosen].record(asked, drafted, n_accepted)
+            self.proposers[chosen].accept(n_accepted, committed)
+        if self.observer is not None and self.proposers.get(chosen) is not self.observer:
+            # It saw this pass too: it keeps the committed rows whoever drafted.
+            self.observer.accept(n_accepted, committed)
+        self._pending = None
+
+    def stats(self) -> dict:
+        return {"method": "auto", "choice": self.choice.reason, **self.counters.as_dict()}
+
+
+# --- measuring costs ----------------------------------------------------------------
+_memory: dict[str, Costs] = {}
+
+
+def cost_key(engine, methods: Sequence[str], max_k: int, draft_path: Optional[str]) -> str:
+    """What the costs depend on: the target file, the engine, its device and threads, the
+    methods measured (and the draft model's file), and K."""
+    def file_id(path) -> str:
+        p = Path(path)
+        try:
+            stat = p.stat()
+            return f"{p.resolve()}:{stat.st_size}:{int(stat.st_mtime)}"
+        except OSError:
+            return str(p)
+
+    parts = [engine.name, file_id(engine.target.path), getattr(engine, "device_description", "cpu"),
+             str(getattr(engine, "n_threads", "")), ",".join(methods), str(max_k),
+             file_id(draft_path) if draft_path else "-"]
+    return hashlib.sha256("|".join(parts).encode()).hexdigest()[:20]
+
+
+def load_or_measure(engine, proposers: Mapping[str, object], max_k: int, draft_path: Optional[str],
+                    observer: Optional[str] = None) -> Costs:
+    """The costs for this engine and method set: from memory, from the engine's cost folder
+    (`engine.cost_cache_dir`, when set), else measured now and stored in both."""
+    key = cost_key(engine, list(proposers), max_k, draft_path)
+    if key in _memory:
+        return _memory[key]
+    folder = getattr(engine, "cost_cache_dir", None)
+    path = Path(folder) / f"costs-{key}.json" if folder else None
+    costs = None
+    if path is not None and path.is_file():
+        try:
+            costs = Costs.from_json(json.loads(path.read_text(encoding="utf-8")))
+            if len(costs.pass_s) != max_k + 1 or set(costs.draft_token_s) != set(proposers):
+                costs = None
+        except (OSError, ValueError, KeyError, TypeError):
+            costs = None  # a damaged cache file is measured again
+    if costs is None:
+        costs = measure_costs(engine, proposers, max_k, observer)
+        if path is not None:
+            try:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                tmp = path.with_suffix(".tmp")
+                tmp.write_text(json.dumps(costs.to_json()), encoding="utf-8")
+                os.replace(tmp, path)
+            except OSError:
+                pass  # a read-only cache folder costs a measurement next time, nothing more
+    _memory[key] = costs
+    return costs
+
+
+def measure_costs(engine, proposers: Mapping[str, object], max_k: int, observer: Optional[str] = None,
+                  repeats: int = 3) -> Costs:
+    """Time the target pass (with greedy verification) over 1..K+1 tokens on a probe prompt,
+    the fastest of `repeats`, and each proposer's drafting per token on the same prompt."""
+    probe = list(engine.tokenize(PROBE_TEXT))
+    while len(probe) < max_k + 8:
+        probe = probe + probe
+    prompt, tail = probe[:-(max_k + 1)], probe[-(max_k + 1):]
+    engine.prefill(prompt, None)
+    ctx = engine.context
+    n_past = ctx.n_past
+    rng = np.random.default_rng(0)
+    best = [float("inf")] * (max_k + 1)
+    for _ in range(repeats):
+        for n in range(1, max_k + 2):
+            started = time.perf_counter()
+            output = engine.target_pass([prompt[-1], *tail[:n - 1]], None)
+            engine.verify_pass(Draft(tuple(tail[:n - 1])), output, SamplingParams(), rng)
+            best[n - 1] = min(best[n - 1], time.perf_counter() - started)
+            ctx.rollback(n_past)
+    draft_token_s = {}
+    for method, proposer in proposers.items():
+        draft_token_s[method] = _drafting_cost(engine, method, proposer, probe, max_k, repeats, method == observer)
+    return Costs(tuple(best), draft_token_s)
+
+
+def _drafting_cost(engine, method: str, proposer, probe: list[int], max_k: int, repeats: int,
+                   reads_hidden_states: bool) -> float:
+    """Seconds per drafted token. A hidden-state drafter drafts only from the target's rows,
+    so it is timed inside a short run of its own method; the others propose on the probe
+    (the n-gram pool through a fresh pool, so the engine's learns nothing from the probe)."""
+    from ..types import GenerationRequest, SpecConfig
+    from .ngram import NgramPoolProposer
+
+    if method == "ngram-pool":
+        proposer = NgramPoolProposer()
+    if reads_hidden_states:
+        import threading
+
+        spec = SpecConfig(method=method, k=max_k)
+        request = GenerationRequest(tuple(probe[:-max_k]), max_tokens=4 * (max_k + 1), spec=spec, stop_at_eos=False)
+        drafted = seconds = 0.0
+        for event in engine.generate(request, threading.Event()):
+            drafted += event.drafted
+            seconds += event.draft_s
+        return seconds / drafted if drafted else 0.0
+    proposer.begin(probe)
+    proposer.propose(probe, max_k)  # the first call catches up on the probe: not a step's cost
+    best = float("inf")
+    for _ in range(repeats):
+        started = time.perf_counter()
+        draft = proposer.propose(probe, max_k)
+        elapsed = time.perf_counter() - started
+        if draft.tokens:
+            best = min(best, elapsed / len(draft.tokens))
+        else:
+            best = min(best, elapsed)
+    return best if best != float("inf") else 0.0
+
+
+def make_auto_proposer(engine, spec, sampling: SamplingParams, rng: np.random.Generator) -> AutoProposer:
+    """The auto proposer over every method this target can run now (or those `spec.auto_methods`
+    names): the n-gram methods, the draft model when `spec.draft_path` names one, the
+    target's MTP layers when it has them."""
+    import dataclasses
+
+    from .proposers import make_proposer
+
+    availability = engine.method_availability()
+    proposers = {}
+    for method in spec.auto_methods or AUTO_METHODS:
+        if method in ("none", "auto") or availability.get(method, "unknown") is not None:
+            continue
+        if method == "draft" and not spec.draft_path:
+            continue
+        proposers[method] = make_proposer(engine, dataclasses.replace(spec, method=method, auto_methods=()),
+                                          sampling, rng)
+    observer = "mtp" if "mtp" in proposers else None
+    costs = load_or_measure(engine, proposers, spec.k, spec.draft_path if "draft" in proposers else None, observer)
+    return AutoProposer(proposers, costs, spec.k, observer)

@@ -1,0 +1,199 @@
+"""Method auto: the chooser on literal costs and acceptances, and on both engines greedy output
+identical to baseline and sampled output distributed as plain sampling."""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+
+from specdesk.app.compare import load_prompts
+from specdesk.app.paths import assets_dir
+from specdesk.engines.speculation.auto import (REPROBE_EVERY, AcceptanceEstimate, AutoProposer, Costs, choose, expected_speedup,
+                                               expected_tokens)
+from specdesk.engines.types import GenerationRequest, SamplingParams, SpecConfig, SpecDeskError
+
+PROMPTS = load_prompts(assets_dir() / "prompts" / "code.jsonl")
+
+
+def estimate(per_position: list[float], steps: int = 10**7) -> AcceptanceEstimate:
+    """An estimate that has seen `steps` steps of a method accepting each position with these
+    conditional rates (expected counts, so the prior no longer matters)."""
+    e = AcceptanceEstimate(len(per_position))
+    reached = steps * np.concatenate([[1.0], np.cumprod(per_position)[:-1]])
+    e.reached[:] = reached
+    e.accepted[:] = reached * np.asarray(per_position)
+    e.asked = e.drafted = steps * len(per_position)
+    return e
+
+
+# --- the chooser on literals ------------------------------------------------------------------
+def test_expected_tokens_per_step():
+    assert expected_tokens([0.5, 0.5, 0.5], 2) == 1.75
+    assert expected_tokens([1.0, 1.0], 2) == 3.0
+    assert expected_tokens([0.0, 1.0], 2) == 1.0
+
+
+def test_picks_no_speculation_when_nothing_beats_a_plain_pass():
+    # Drafting costs half a pass per token and a pass over 2 tokens costs almost two: nothing pays.
+    costs = Costs((1.0, 1.9, 2.8, 3.7), {"draft": 0.5, "mtp": 0.3})
+    choice = choose(costs, {"draft": estimate([0.7, 0.6, 0.5]), "mtp": estimate([0.8, 0.6, 0.5])}, 3)
+    assert (choice.method, choice.k) == ("none", 0)
+    assert choice.reason.startswith("no speculation: best expected 0.")
+    assert choose(costs, {}, 3).reason == "no speculation: no method available"
+
+
+def test_picks_the_method_and_k_with_the_most_tokens_per_second():
+    costs = Costs((1.0, 1.1, 1.2, 1.3, 1.4), {"ngram": 0.0, "draft": 0.1})
+    estimates = {"ngram": estimate([0.5, 0.3, 0.2, 0.1]), "draft": estimate([0.9, 0.9, 0.9, 0.5])}
+    choice = choose(costs, estimates, 4)
+    # draft: k = 3 gives 1 + .9 + .81 + .729 = 3.439 tokens in 0.3 + 1.3 s = 2.149x; k = 4 adds
+    # .729 * .5 tokens for 0.2 s more (2.035x); ngram's best is 1.5 / 1.1 = 1.36x.
+    assert (choice.method, choice.k) == ("draft", 3)
+    assert choice.expected_speedup == pytest.approx(3.439 / 1.6)
+    assert choice.reason == "draft, k = 3: expected 2.15x"
+    # A draft that costs as much as a pass loses to the free n-gram lookup.
+    expensive = Costs(costs.pass_s, {"ngram": 0.0, "draft": 1.0})
+    assert choose(expensive, estimates, 4).method == "ngram"
+
+
+def test_expected_speedup_counts_shorter_drafts():
+    """An n-gram method that finds half the tokens it is asked for pays for half a pass's extra rows."""
+    costs = Costs((1.0, 2.0, 3.0), {"ngram": 0.0})
+    assert expected_speedup(costs, "ngram", [1.0, 1.0], 0.5, 2) == pytest.approx(3.0 / 2.0)
+
+
+def test_acceptance_estimate_counts_positions_reached():
+    e = AcceptanceEstimate(3)
+    e.record(k=3, drafted=3, accepted=1)  # position 0 accepted, 1 rejected, 2 never reached
+    e.record(k=3, drafted=1, accepted=1)  # drafted one token only: position 1 reached, nothing there
+    assert list(e.reached) == pytest.approx([1.97, 1.97, 0.0])
+    assert list(e.accepted) == pytest.approx([1.97, 0.0, 0.0])
+    assert e.per_position()[2] == pytest.approx(0.6)  # only the prior where nothing was seen
+
+
+def test_a_method_unused_for_a_while_is_probed_again():
+    class Counting:
+        def __init__(self):
+            self.proposed = 0
+
+        def begin(self, prompt):
+            pass
+
+        def propose(self, context, k):
+            from specdesk.engines.types import Draft
+
+            self.proposed += 1
+            return Draft((1,) * k)
+
+        def accept(self, n_accepted, committed):
+            pass
+
+    losing = Counting()
+    auto = AutoProposer({"draft": losing}, Costs((1.0, 1.05, 1.1), {"draft": 0.05}), 2)
+    auto.begin([1, 2, 3])
+    methods = []
+    for _ in range(100):
+        draft = auto.propose([1, 2, 3], 2)
+        methods.append(auto.choice.method)
+        auto.accept(0, [5])
+    # The prior (0.6) makes it worth trying; once its drafts keep failing it stops, and from
+    # then on drafts once every REPROBE_EVERY steps.
+    used = [i for i, method in enumerate(methods) if method == "draft"]
+    assert used[0] == 0 and "none" in methods[:REPROBE_EVERY]
+    last_tries = [b - a for a, b in zip(used, used[1:])][-2:]
+    assert last_tries == [REPROBE_EVERY, REPROBE_EVERY]
+    assert losing.proposed == len(used)
+
+
+def test_auto_methods_are_checked():
+    with pytest.raises(SpecDeskError, match="auto cannot choose 'warp'"):
+        SpecConfig(method="auto", auto_methods=("warp",))
+
+
+# --- engines -------------------------------------------------------------------------------
+def run(engine, prompt, spec, max_tokens=48, sampling=SamplingParams()):
+    request = GenerationRequest(tuple(prompt), max_tokens=max_tokens, sampling=sampling, spec=spec)
+    tokens, methods = [], []
+    for event in engine.generate(request, threading.Event()):
+        tokens.extend(event.tokens)
+        methods.append((event.method, event.reason, event.accepted))
+    return tokens, methods
+
+
+def assert_greedy_identical(engine, spec, prompts, max_tokens=48):
+    used = set()
+    accepted = 0
+    for prompt in prompts:
+        tokens = engine.tokenize(prompt)
+        baseline, _ = run(engine, tokens, SpecConfig(), max_tokens)
+        auto, steps = run(engine, tokens, spec, max_tokens)
+        assert auto == baseline, f"auto diverged on {prompt[:40]!r}: {steps}"
+        assert all(reason for _, reason, _ in steps)
+        used |= {method for method, _, _ in steps}
+        accepted += sum(a for _, _, a in steps)
+    assert accepted > 0, f"no draft token accepted ({used}): the test proved nothing"
+    return used
+
+
+def test_llama_greedy_auto_equals_baseline(demo_family):
+    from specdesk.engines.llama.engine import LlamaEngine
+
+    engine = LlamaEngine(demo_family["target_gguf"], n_ctx=256, n_threads=2)
+    try:
+        used = assert_greedy_identical(engine, SpecConfig("auto", k=4, draft_path=demo_family["draft_gguf"]),
+                                       PROMPTS[:3], 32)
+        assert len(used - {"none"}) >= 1
+    finally:
+        engine.close()
+
+
+def test_llama_greedy_auto_on_mtp_alone_equals_baseline(demo_family, demo_cache_dir):
+    """Limited to MTP and no speculation, auto still keeps the MTP drafter fed on steps it
+    does not draft, so the drafts it makes after a pause are right."""
+    from specdesk.app.demo.export_native_gguf import build_native
+    from specdesk.engines.llama.engine import LlamaEngine
+
+    native = build_native(demo_family, demo_cache_dir / "native")
+    engine = LlamaEngine(native["mtp_gguf"], n_ctx=256, n_threads=2)
+    try:
+        used = assert_greedy_identical(engine, SpecConfig("auto", k=3, auto_methods=("mtp",)), PROMPTS[:3], 64)
+        assert "mtp" in used
+    finally:
+        engine.close()
+
+
+def test_torch_greedy_auto_equals_baseline(demo_family):
+    pytest.importorskip("torch")
+    from specdesk.engines.torch.engine import TorchEngine
+
+    engine = TorchEngine(demo_family["target_hf"], n_ctx=256, device="cpu", dtype="float32", n_threads=1)
+    try:
+        spec = SpecConfig("auto", k=4, draft_path=demo_family["draft_hf"])
+        used = assert_greedy_identical(engine, spec, PROMPTS[:3], 32)
+        assert len(used - {"none"}) >= 1
+    finally:
+        engine.close()
+
+
+def test_llama_sampled_auto_matches_plain_sampling(demo_family):
+    """The distribution test of the other methods (tests/test_llama_engine.py), on auto over
+    the n-gram methods and the draft model."""
+    from specdesk.engines.llama.engine import LlamaEngine
+    from test_llama_engine import REPETITIVE, _chi_square_same, _token_counts
+
+    engine = LlamaEngine(demo_family["target_gguf"], n_ctx=256, n_threads=2)
+    try:
+        sampling = SamplingParams(temperature=0.8, top_p=0.95)
+        prompt = engine.tokenize(REPETITIVE)
+        spec = SpecConfig("auto", k=4, draft_path=demo_family["draft_gguf"])
+        runs, positions = 600, (0, 2)  # smaller than the per-method tests: auto runs those methods
+        plain, _ = _token_counts(engine, prompt, SpecConfig(), sampling, runs, positions)
+        speculative, accepted = _token_counts(engine, prompt, spec, sampling, runs, positions)
+        assert accepted >= 50, f"only {accepted} draft tokens accepted"
+        for position in positions:
+            p_value = _chi_square_same(plain[position], speculative[position])
+            assert p_value > 0.01, f"position {position}: p = {p_value:.4g}"
+    finally:
+        engine.close()
