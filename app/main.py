@@ -58,7 +58,7 @@ def resolve_models(args) -> tuple[str, Optional[str]]:
     torch_engine = getattr(args, "engine", "llama") == "torch"
     if target is None:
         target = DEMO_HF if torch_engine else DEMO
-        if draft is None and args.method == "draft":
+        if draft is None and args.method in ("draft", "auto"):
             draft = DEMO
         if draft is None and args.method == "dflash" and torch_engine:
             draft = DEMO_DFLASH
@@ -77,7 +77,7 @@ def build_configs(args, draft: Optional[str]) -> tuple[SpecConfig, SamplingParam
         raise SpecDeskError(f"--threads {args.threads} is out of range: use 1 or more")
     if not 0 <= args.seed <= MAX_SEED:
         raise SpecDeskError(f"--seed {args.seed} is out of range: use 0 to {MAX_SEED}")
-    spec = SpecConfig(method=args.method, k=args.k, draft_path=draft if args.method in ("draft", "dflash", "eagle3") else None,
+    spec = SpecConfig(method=args.method, k=args.k, draft_path=draft if args.method in ("auto", "draft", "dflash", "eagle3") else None,
                       draft_p_min=args.draft_p_min)
     sampling = SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, seed=args.seed)
     return spec, sampling

@@ -52,7 +52,7 @@ class Settings:
     target_path: str = DEMO  # DEMO, DEMO_HF, a GGUF file or a Hugging Face model folder
     draft_path: Optional[str] = DEMO  # DEMO, DEMO_DFLASH, a GGUF file, a folder, or None (no draft model)
     demo_size: str = "full"  # "full" (shipped) or "small" (trained here in ~30 s)
-    method: str = "draft"
+    method: str = "auto"
     k: int = 4
     temperature: float = 0.0
     top_p: float = 1.0

@@ -10,7 +10,7 @@ from specdesk.app.settings import DEMO, Settings, load_settings, save_settings, 
 def test_defaults_when_there_is_no_file(tmp_path):
     settings = load_settings(tmp_path / "settings.json")
     assert settings == Settings()
-    assert settings.target_path == DEMO and settings.draft_path == DEMO and settings.method == "draft"
+    assert settings.target_path == DEMO and settings.draft_path == DEMO and settings.method == "auto"
 
 
 def test_round_trip(tmp_path):

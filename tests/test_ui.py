@@ -554,3 +554,13 @@ def test_killing_the_app_mid_generation_keeps_earlier_messages(qtbot, open_windo
     window = open_window(method="none")  # restart: the chat opens with what was saved
     window.open_chat(chat.id)
     assert [m.text for m in window.chat_view.messages] == [m.content for m in saved]
+
+
+def test_auto_says_what_drafts_and_why(qtbot, open_window):
+    """Method auto: the status line names this step's method and k and the expected speedup
+    (or that nothing beats a plain pass), and the reply's footer keeps the last choice."""
+    window = open_window(method="auto", max_tokens=24)
+    assert window.controls.method() == "auto"
+    send(qtbot, window, "def add(a, b):")
+    status = window.status_label.text()
+    assert status.startswith("auto · ") and ("expected" in status or "no method" in status), status

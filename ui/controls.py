@@ -22,6 +22,7 @@ HIDDEN = "\0hidden"  # combo item data of the "N incompatible hidden" line
 
 METHOD_LABELS = {
     "none": "none (baseline)",
+    "auto": "auto (picks method and k)",
     "ngram": "ngram (prompt lookup)",
     "ngram-pool": "ngram-pool (learns per chat)",
     "draft": "draft model",
@@ -30,6 +31,8 @@ METHOD_LABELS = {
     "eagle3": "EAGLE-3",
 }
 METHOD_HELP = {
+    "auto": "Each step, the method and k expected to be fastest on this machine (measured costs, running "
+            "acceptance), or no speculation when nothing is; the status line says which and why.",
     "none": "Plain decoding: one target pass per token. The compare view measures speculation against this.",
     "ngram": "Drafts by looking up the last few tokens earlier in the prompt and reply; needs no model.",
     "ngram-pool": "An n-gram pool that learns from every turn of the chat; needs no model.",
@@ -253,7 +256,7 @@ class ControlsPanel(QScrollArea):
             self.set_model(role, path)
             return
         self._previous[key] = combo.currentIndex()
-        if role == "draft" and combo.currentData() is not None and self.method() != "draft":
+        if role == "draft" and combo.currentData() is not None and self.method() not in ("draft", "auto"):
             self._select_method("dflash" if combo.currentData() == DEMO_DFLASH else "draft")
         self._maybe_reload()
 
@@ -272,7 +275,7 @@ class ControlsPanel(QScrollArea):
                           self._settings.target_path)
         self._fill_models(self.draft_combo, DRAFTS,
                           self._settings.recent_drafts, self._settings.draft_path)
-        if role == "draft" and path is not None:
+        if role == "draft" and path is not None and self.method() != "auto":
             self._select_method("draft")
         self._maybe_reload()
 
@@ -341,7 +344,7 @@ class ControlsPanel(QScrollArea):
         if method == "draft" and not draft_path:
             raise SpecDeskError("the draft method needs a draft model: pick one under Models > Draft "
                                 "(or choose ngram, which needs no model)")
-        uses_file = method in ("draft", "dflash", "eagle3")  # a draft model or a drafter made for the target
+        uses_file = method in ("auto", "draft", "dflash", "eagle3")  # a draft model or a drafter made for the target
         return SpecConfig(method=method, k=self.k_spin.value(), draft_path=draft_path if uses_file else None)
 
     def sampling(self) -> SamplingParams:

@@ -38,6 +38,7 @@ class _ChatJob:
     chat_id: int
     message: ChatMessage  # the reply being generated
     spec: SpecConfig
+    last_reason: Optional[str] = None  # method auto: the latest step's choice and why
 
 
 def chat_title(text: str, limit: int = 48) -> str:
@@ -322,6 +323,10 @@ class MainWindow(QMainWindow):
             return
         self.chat_view.append_pieces(job.message, batch.pieces, batch.from_draft)
         self.charts.add_batch(batch)
+        reason = next((e.reason for e in reversed(batch.events) if e.reason), None)
+        if reason:  # method auto: what drafts now, and why
+            self.status_label.setText(f"auto · {reason}")
+            job.last_reason = reason
 
     def _on_finished(self, result: JobResult) -> None:
         if result.kind == "load" and result.job_id == self._load_job:
@@ -344,6 +349,8 @@ class MainWindow(QMainWindow):
         reason = {"cancelled": "stopped", "length": "max tokens", "context": "context full",
                   "eos": "done"}.get(run.finish_reason, run.finish_reason or "done")
         method = job.spec.method if job.spec.method == "none" else f"{job.spec.method}, k = {job.spec.k}"
+        if job.last_reason:
+            method = f"auto (last: {job.last_reason})"
         footer = f"{reason} · {method} · {format_status(stats, job.spec.draft_tokens)}"
         meta = {
             "finish_reason": run.finish_reason, "method": job.spec.method, "k": job.spec.k,
