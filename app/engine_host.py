@@ -41,13 +41,18 @@ class HostSpec:
 
 
 def open_engine(spec: HostSpec, progress: Optional[Callable[[float], None]] = None):
+    from specdesk.app.paths import cache_dir
+
     if spec.kind == "torch":
         from specdesk.engines.torch.engine import TorchEngine
 
-        return TorchEngine(spec.target, n_ctx=spec.n_ctx, device=spec.device, n_threads=spec.n_threads)
-    from specdesk.engines.llama.engine import LlamaEngine
+        engine = TorchEngine(spec.target, n_ctx=spec.n_ctx, device=spec.device, n_threads=spec.n_threads)
+    else:
+        from specdesk.engines.llama.engine import LlamaEngine
 
-    return LlamaEngine(spec.target, n_ctx=spec.n_ctx, n_threads=spec.n_threads, progress=progress)
+        engine = LlamaEngine(spec.target, n_ctx=spec.n_ctx, n_threads=spec.n_threads, progress=progress)
+    engine.cost_cache_dir = cache_dir() / "costs"  # method auto's measured pass and drafting costs
+    return engine
 
 
 # --- what the client may ask besides generate ------------------------------------

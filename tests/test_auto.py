@@ -197,3 +197,34 @@ def test_llama_sampled_auto_matches_plain_sampling(demo_family):
             assert p_value > 0.01, f"position {position}: p = {p_value:.4g}"
     finally:
         engine.close()
+
+
+def test_costs_are_kept_per_target_and_threads(demo_family, tmp_path):
+    import json
+
+    from specdesk.engines.llama.engine import LlamaEngine
+    from specdesk.engines.speculation import auto
+    from specdesk.engines.speculation.ngram import NgramProposer
+
+    engine = LlamaEngine(demo_family["target_gguf"], n_ctx=256, n_threads=1)
+    engine.cost_cache_dir = tmp_path
+    try:
+        auto._memory.clear()
+        proposers = {"ngram": NgramProposer()}
+        measured = auto.load_or_measure(engine, proposers, 2, None)
+        assert len(measured.pass_s) == 3 and all(s > 0 for s in measured.pass_s)
+        [stored] = tmp_path.glob("costs-*.json")
+        # A later process reads the file instead of measuring.
+        stored.write_text(json.dumps({"pass_s": [1.0, 2.0, 3.0], "draft_token_s": {"ngram": 0.5}}))
+        auto._memory.clear()
+        assert auto.load_or_measure(engine, proposers, 2, None) == Costs((1.0, 2.0, 3.0), {"ngram": 0.5})
+        # A damaged file is measured again; other threads are another machine state.
+        stored.write_text("{not json")
+        auto._memory.clear()
+        assert auto.load_or_measure(engine, proposers, 2, None).pass_s[0] != 1.0
+        engine.set_threads(2)
+        auto.load_or_measure(engine, proposers, 2, None)
+        assert len(list(tmp_path.glob("costs-*.json"))) == 2
+    finally:
+        auto._memory.clear()
+        engine.close()

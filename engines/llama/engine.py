@@ -31,6 +31,7 @@ def default_threads() -> int:
 
 class LlamaEngine:
     name = "llama.cpp"
+    cost_cache_dir = None  # where method auto keeps measured costs (engines/speculation/auto.py); None: memory only
 
     def __init__(self, target_path: str | os.PathLike, n_ctx: int = 0, n_threads: Optional[int] = None,
                  n_batch: int = 512, progress: Optional[Callable[[float], None]] = None):

@@ -58,6 +58,7 @@ def supported_methods(folder: str | os.PathLike, dflash_folder: Optional[str | o
 
 class TorchEngine:
     name = "torch"
+    cost_cache_dir = None  # where method auto keeps measured costs (engines/speculation/auto.py); None: memory only
 
     def __init__(self, target_path: str | os.PathLike, n_ctx: int = 0, device: str = "auto",
                  dtype: Optional[str] = "auto", n_threads: Optional[int] = None):
@@ -123,6 +124,10 @@ class TorchEngine:
 
     def detokenize(self, tokens) -> str:
         return self.target.detokenize(tokens)
+
+    @property
+    def n_threads(self) -> int:
+        return require_torch().get_num_threads()
 
     def set_threads(self, n_threads: int) -> None:
         require_torch().set_num_threads(n_threads)
