@@ -152,15 +152,15 @@ class EngineClient:
             try:
                 for message in self._replies("generating", cancel, lambda: self._send(("cancel", gen_id),
                                                                                       "generating")):
-                    if message[0] == "event":
-                        event = message[1]
-                        # the host's own step timing; the first event also waited for the prompt
-                        took = time.monotonic() - sent if first else event.draft_s + event.verify_s
-                        self._slowest_step_s, first = max(self._slowest_step_s, took), False
-                        yield event
-                    elif message[0] == "done":
-                        finished = True
-                        return
+                    if message[0] in ("events", "done"):
+                        for event in message[1]:
+                            # the host's own step timing; the first event also waited for the prompt
+                            took = time.monotonic() - sent if first else event.draft_s + event.verify_s
+                            self._slowest_step_s, first = max(self._slowest_step_s, took), False
+                            yield event
+                        if message[0] == "done":
+                            finished = True
+                            return
                     else:
                         finished = True
                         raise self._error(message)

@@ -3,12 +3,12 @@
 llama.cpp ends a process with GGML_ASSERT or an uncaught C++ exception on model files it
 cannot run, and a chat template or a kernel can hang; in a child process neither takes the
 app down (app/engine_client.py starts it and speaks for it). The protocol is pickled tuples
-over a multiprocessing Connection, one message per StepEvent:
+over a multiprocessing Connection; StepEvents travel in small batches (SEND_INTERVAL_S):
 
     client -> host   ("generate", gen_id, GenerationRequest)   ("cancel", gen_id)
                      ("call", name, args, kwargs)                ("close",)
-    host -> client   ("ready", facts) ("progress", fraction) ("event", StepEvent) ("done",)
-                     ("result", value) ("error", kind, message)
+    host -> client   ("ready", facts) ("progress", fraction) ("events", [StepEvent, ...])
+                     ("done", [StepEvent, ...]) ("result", value) ("error", kind, message)
 
 The host reads cancel messages between steps, where the in-process engine checks its
 cancel event, so a stopped generation ends after the step in progress as before.
@@ -21,12 +21,18 @@ import faulthandler
 import os
 import sys
 import threading
+import time
 import traceback
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Optional
 
 from specdesk.engines.types import SpecDeskError
+
+# Steps go to the client at most this often (the first at once, the last with the end). Every
+# message wakes the client, and on a machine whose cores all run the model's threads that
+# wake-up takes a core from them; the GUI shows events no more often than this anyway.
+SEND_INTERVAL_S = float(os.environ.get("SPECDESK_HOST_SEND_INTERVAL_S", 1 / 60))
 
 
 @dataclass(frozen=True)
@@ -141,6 +147,7 @@ def _set_threads(engine, n_threads: int) -> int:
 
 # The whole surface a client can reach: nothing else in the host is callable by name.
 CALLS: dict[str, Callable[..., Any]] = {
+    "ping": lambda engine: None,  # the transport's own round trip (benchmarks/engine_host.py)
     "load_draft": _load_draft,
     "load_native": lambda engine, method, path=None: engine.load_native(method, path),
     "method_availability": lambda engine: engine.method_availability(),
@@ -158,7 +165,7 @@ CALLS: dict[str, Callable[..., Any]] = {
     "chat_prompt": chat_prompt,
     "facts": engine_facts,
 }
-RETURNS_NOTHING = {"load_draft", "load_native", "reset_chat"}
+RETURNS_NOTHING = {"ping", "load_draft", "load_native", "reset_chat"}
 
 
 def ready_facts(engine) -> dict[str, Any]:
@@ -199,14 +206,20 @@ def _error_message(error: BaseException) -> tuple[str, str]:
 
 def _generate(conn, engine, gen_id: int, request) -> None:
     cancel = threading.Event()
+    batch: list = []
+    last_sent: Optional[float] = None
     try:
         for event in engine.generate(request, cancel):
-            conn.send(("event", event))
+            batch.append(event)
+            now = time.perf_counter()
+            if last_sent is None or now - last_sent >= SEND_INTERVAL_S:
+                conn.send(("events", batch))
+                batch, last_sent = [], now
             while conn.poll():  # between steps: the only message a running generation gets is its cancel
                 message = conn.recv()
                 if message[0] == "cancel" and message[1] == gen_id:
                     cancel.set()
-        conn.send(("done",))
+        conn.send(("done", batch))  # the last steps travel with the end: the run's end time stays exact
     except (BrokenPipeError, EOFError):
         raise
     except BaseException as e:  # noqa: BLE001 - every failure goes back to the client as one message

@@ -325,10 +325,21 @@ class Service:
 
         worker = loop.run_in_executor(None, work)
         try:
+            pending = None
             while True:
-                kind, value = await queue.get()
+                kind, value = pending or await queue.get()
+                pending = None
                 if kind == "text":
-                    piece = stopper.push(value)
+                    # Steps that arrived together leave as one chunk: each chunk costs the
+                    # server and the client a parse on the cores that run the model.
+                    texts = [value]
+                    while not queue.empty():
+                        pending = queue.get_nowait()
+                        if pending[0] != "text":
+                            break
+                        texts.append(pending[1])
+                        pending = None
+                    piece = stopper.push("".join(texts))
                     if stopper.stopped:
                         cancel.set()
                     if piece:

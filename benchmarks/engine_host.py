@@ -2,14 +2,14 @@
 
 Prints JSON lines:
 - {"bench": "transport"}: median round trip of a call that does nothing, and the bytes of
-  one pickled StepEvent (what each step sends over the pipe);
+  one pickled StepEvent (steps travel in batches of at most engine_host.SEND_INTERVAL_S);
 - {"bench": "engine_host"}: tok/s in-process vs through EngineClient, same prompts, same
   requests, alternating so both see the same machine (decode timing, as `specdesk compare`);
 - {"bench": "serve"}: tok/s as a client sees it, from sending the request to the last
   streamed chunk, through the `openai` client against `specdesk serve`, vs the in-process
   engine timed the same way (the prompt is cached in both after the first round).
 Default: the full demo pair, method draft, k = 4, 2 threads, greedy.
-Usage: python benchmarks/engine_host.py [--threads 2] [--k 4] [--max-tokens 128] [--rounds 2]
+Usage: python benchmarks/engine_host.py [--threads 2] [--k 4] [--max-tokens 128] [--rounds 6]
 (about 6,000 tokens in all with the defaults: minutes on two quiet cores)
 """
 
@@ -62,7 +62,7 @@ def main() -> int:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--k", type=int, default=4)
     parser.add_argument("--max-tokens", type=int, default=128)
-    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=6)
     parser.add_argument("--prompts", default=str(assets_dir() / "prompts" / "code.jsonl"))
     parser.add_argument("--n-prompts", type=int, default=4)
     args = parser.parse_args()
@@ -85,7 +85,7 @@ def main() -> int:
     trips = []
     for _ in range(200):
         started = time.perf_counter()
-        host.call("reset_chat")
+        host.call("ping")
         trips.append(time.perf_counter() - started)
     event = next(iter(local.generate(requests[0], threading.Event())))
     print(json.dumps({"bench": "transport", "call_round_trip_us": round(statistics.median(trips) * 1e6, 1),
