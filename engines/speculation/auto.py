@@ -43,8 +43,14 @@ class Costs:
     draft_token_s: Mapping[str, float]  # method -> seconds drafting per drafted token
 
     def pass_cost(self, n: float) -> float:
-        """A pass over n tokens (fractional n: linear between measured sizes)."""
-        return float(np.interp(n, np.arange(1, len(self.pass_s) + 1), self.pass_s))
+        """A pass over n tokens (fractional n: linear between measured sizes, the last size's
+        cost beyond them). Plain floats: the chooser calls this K x methods times a step."""
+        last = len(self.pass_s)
+        if n >= last:
+            return self.pass_s[-1]
+        low = max(int(n), 1)
+        fraction = n - low
+        return self.pass_s[low - 1] + fraction * (self.pass_s[low] - self.pass_s[low - 1])
 
     def to_json(self) -> dict:
         return {"pass_s": list(self.pass_s), "draft_token_s": dict(self.draft_token_s)}
@@ -70,8 +76,10 @@ class AcceptanceEstimate:
     def __post_init__(self) -> None:
         self.reached = np.zeros(self.max_k)
         self.accepted = np.zeros(self.max_k)
+        self._summary: Optional[tuple[list[float], float]] = None
 
     def record(self, k: int, drafted: int, accepted: int) -> None:
+        self._summary = None
         self.reached *= DECAY
         self.accepted *= DECAY
         self.asked, self.drafted = self.asked * DECAY + k, self.drafted * DECAY + drafted
@@ -87,6 +95,12 @@ class AcceptanceEstimate:
         """Drafted tokens per token asked for (n-gram methods often find fewer)."""
         return (self.drafted + PRIOR_WEIGHT) / (self.asked + PRIOR_WEIGHT)
 
+    def summary(self) -> tuple[list[float], float]:
+        """(per_position() as floats, draft_share()), computed once per recorded step."""
+        if self._summary is None:
+            self._summary = ([float(a) for a in self.per_position()], self.draft_share())
+        return self._summary
+
 
 @dataclass(frozen=True)
 class Choice:
@@ -98,13 +112,28 @@ class Choice:
 
 def expected_tokens(per_position: Sequence[float], k: int) -> float:
     """Tokens one step commits: the target's own plus each draft position reached and accepted."""
-    return 1.0 + float(np.sum(np.cumprod(np.asarray(per_position[:k], dtype=np.float64))))
+    tokens, reach = 1.0, 1.0
+    for rate in per_position[:k]:
+        reach *= rate
+        tokens += reach
+    return tokens
 
 
 def expected_speedup(costs: Costs, method: str, per_position: Sequence[float], draft_share: float, k: int) -> float:
-    drafted = draft_share * k
-    step_s = costs.draft_token_s.get(method, 0.0) * drafted + costs.pass_cost(1.0 + drafted)
-    return expected_tokens(per_position, k) * costs.pass_s[0] / step_s
+    return _speedups(costs, method, per_position, draft_share, k)[k - 1]
+
+
+def _speedups(costs: Costs, method: str, per_position: Sequence[float], draft_share: float,
+              max_k: int) -> list[float]:
+    """Expected speedup over a plain pass for k = 1..max_k, in one walk over the positions."""
+    draft_s = costs.draft_token_s.get(method, 0.0)
+    tokens, reach, out = 1.0, 1.0, []
+    for k in range(1, max_k + 1):
+        reach *= per_position[k - 1]
+        tokens += reach
+        drafted = draft_share * k
+        out.append(tokens * costs.pass_s[0] / (draft_s * drafted + costs.pass_cost(1.0 + drafted)))
+    return out
 
 
 def choose(costs: Costs, estimates: Mapping[str, AcceptanceEstimate], max_k: int) -> Choice:
@@ -113,9 +142,8 @@ def choose(costs: Costs, estimates: Mapping[str, AcceptanceEstimate], max_k: int
     listed first, then to the smaller k."""
     best: Optional[tuple[float, str, int]] = None
     for method, estimate in estimates.items():
-        per_position, share = estimate.per_position(), estimate.draft_share()
-        for k in range(1, max_k + 1):
-            speedup = expected_speedup(costs, method, per_position, share, k)
+        per_position, share = estimate.summary()
+        for k, speedup in enumerate(_speedups(costs, method, per_position, share, max_k), start=1):
             if best is None or speedup > best[0]:
                 best = (speedup, method, k)
     if best is None:
@@ -160,11 +188,10 @@ class AutoProposer:
         stale = [m for m in self.proposers if self.steps - self.last_used[m] >= REPROBE_EVERY and m != choice.method]
         if stale:
             method = stale[0]
-            estimate = self.estimates[method]
-            k = max(range(1, max(1, min(self.max_k, k_budget)) + 1),
-                    key=lambda n: expected_speedup(self.costs, method, estimate.per_position(),
-                                                   estimate.draft_share(), n))
-            speedup = expected_speedup(self.costs, method, estimate.per_position(), estimate.draft_share(), k)
+            per_position, share = self.estimates[method].summary()
+            speedups = _speedups(self.costs, method, per_position, share, max(1, min(self.max_k, k_budget)))
+            speedup = max(speedups)
+            k = speedups.index(speedup) + 1
             choice = Choice(method, k, speedup, f"{method}, k = {k}: re-probing (expected {speedup:.2f}x)")
         return choice
 

@@ -1,0 +1,122 @@
+"""Method auto against every fixed (method, k) and no speculation, on the benchmark prompts.
+
+For each engine, every configuration runs every prompt greedily, interleaved prompt by
+prompt (so a machine that speeds up or slows down over the run favours none of them);
+decode time only, as compare times it. One JSON line per configuration:
+`tok_per_s`, `speedup` over no speculation in the same run, `identical` (greedy output equal
+to no speculation's on every prompt), and for auto the share of steps each method drafted.
+Then one summary line per engine: auto over the best fixed configuration and over none.
+
+The `mtp-only` target is the demo target exported with its MTP layer (llama.cpp), with auto
+limited to MTP and no speculation: the case where every method may lose.
+
+Usage: python benchmarks/auto.py [--engines llama,torch,mtp-only] [--prompts N] [--max-tokens 64]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections import Counter
+from typing import Optional
+
+from specdesk.app.compare import run_once, load_prompts
+from specdesk.app.paths import assets_dir
+from specdesk.engines.types import GenerationRequest, SamplingParams, SpecConfig
+
+
+def configurations(kind: str, draft: Optional[str], ks: list[int]) -> list[SpecConfig]:
+    fixed = {"llama": ["ngram", "ngram-pool", "draft"], "torch": ["ngram", "ngram-pool", "draft", "mtp"],
+             "mtp-only": ["mtp"]}[kind]
+    configs = [SpecConfig()]
+    for method in fixed:
+        for k in ks:
+            configs.append(SpecConfig(method, k=k, draft_path=draft if method == "draft" else None))
+    auto_methods = ("mtp",) if kind == "mtp-only" else ()
+    configs.append(SpecConfig("auto", k=max(ks), draft_path=draft if kind != "mtp-only" else None,
+                              auto_methods=auto_methods))
+    return configs
+
+
+def label(spec: SpecConfig) -> str:
+    return spec.method if spec.method in ("none", "auto") else f"{spec.method} k={spec.k}"
+
+
+def bench(kind: str, engine, configs: list[SpecConfig], prompts: list[str], max_tokens: int) -> None:
+    sampling = SamplingParams()
+    encoded = [engine.tokenize(p) for p in prompts]
+    for spec in configs:  # first-call allocations and auto's cost measurement, untimed
+        engine.reset_chat()
+        run_once(engine, GenerationRequest(tuple(encoded[0]), max_tokens=4, sampling=sampling, spec=spec))
+    tokens = Counter()
+    seconds = Counter()
+    outputs: dict[str, list] = {label(s): [] for s in configs}
+    chosen: Counter = Counter()
+    for index, prompt in enumerate(encoded):
+        order = configs if index % 2 == 0 else configs[::-1]
+        for spec in order:
+            engine.reset_chat()
+            request = GenerationRequest(tuple(prompt), max_tokens=max_tokens, sampling=sampling, spec=spec)
+            on_event = (lambda e: chosen.update([e.method or "none"])) if spec.method == "auto" else None
+            result = run_once(engine, request, on_event=on_event)
+            tokens[label(spec)] += result.stats.tokens
+            seconds[label(spec)] += result.stats.seconds
+            outputs[label(spec)].append(result.tokens)
+    rates = {name: tokens[name] / seconds[name] for name in outputs}
+    for name in outputs:
+        line = {"engine": kind, "config": name, "tokens": tokens[name], "seconds": round(seconds[name], 3),
+                "tok_per_s": round(rates[name], 2), "speedup": round(rates[name] / rates["none"], 3),
+                "identical": outputs[name] == outputs["none"]}
+        if name == "auto":
+            steps = sum(chosen.values())
+            line["steps_by_method"] = {m: round(n / steps, 3) for m, n in chosen.most_common()}
+        print(json.dumps(line), flush=True)
+    fixed = {name: rate for name, rate in rates.items() if name not in ("none", "auto")}
+    best = max(fixed, key=fixed.get)
+    print(json.dumps({"engine": kind, "summary": True, "best_fixed": best,
+                      "auto_over_best_fixed": round(rates["auto"] / fixed[best], 3),
+                      "auto_over_none": round(rates["auto"] / rates["none"], 3),
+                      "best_fixed_over_none": round(fixed[best] / rates["none"], 3)}), flush=True)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--engines", default="llama,torch,mtp-only")
+    parser.add_argument("--prompts", type=int, default=8, help="how many of the benchmark prompts")
+    parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("--ks", default="1,2,3,4,6")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--small", action="store_true", help="the small demo family (seconds to build)")
+    args = parser.parse_args()
+    from specdesk.app.demo.install import build_family
+
+    paths = build_family(small=args.small, progress=lambda m: print(m, file=sys.stderr))
+    prompts = load_prompts(assets_dir() / "prompts" / "code.jsonl")[:args.prompts]
+    ks = [int(k) for k in args.ks.split(",")]
+    for kind in args.engines.split(","):
+        if kind == "torch":
+            from specdesk.engines.torch.engine import TorchEngine
+
+            engine = TorchEngine(paths["target_hf"], n_ctx=1024, device="cpu", dtype="float32",
+                                 n_threads=args.threads)
+            draft = paths["draft_hf"]
+        else:
+            from specdesk.engines.llama.engine import LlamaEngine
+
+            target = paths["target_gguf"]
+            if kind == "mtp-only":
+                from specdesk.app.demo.export_native_gguf import build_native
+
+                target = build_native(paths)["mtp_gguf"]
+            engine = LlamaEngine(target, n_ctx=1024, n_threads=args.threads)
+            draft = paths["draft_gguf"]
+        try:
+            bench(kind, engine, configurations(kind, draft, ks), prompts, args.max_tokens)
+        finally:
+            engine.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
