@@ -236,8 +236,15 @@ def cmd_demo(args) -> int:
         raise SpecDeskError(f"unknown demo action {args.action!r}")
     if args.out:
         output_folder(args.out, "--out")
+    from specdesk.app.demo.export_native_gguf import build_native
+
     paths = build_family(small=args.small, retrain=args.retrain, out=Path(args.out) if args.out else None,
                          progress=_progress)
+    # llama.cpp's native drafters for the same target: the target with its MTP layer and the
+    # DFlash drafter as GGUFs; the EAGLE-3 head is not trained, only seeded.
+    native = build_native(paths)
+    paths.update({"mtp_gguf": native["mtp_gguf"], "dflash_gguf": native["dflash_gguf"],
+                  "eagle3_gguf_seeded": native["eagle3_gguf"]})
     print(json.dumps(paths))
     return 0
 

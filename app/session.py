@@ -24,7 +24,7 @@ from typing import Callable, Optional, Sequence
 
 from specdesk.app.compare import CompareReport, RunResult, compare, run_once, warm_up
 from specdesk.app.prompting import chat_prompt, fit_chat, text_tokens
-from specdesk.app.settings import DEMO, DEMO_DFLASH, DEMO_HF
+from specdesk.app.settings import DEMO, DEMO_DFLASH, DEMO_HF, DEMO_MTP
 from specdesk.engines.types import GenerationRequest, RunStats, SamplingParams, SpecConfig, SpecDeskError, StepEvent
 
 NATIVE_DRAFTERS = ("dflash", "eagle3")  # drafters made for one target, loaded with load_native
@@ -54,21 +54,24 @@ def open_engine(target: str, n_ctx: int = 0, threads: Optional[int] = None, *, k
 
 def resolve_demo(target: str, draft: Optional[str], demo_size: str,
                  progress: Callable[[str], None]) -> tuple[str, Optional[str]]:
-    """Replace the demo placeholders (settings.DEMO, DEMO_HF, DEMO_DFLASH) by the demo family's
-    files, building them if needed: for a PyTorch target the demo draft is its HF folder, and
-    DEMO_DFLASH its DFlash drafter."""
-    demo_values = (DEMO, DEMO_HF, DEMO_DFLASH)
+    """Replace the demo placeholders (settings.DEMO, DEMO_HF, DEMO_MTP, DEMO_DFLASH) by the demo
+    family's files, building them if needed: for a PyTorch target the demo draft is its HF
+    folder and DEMO_DFLASH its DFlash drafter folder; for llama.cpp DEMO_MTP is the target
+    exported with its MTP layer and DEMO_DFLASH the drafter as GGUF."""
+    demo_values = (DEMO, DEMO_HF, DEMO_DFLASH, DEMO_MTP)
     if target not in demo_values and draft not in demo_values:
         return target, draft
     from specdesk.app.demo.install import build_family
 
     family = build_family(small=demo_size == "small", progress=progress)
     hf = is_hf_target(target)
-    targets = {DEMO: family["target_gguf"], DEMO_HF: family["target_hf"]}
-    drafts = {DEMO: family["draft_hf"] if hf else family["draft_gguf"], DEMO_DFLASH: family.get("dflash_hf")}
-    if draft == DEMO_DFLASH and not hf:
-        raise SpecDeskError("the demo DFlash drafter runs on the PyTorch engine: choose the demo target "
-                            "(PyTorch) or a Hugging Face model folder as the target")
+    if target == DEMO_MTP or (draft == DEMO_DFLASH and not hf):  # llama.cpp's native drafters: exported GGUFs
+        from specdesk.app.demo.export_native_gguf import build_native
+
+        family = {**family, **build_native(family)}
+    targets = {DEMO: family["target_gguf"], DEMO_HF: family["target_hf"], DEMO_MTP: family.get("mtp_gguf")}
+    drafts = {DEMO: family["draft_hf"] if hf else family["draft_gguf"],
+              DEMO_DFLASH: family.get("dflash_hf" if hf else "dflash_gguf")}
     if draft == DEMO_DFLASH and not drafts[DEMO_DFLASH]:
         raise SpecDeskError("this demo family has no DFlash drafter: rebuild it with `specdesk demo build`")
     return targets.get(target, target), drafts.get(draft, draft)

@@ -26,7 +26,8 @@ from .paths import config_dir
 
 DEMO = "demo"  # target_path / draft_path value meaning "the embedded demo family's model"
 DEMO_HF = "demo-hf"  # target_path: the demo target as a Hugging Face folder (PyTorch engine)
-DEMO_DFLASH = "demo-dflash"  # draft_path: the demo target's DFlash drafter (PyTorch engine)
+DEMO_DFLASH = "demo-dflash"  # draft_path: the demo target's DFlash drafter (a folder on PyTorch, a GGUF on llama.cpp)
+DEMO_MTP = "demo-mtp"  # target_path: the demo target exported with its MTP layer (llama.cpp)
 SETTINGS_FILE = "settings.json"
 MAX_FILE_BYTES = 16 * 2**20  # settings are a few kB; a larger file is not ours
 MAX_TEXT = 1_000_000  # characters in one string value (the compare prompt is the longest)

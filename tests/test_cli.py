@@ -70,6 +70,9 @@ def test_demo_build_prints_one_json_object(demo_family, demo_cache_dir):
     roles = json.loads(result.stdout)
     assert {"target_gguf", "draft_gguf", "target_hf", "draft_hf"} <= set(roles)
     assert roles["target_gguf"] == demo_family["target_gguf"]
+    # llama.cpp's native drafters come with it, the untrained EAGLE-3 head labelled as seeded
+    assert {"mtp_gguf", "dflash_gguf", "eagle3_gguf_seeded"} <= set(roles) and "eagle3_gguf" not in roles
+    assert all(Path(roles[r]).is_file() for r in ("mtp_gguf", "dflash_gguf", "eagle3_gguf_seeded"))
 
 
 def _bad_inputs(demo_family, tmp_path):

@@ -10,7 +10,7 @@ import threading
 import pytest
 
 from specdesk.app import session
-from specdesk.app.settings import DEMO, DEMO_DFLASH, DEMO_HF
+from specdesk.app.settings import DEMO, DEMO_DFLASH, DEMO_HF, DEMO_MTP
 from specdesk.engines.types import SamplingParams, SpecConfig, SpecDeskError
 
 
@@ -70,8 +70,12 @@ def test_the_cli_and_the_app_resolve_the_demo_family_alike(demo_cache):
     assert cli("torch", "draft") == session.resolve_demo(DEMO_HF, DEMO, "small", quiet) \
         == (demo_cache["target_hf"], demo_cache["draft_hf"])
     assert cli("torch", "dflash") == (demo_cache["target_hf"], demo_cache["dflash_hf"])
-    with pytest.raises(SpecDeskError, match="DFlash drafter runs on the PyTorch engine"):
-        session.resolve_demo(DEMO, DEMO_DFLASH, "small", quiet)
+    # On llama.cpp the demo's native drafters are the exported GGUFs.
+    from specdesk.app.demo.export_native_gguf import build_native
+
+    native = build_native(demo_cache)
+    assert session.resolve_demo(DEMO, DEMO_DFLASH, "small", quiet) == (demo_cache["target_gguf"], native["dflash_gguf"])
+    assert session.resolve_demo(DEMO_MTP, None, "small", quiet) == (native["mtp_gguf"], None)
 
 
 def test_a_conversation_keeps_room_for_the_reply_up_to_half_the_context(local):

@@ -559,8 +559,12 @@ def test_killing_the_app_mid_generation_keeps_earlier_messages(qtbot, open_windo
 def test_auto_says_what_drafts_and_why(qtbot, open_window):
     """Method auto: the status line names this step's method and k and the expected speedup
     (or that nothing beats a plain pass), and the reply's footer keeps the last choice."""
+    from specdesk.app.settings import DEMO_DFLASH, DEMO_MTP
+
     window = open_window(method="auto", max_tokens=24)
     assert window.controls.method() == "auto"
+    # every method can be tried with no download: the demo's MTP target and DFlash drafter are offered
+    assert window.controls.target_combo.findData(DEMO_MTP) >= 0 and window.controls.draft_combo.findData(DEMO_DFLASH) >= 0
     send(qtbot, window, "def add(a, b):")
     status = window.status_label.text()
     assert status.startswith("auto · ") and ("expected" in status or "no method" in status), status

@@ -11,12 +11,13 @@ from PySide6.QtWidgets import (QComboBox, QDoubleSpinBox, QFileDialog, QFormLayo
                                QListWidget, QListWidgetItem, QPushButton, QScrollArea, QSpinBox, QVBoxLayout,
                                QWidget)
 
-from specdesk.app.settings import DEMO, DEMO_DFLASH, DEMO_HF, RANGES, Settings
+from specdesk.app.settings import DEMO, DEMO_DFLASH, DEMO_HF, DEMO_MTP, RANGES, Settings
 from specdesk.engines.types import METHODS, SamplingParams, SpecConfig, SpecDeskError
 
 BROWSE = "\0browse"  # combo item data of "Open GGUF file…"
 BROWSE_FOLDER = "\0folder"  # combo item data of "Open model folder…" (Hugging Face safetensors)
-TARGETS = [("Demo target (built in)", DEMO), ("Demo target, PyTorch (built in)", DEMO_HF)]
+TARGETS = [("Demo target (built in)", DEMO), ("Demo target with MTP (llama.cpp)", DEMO_MTP),
+           ("Demo target, PyTorch (built in)", DEMO_HF)]
 DRAFTS = [("No draft model", None), ("Demo draft (built in)", DEMO), ("Demo DFlash drafter (built in)", DEMO_DFLASH)]
 HIDDEN = "\0hidden"  # combo item data of the "N incompatible hidden" line
 

@@ -16,7 +16,7 @@ from PySide6.QtWidgets import QLabel, QMainWindow, QMessageBox, QProgressBar, QS
 
 from specdesk.app.history import History
 from specdesk.app.session import ModelInfo, file_label
-from specdesk.app.settings import DEMO, DEMO_HF, Settings, read_settings, save_settings
+from specdesk.app.settings import DEMO, DEMO_HF, DEMO_MTP, Settings, read_settings, save_settings
 from specdesk.engines.types import SpecConfig, SpecDeskError
 
 from .chat_view import ChatMessage, ChatView
@@ -165,7 +165,7 @@ class MainWindow(QMainWindow):
         s = self.settings
         self.controls.store_settings(s)
         self.controls.mark_loaded()
-        demo = s.target_path in (DEMO, DEMO_HF)
+        demo = s.target_path in (DEMO, DEMO_HF, DEMO_MTP)
         self._on_progress(f"loading {'the demo target' if demo else file_label(s.target_path)}…")
         self._requested_choice = (s.target_path, s.draft_path)
         self._load_job = self.worker.load(s.target_path, s.draft_path, s.demo_size, s.n_ctx, s.threads,
