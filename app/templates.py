@@ -20,9 +20,11 @@ import math
 import re
 import time
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any, Iterable, Iterator, Optional
 
 from jinja2 import TemplateError, nodes
+from jinja2.ext import Extension, loopcontrols
 from jinja2.sandbox import ImmutableSandboxedEnvironment, SecurityError
 from jinja2.visitor import NodeTransformer
 
@@ -170,18 +172,31 @@ class _GuardSyntax(NodeTransformer):
     visit_List = visit_Tuple = visit_Dict = _literal
 
 
+class _GenerationTag(Extension):
+    """transformers' {% generation %} ... {% endgeneration %}: its body, unchanged."""
+    tags = {"generation"}
+
+    def parse(self, parser):
+        next(parser.stream)
+        return parser.parse_statements(("name:endgeneration",), drop_needle=True)
+
+
 class _LimitedEnvironment(ImmutableSandboxedEnvironment):
     intercepted_binops = frozenset({"+", "*", "**", "%"})
 
     def __init__(self, budget: _Budget):
         # optimized=False: constant folding would run operators at compile time, unchecked.
-        super().__init__(trim_blocks=True, lstrip_blocks=True, optimized=False, finalize=self._finalize_output)
+        # The extensions are transformers' own for chat templates: {% break %} / {% continue %},
+        # and {% generation %} (marks the assistant's text for training masks; rendered as is).
+        super().__init__(trim_blocks=True, lstrip_blocks=True, optimized=False, finalize=self._finalize_output,
+                         extensions=[loopcontrols, _GenerationTag])
         self.budget = budget
         self.concat = self._concat  # joins the output of macros, call blocks and {% set %} blocks
         self.globals.pop("lipsum", None)  # lipsum(n=10**6) is a long loop no step counter sees
         self._checked_range = self._range  # one bound method, so `call` can recognise it
         self.globals["range"] = self._checked_range
         self.globals["raise_exception"] = _raise_exception
+        self.globals["strftime_now"] = _strftime_now  # transformers and llama.cpp give templates the date
         self.filters = {name: self._guarded_filter(name, f) for name, f in self.filters.items()}
         self.filters[_ITER] = self._iterate
         self.filters[_CONCAT] = self._concat_values
@@ -274,6 +289,13 @@ class _LimitedEnvironment(ImmutableSandboxedEnvironment):
 
 def _raise_exception(message: str):
     raise TemplateError(message)
+
+
+def _strftime_now(format: str) -> str:
+    """Today's date in a template's format (Llama 3.x prints "Today Date: 26 Jul 2024")."""
+    if not isinstance(format, str) or len(format) > 100:
+        raise TemplateLimitExceeded("strftime_now takes a format string of at most 100 characters")
+    return datetime.now().strftime(format)
 
 
 def _name(obj: Any) -> str:
