@@ -153,6 +153,9 @@ def cmd_compare(args) -> int:
             print("\r" + " " * 40 + "\r", end="", file=sys.stderr)
     finally:
         engine.close()
+    from specdesk.app.measurements import record_compare
+
+    record_compare(report)  # pairing ranks drafts by what this machine measured
     payload = report.to_json()
     if args.json == "-":
         print(json.dumps(payload))

@@ -125,7 +125,7 @@ def cmd_pair(args) -> int:
     print(f"target {report.target.path}")
     print("compatible drafts (best first):" if report.compatible else "no compatible draft in the library")
     for v in report.compatible:
-        print(f"  {v.score:5.2f}x at k={v.k}  {v.path}  ({'; '.join(v.reasons)})")
+        print(f"  {v.score:5.2f}x at k={v.k} ({v.basis})  {v.path}  ({'; '.join(v.reasons)})")
     if report.incompatible:
         print("not compatible:")
         for v in report.incompatible:

@@ -4,8 +4,9 @@ which native drafters exist for it, and whether target + draft + caches fit in m
 Compatibility is the engine's own rule set (engines/speculation/compat.py), applied to each
 model's vocabulary as llama.cpp loads it (a vocab-only load: no weights are read), so a
 verdict here is exactly the one the engine gives when the pair is loaded. The expected
-benefit is the standard speculative-decoding speedup model (Leviathan et al. 2023) with an
-a-priori acceptance rate and the draft/target cost ratio taken from their weight bytes.
+benefit is what this machine measured for the pair (app/measurements.py) when it has, else
+the standard speculative-decoding speedup model (Leviathan et al. 2023) with an assumed
+acceptance rate and the draft/target cost ratio taken from their weight bytes.
 """
 
 from __future__ import annotations
@@ -138,21 +139,31 @@ class DraftVerdict:
     score: float = 0.0  # expected speedup at the best k (1.0 = no gain)
     k: int = 0
     reasons: tuple[str, ...] = ()  # why not (incompatible), or what the score rests on
+    basis: str = "assumed"  # "measured": the score is this machine's compare runs; "assumed": a model's guess
 
     def to_json(self) -> dict:
         if self.compatible:
-            return {"path": self.path, "name": self.name, "score": self.score, "k": self.k,
+            return {"path": self.path, "name": self.name, "score": self.score, "k": self.k, "basis": self.basis,
                     "notes": list(self.reasons)}
         return {"path": self.path, "name": self.name, "reasons": list(self.reasons)}
 
 
-def score_draft(target: ModelEntry, draft: ModelEntry) -> DraftVerdict:
+def score_draft(target: ModelEntry, draft: ModelEntry, records: Optional[list] = None) -> DraftVerdict:
+    """Measured numbers when this machine has compared the pair (app/measurements.py), else
+    the speedup model on an assumed acceptance, labelled as such."""
+    from .measurements import measured_for
+
+    measured = measured_for(target.path, draft.path, "draft", records)
+    if measured is not None:
+        note = (f"measured on this machine: {measured.speedup:.2f}x at k = {measured.k}, acceptance "
+                f"{measured.acceptance:.0%} ({measured.runs} run{'s' if measured.runs != 1 else ''})")
+        return DraftVerdict(draft.path, draft.name, True, round(measured.speedup, 2), measured.k, (note,), "measured")
     same_family = (target.architecture == draft.architecture and family_key(target) == family_key(draft))
     acceptance = ACCEPTANCE_SAME_FAMILY if same_family else ACCEPTANCE_OTHER
     cost = draft.weights_bytes / max(1, target.weights_bytes)
     best_k = max(range(1, MAX_K + 1), key=lambda k: expected_speedup(acceptance, cost, k))
     speedup = expected_speedup(acceptance, cost, best_k)
-    notes = [f"{'same family' if same_family else 'same vocabulary, other family'}: "
+    notes = [f"assumed, not measured: {'same family' if same_family else 'same vocabulary, other family'}, "
              f"acceptance assumed {acceptance:.0%}",
              f"draft is {1 / cost:.1f}x smaller than the target" if cost < 1 else
              "draft is not smaller than the target: no gain expected"]
@@ -161,7 +172,8 @@ def score_draft(target: ModelEntry, draft: ModelEntry) -> DraftVerdict:
     return DraftVerdict(draft.path, draft.name, True, round(speedup, 2), best_k, tuple(notes))
 
 
-def check_draft(target: ModelEntry, draft: ModelEntry, target_vocab: Optional["GgufModel"] = None) -> DraftVerdict:
+def check_draft(target: ModelEntry, draft: ModelEntry, target_vocab: Optional["GgufModel"] = None,
+                records: Optional[list] = None) -> DraftVerdict:
     """The engine's verdict on one pair; every refusal names what differs."""
     from specdesk.engines.speculation.compat import incompatibilities
 
@@ -184,7 +196,7 @@ def check_draft(target: ModelEntry, draft: ModelEntry, target_vocab: Optional["G
         return DraftVerdict(draft.path, draft.name, False, reasons=(str(e),))
     if reasons:
         return DraftVerdict(draft.path, draft.name, False, reasons=tuple(f"{r} (target vs draft)" for r in reasons))
-    return score_draft(target, draft)
+    return score_draft(target, draft, records)
 
 
 # --- native drafters ---------------------------------------------------------------------
@@ -260,10 +272,14 @@ class PairingReport:
 
 def pair(target_path: str | os.PathLike, entries: Iterable[ModelEntry], n_ctx: int = 0,
          draft_path: Optional[str] = None, memory: Optional[MemoryInfo] = None,
-         table: Optional[list] = None) -> PairingReport:
-    """Rank the library's drafts for a target; the memory estimate counts the chosen draft
-    (draft_path), else the best compatible one."""
+         table: Optional[list] = None, records: Optional[list] = None) -> PairingReport:
+    """Rank the library's drafts for a target, by this machine's measurements where it has
+    them (`records`: app/measurements.read() by default); the memory estimate counts the
+    chosen draft (draft_path), else the best compatible one."""
+    from .measurements import read
+
     entries = list(entries)
+    records = read() if records is None else records
     target = find_entry(entries, target_path) or read_model(target_path)
     if not target.ok:
         raise SpecDeskError(target.error)
@@ -275,7 +291,7 @@ def pair(target_path: str | os.PathLike, entries: Iterable[ModelEntry], n_ctx: i
     compatible, incompatible = [], []
     with vocab_view(target.path) as target_vocab:
         for entry in candidates:
-            verdict = check_draft(target, entry, target_vocab)
+            verdict = check_draft(target, entry, target_vocab, records)
             (compatible if verdict.compatible else incompatible).append(verdict)
     compatible.sort(key=lambda v: (-v.score, v.path))
     chosen = draft_path or (compatible[0].path if compatible else None)

@@ -220,8 +220,12 @@ def run_compare(engine, prompt: str, spec: SpecConfig, sampling: SamplingParams,
     def forward(label: str, index: int, event: StepEvent) -> None:
         on_event(label, 0 if label == "baseline" else spec.k, event)
 
-    return compare(engine, [prompt], spec, sampling, max_tokens, prompt_tokenizer(engine, chat),
-                   forward if on_event is not None else None, cancel)
+    from specdesk.app.measurements import record_compare
+
+    report = compare(engine, [prompt], spec, sampling, max_tokens, prompt_tokenizer(engine, chat),
+                     forward if on_event is not None else None, cancel)
+    record_compare(report)  # pairing ranks drafts by what this machine measured
+    return report
 
 
 def run_sweep(engine, prompt: str, spec: SpecConfig, sampling: SamplingParams, max_tokens: int,
@@ -237,6 +241,8 @@ def run_sweep(engine, prompt: str, spec: SpecConfig, sampling: SamplingParams, m
         request = GenerationRequest(tuple(tokens), max_tokens=max_tokens, sampling=sampling, spec=config)
         return run_once(engine, request, cancel).stats
 
+    from specdesk.app.measurements import record
+
     baseline = once(dataclasses.replace(spec, method="none"))
     on_point(SweepPoint(0, baseline))
     points = []
@@ -248,6 +254,10 @@ def run_sweep(engine, prompt: str, spec: SpecConfig, sampling: SamplingParams, m
         point = SweepPoint(k, once(dataclasses.replace(spec, k=k)))
         points.append(point)
         on_point(point)
+        if baseline.tok_per_s > 0 and point.stats.tokens and not cancel.is_set():
+            record(str(engine.target.path), spec.draft_path, engine.name, spec.method, k,
+                   point.stats.tok_per_s / baseline.tok_per_s, point.stats.acceptance_rate, point.stats.tokens,
+                   sampling.temperature)
     return SweepResult(spec.method, baseline, tuple(points))
 
 

@@ -46,3 +46,10 @@ def local(demo_family):
     engine.load_draft(demo_family["draft_gguf"])
     yield engine
     engine.close()
+
+
+@pytest.fixture(autouse=True)
+def _temporary_data_dir(monkeypatch, tmp_path_factory):
+    """What the code under test records on this machine (measurements, history) goes to a
+    temporary folder, never the user's; a test may point SPECDESK_DATA_DIR elsewhere itself."""
+    monkeypatch.setenv("SPECDESK_DATA_DIR", str(tmp_path_factory.mktemp("data")))

@@ -141,7 +141,7 @@ class PairingDialog(QDialog):
             row = self.compatible.rowCount()
             self.compatible.insertRow(row)
             self.compatible.setItem(row, 0, _item(v.name, v.path, v.path))
-            self.compatible.setItem(row, 1, _item(f"{v.score:.2f}x"))
+            self.compatible.setItem(row, 1, _item(f"{v.score:.2f}x {v.basis}"))  # measured here, or assumed
             self.compatible.setItem(row, 2, _item(v.k))
             self.compatible.setItem(row, 3, _item("; ".join(v.reasons)))
         self.incompatible.setRowCount(0)
