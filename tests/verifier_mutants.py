@@ -43,22 +43,22 @@ class Mutant:
 
 MUTANTS = [
     # --- engines/speculation/verify.py
-    Mutant("bonus-from-row-k-1", NUMPY, "return VerifyResult(k, sample(sampling_probs(logits[k], sampling), rng))",
-           "return VerifyResult(k, sample(sampling_probs(logits[max(k - 1, 0)], sampling), rng))"),
+    Mutant("bonus-from-row-k-1", NUMPY, "return VerifyResult(k, rows.sample(rows.row(k), rng))",
+           "return VerifyResult(k, rows.sample(rows.row(max(k - 1, 0)), rng))"),
     Mutant("draft-probs-from-row-0", NUMPY, "q_row = np.asarray(draft_probs[position], dtype=np.float64)",
            "q_row = np.asarray(draft_probs[0], dtype=np.float64)"),
     Mutant("residual-is-p", NUMPY, "residual = p - _fit_width(q_row, vocab)", "residual = p.copy()"),
     Mutant("one-hot-residual-keeps-the-rejected-token", NUMPY, "                residual[token] = 0.0\n",
            "                pass\n"),
     Mutant("residual-from-p-before-top-k-top-p", NUMPY, "residual = p - _fit_width(q_row, vocab)",
-           "residual = sampling_probs(logits[position], SamplingParams(temperature=sampling.temperature))"
+           "residual = sampling_probs(self._logits[position], SamplingParams(temperature=self._sampling.temperature))"
            " - _fit_width(q_row, vocab)"),
-    Mutant("top-k-top-p-on-the-draft-side-only", NUMPY, "p = sampling_probs(logits[position], sampling)  # (V,)",
-           "p = sampling_probs(logits[position], SamplingParams(temperature=sampling.temperature))"),
-    Mutant("bonus-without-top-k-top-p", NUMPY,
-           "return VerifyResult(k, sample(sampling_probs(logits[k], sampling), rng))",
-           "return VerifyResult(k, sample(sampling_probs(logits[k], SamplingParams(temperature=sampling.temperature)),"
-           " rng))"),
+    # The target's rows, examined and bonus alike, come from one function (_HostRows.row), so
+    # top-k/top-p dropped there is dropped on the target side of every row.
+    Mutant("top-k-top-p-on-the-draft-side-only", NUMPY,
+           "self._rows[position] = sampling_probs(self._logits[position], self._sampling)  # (V,)",
+           "self._rows[position] = sampling_probs(self._logits[position],"
+           " SamplingParams(temperature=self._sampling.temperature))"),
     Mutant("acceptance-ratio-inverted", NUMPY, "if rng.random() * q_token < p_token:",
            "if rng.random() * p_token < q_token:"),
     Mutant("sampled-always-accept", NUMPY, "if rng.random() * q_token < p_token:", "if rng.random() >= 0.0:"),
@@ -69,14 +69,15 @@ MUTANTS = [
     Mutant("greedy-always-reject", NUMPY,
            "while accepted < k and int(draft_tokens[accepted]) == int(target_argmax[accepted]):",
            "while False:", tests=(*TESTS, *ENGINE_TESTS)),
-    # --- engines/torch/verify.py
-    Mutant("torch-bonus-from-row-k-1", TORCH, "return VerifyResult(k, _sample_on_device(p[k], rng))",
-           "return VerifyResult(k, _sample_on_device(p[max(k - 1, 0)], rng))"),
-    Mutant("torch-draft-probs-from-row-0", TORCH, "q_row = np.asarray(draft_probs[position], dtype=np.float64)",
-           "q_row = np.asarray(draft_probs[0], dtype=np.float64)"),
-    Mutant("torch-residual-is-p", TORCH, "residual = (p[position] - q).clamp_(min=0.0)",
-           "residual = p[position].clone()"),
-    Mutant("torch-sampled-always-accept", TORCH, "if rng.random() * q_token < p_token:", "if rng.random() >= 0.0:"),
+    # --- engines/torch/verify.py (its acceptance loop is accept_walk above; these are its rows)
+    Mutant("torch-row-off-by-one", TORCH, "        return self._p[position]\n",
+           "        return self._p[max(position - 1, 0)]\n"),
+    Mutant("torch-draft-token-probs-from-row-0", TORCH, "torch.arange(k, device=self._p.device)",
+           "torch.zeros(k, dtype=torch.long, device=self._p.device)"),
+    Mutant("torch-residual-is-p", TORCH, "return (self._p[position] - q).clamp_(min=0.0)",
+           "return self._p[position].clone()"),
+    Mutant("torch-one-hot-residual-keeps-the-rejected-token", TORCH, "                residual[token] = 0.0\n",
+           "                pass\n"),
     Mutant("torch-greedy-always-accept", TORCH, "accepted = int(torch.cumprod(matches, dim=0).sum())",
            "accepted = k"),
     Mutant("torch-greedy-always-reject", TORCH, "accepted = int(torch.cumprod(matches, dim=0).sum())",

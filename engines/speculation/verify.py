@@ -3,12 +3,14 @@ sampling (Leviathan et al. 2023; Chen et al. 2023), which is lossless for temper
 
 Pure functions on numpy arrays. `sampling_probs` is shared by the draft side (to sample draft
 tokens and report q) and the verify side (p), so both apply exactly the same transform.
+`accept_walk` is the one acceptance loop of speculative sampling: `verify` runs it over rows
+on the host, engines/torch/verify.py over rows on the device (`TargetRows`).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional, Sequence
+from typing import Any, Optional, Protocol, Sequence
 
 import numpy as np
 
@@ -153,7 +155,6 @@ def verify(
     logits = np.asarray(target_logits)
     if logits.ndim != 2 or logits.shape[0] != k + 1:
         raise ValueError(f"target_logits must be (k+1, V) = ({k + 1}, V) for {k} draft tokens, got {logits.shape}")
-    vocab = logits.shape[1]
     if draft_probs is not None and (np.ndim(draft_probs) != 2 or np.shape(draft_probs)[0] != k):
         raise ValueError(f"draft_probs must be (k, V) = ({k}, V), got {np.shape(draft_probs)}")
 
@@ -163,30 +164,85 @@ def verify(
         while accepted < k and int(draft_tokens[accepted]) == int(target_argmax[accepted]):
             accepted += 1
         return VerifyResult(accepted, int(target_argmax[accepted]))
+    return accept_walk(draft_tokens, draft_probs, _HostRows(logits, sampling), rng)
 
+
+class TargetRows(Protocol):
+    """The target's k + 1 rows of probabilities after the sampling transform, wherever they
+    live: what `accept_walk` reads. A row is whatever `sample` takes (a numpy array, a tensor)."""
+
+    def token_prob(self, position: int, token: int) -> float:
+        """p_position(token); 0 for an id outside the target's vocabulary."""
+
+    def residual(self, position: int, token: int, q_row: Optional[np.ndarray]) -> Any:
+        """max(0, p_position - q) (q cut or padded to the target's width); with a one-hot q
+        (q_row None), p_position without `token`."""
+
+    def row(self, position: int) -> Any: ...
+
+    def mass(self, row: Any) -> float: ...
+
+    def sample(self, row: Any, rng: np.random.Generator) -> int:
+        """One token from a row (need not be normalised) with one rng.random() draw."""
+
+
+def accept_walk(draft_tokens: Sequence[int], draft_probs: Optional[np.ndarray], rows: TargetRows,
+                rng: np.random.Generator) -> VerifyResult:
+    """Speculative sampling over the target's rows: accept draft[i] with probability
+    min(1, p_i(x) / q_i(x)); on the first rejection sample from norm(max(0, p_i - q_i)) (from
+    p_i when that has no mass: p == q up to rounding); if every token is accepted, a bonus
+    from row k. rng draws: one per examined position, then one for the committed token."""
+    k = len(draft_tokens)
     for position in range(k):
-        p = sampling_probs(logits[position], sampling)  # (V,)
         token = int(draft_tokens[position])
-        p_token = p[token] if 0 <= token < vocab else 0.0
+        p_token = rows.token_prob(position, token)
         if draft_probs is None:
-            q_token = 1.0
+            q_row, q_token = None, 1.0
         else:
             q_row = np.asarray(draft_probs[position], dtype=np.float64)
             q_token = q_row[token] if 0 <= token < q_row.size else 0.0
         if rng.random() * q_token < p_token:  # u < p/q without dividing by a zero q
             continue
-        if draft_probs is None:
+        residual = rows.residual(position, token, q_row)
+        if rows.mass(residual) <= _RESIDUAL_EPS:
+            residual = rows.row(position)
+        return VerifyResult(position, rows.sample(residual, rng))
+    return VerifyResult(k, rows.sample(rows.row(k), rng))
+
+
+class _HostRows:
+    """TargetRows over numpy logits: each row's transform is computed when first read, so a
+    draft rejected early costs one row."""
+
+    sample = staticmethod(sample)
+
+    def __init__(self, logits: np.ndarray, sampling: SamplingParams):
+        self._logits, self._sampling = logits, sampling  # (k+1, V)
+        self._rows: dict[int, np.ndarray] = {}
+
+    def row(self, position: int) -> np.ndarray:
+        if position not in self._rows:
+            self._rows[position] = sampling_probs(self._logits[position], self._sampling)  # (V,)
+        return self._rows[position]
+
+    def token_prob(self, position: int, token: int) -> float:
+        p = self.row(position)
+        return p[token] if 0 <= token < p.size else 0.0
+
+    def residual(self, position: int, token: int, q_row: Optional[np.ndarray]) -> np.ndarray:
+        p = self.row(position)
+        vocab = p.size
+        if q_row is None:
             residual = p.copy()
             if 0 <= token < vocab:
                 residual[token] = 0.0
         else:
             residual = p - _fit_width(q_row, vocab)
             np.maximum(residual, 0.0, out=residual)
-        if residual.sum() <= _RESIDUAL_EPS:
-            residual = p
-        return VerifyResult(position, sample(residual, rng))
+        return residual
 
-    return VerifyResult(k, sample(sampling_probs(logits[k], sampling), rng))
+    def mass(self, row: np.ndarray) -> float:
+        return float(row.sum())
 
 
 def _fit_width(q_row: np.ndarray, vocab: int) -> np.ndarray:

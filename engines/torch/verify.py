@@ -2,10 +2,10 @@
 
 Both greedy and sampled verification run where the logits are, with the semantics of
 engines/speculation/verify.py: the same transform (temperature, then top-k, then top-p with ties
-to the lower id), the same acceptance test u * q(x) < p(x), the same residual, and the same
-rng draws in the same order (one per examined position, then one for the committed token),
-so a seeded run commits the same tokens as the shared code. Only k probabilities and one
-token cross to the host per step, not the (k + 1, V) rows. Float64 is used for the
+to the lower id), computed on the device, and the same acceptance loop, verify.accept_walk
+itself, over the device's rows (`_DeviceRows`): the same test u * q(x) < p(x), residual and
+rng draws, so a seeded run commits the same tokens as the shared code. Only k probabilities
+and one token cross to the host per step, not the (k + 1, V) rows. Float64 is used for the
 probabilities as in verify.py; on a device without float64 (Apple's MPS) the rows go to the
 host and through verify.py itself. tests/test_torch_verify.py holds every path to verify.py
 draw for draw.
@@ -18,7 +18,7 @@ from typing import Optional, Sequence
 import numpy as np
 import torch
 
-from ..speculation.verify import _RESIDUAL_EPS, _TOP_P_SLACK, VerifyResult, _fit_width, verify
+from ..speculation.verify import _TOP_P_SLACK, VerifyResult, _fit_width, accept_walk, verify
 from ..types import SamplingParams
 
 
@@ -89,30 +89,40 @@ def _sample_on_device(probs: torch.Tensor, rng: np.random.Generator) -> int:
     return index
 
 
+class _DeviceRows:
+    """verify.TargetRows over the target's rows on their device, in float64: the probability of
+    each draft token crosses to the host in one transfer; rows stay on the device."""
+
+    def __init__(self, logits: torch.Tensor, draft_tokens: Sequence[int], sampling: SamplingParams):
+        self._p = sampling_probs_on_device(logits, sampling)  # (k + 1, V)
+        k, vocab = len(draft_tokens), logits.shape[1]
+        inside = [t if 0 <= t < vocab else 0 for t in draft_tokens]
+        self._p_at_draft = (self._p[torch.arange(k, device=self._p.device),
+                                    torch.tensor(inside, device=self._p.device)].cpu().numpy() if k else [])  # (k,)
+
+    def row(self, position: int) -> torch.Tensor:
+        return self._p[position]
+
+    def token_prob(self, position: int, token: int) -> float:
+        return float(self._p_at_draft[position]) if 0 <= token < self._p.shape[1] else 0.0
+
+    def residual(self, position: int, token: int, q_row: Optional[np.ndarray]) -> torch.Tensor:
+        if q_row is None:
+            residual = self._p[position].clone()
+            if 0 <= token < self._p.shape[1]:
+                residual[token] = 0.0
+            return residual
+        q = torch.from_numpy(_fit_width(q_row, self._p.shape[1])).to(device=self._p.device, dtype=self._p.dtype)
+        return (self._p[position] - q).clamp_(min=0.0)
+
+    def mass(self, row: torch.Tensor) -> float:
+        return float(row.sum())
+
+    def sample(self, row: torch.Tensor, rng: np.random.Generator) -> int:
+        return _sample_on_device(row, rng)
+
+
 def _verify_sampled(draft_tokens: Sequence[int], draft_probs: Optional[np.ndarray], logits: torch.Tensor,
                     sampling: SamplingParams, rng: np.random.Generator) -> VerifyResult:
-    k, vocab = len(draft_tokens), logits.shape[1]
-    p = sampling_probs_on_device(logits, sampling)  # (k + 1, V)
     tokens = [int(t) for t in draft_tokens]
-    p_at_draft = (p[torch.arange(k, device=p.device), torch.tensor([t if 0 <= t < vocab else 0 for t in tokens],
-                                                                  device=p.device)].cpu().numpy() if k else [])
-    for position, token in enumerate(tokens):
-        p_token = float(p_at_draft[position]) if 0 <= token < vocab else 0.0
-        if draft_probs is None:
-            q_token = 1.0
-        else:
-            q_row = np.asarray(draft_probs[position], dtype=np.float64)
-            q_token = q_row[token] if 0 <= token < q_row.size else 0.0
-        if rng.random() * q_token < p_token:  # u < p/q without dividing by a zero q
-            continue
-        if draft_probs is None:
-            residual = p[position].clone()
-            if 0 <= token < vocab:
-                residual[token] = 0.0
-        else:
-            q = torch.from_numpy(_fit_width(q_row, vocab)).to(device=p.device, dtype=p.dtype)
-            residual = (p[position] - q).clamp_(min=0.0)
-        if float(residual.sum()) <= _RESIDUAL_EPS:
-            residual = p[position]
-        return VerifyResult(position, _sample_on_device(residual, rng))
-    return VerifyResult(k, _sample_on_device(p[k], rng))
+    return accept_walk(tokens, draft_probs, _DeviceRows(logits, tokens, sampling), rng)
