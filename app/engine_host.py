@@ -62,14 +62,6 @@ def open_engine(spec: HostSpec, progress: Optional[Callable[[float], None]] = No
 
 
 # --- what the client may ask besides generate ------------------------------------
-def engine_threads(engine) -> int:
-    if engine.name == "torch":
-        import torch
-
-        return torch.get_num_threads()
-    return engine.n_threads
-
-
 def draft_verdicts(engine, paths: dict[str, str]) -> tuple[tuple[str, tuple[str, ...]], ...]:
     """For each draft choice (-> its GGUF path): the reasons it cannot serve the loaded target,
     from a vocabulary-only read of the file (no weights are loaded)."""
@@ -94,31 +86,21 @@ def engine_facts(engine, draft_path: Optional[str] = None, draft_kind: str = "dr
                  verdict_paths: Optional[dict[str, str]] = None) -> dict[str, Any]:
     """What a UI shows about a loaded engine: methods it can run now (or why not), size, threads."""
     model = engine.target
-    if engine.name == "torch":
-        from specdesk.engines.torch.engine import supported_methods
-
-        native = {draft_kind: draft_path} if draft_path and draft_kind != "draft" else {}
-        availability = supported_methods(model.path, dflash_folder=native.get("dflash"),
-                                         eagle3_folder=native.get("eagle3"))
-        n_params = sum(p.numel() for p in model.network.parameters())
-        size = sum(f.stat().st_size for f in Path(model.path).glob("*.safetensors"))
-    else:
-        availability = engine.method_availability()
-        n_params, size = model.n_params, model.size_bytes
+    availability = engine.method_availability()
     if draft_path and draft_kind != "draft":
         availability["draft"] = f"the loaded draft is a {draft_kind} drafter: choose a draft model for this method"
     return {
         "availability": availability,
-        "n_params": int(n_params),
-        "size_bytes": int(size),
-        "threads": engine_threads(engine),
+        "n_params": int(model.n_params),
+        "size_bytes": int(model.size_bytes),
+        "threads": engine.n_threads,
         "has_chat_template": model.chat_template() is not None,
         "verdicts": draft_verdicts(engine, verdict_paths or {}),
     }
 
 
 def chat_prompt(engine, messages: list[dict]) -> list[int]:
-    from specdesk.app.main import chat_prompt as render
+    from specdesk.app.prompting import chat_prompt as render
 
     return render(engine, messages)
 
@@ -133,22 +115,15 @@ def _target_call(method: str):
     return lambda engine, *args, **kwargs: getattr(engine.target, method)(*args, **kwargs)
 
 
-def _load_draft(engine, path: str, progress: Optional[Callable[[float], None]] = None) -> None:
-    if engine.name == "torch":  # safetensors load in one go: no progress to report
-        engine.load_draft(path)
-    else:
-        engine.load_draft(path, progress=progress)
-
-
 def _set_threads(engine, n_threads: int) -> int:
     engine.set_threads(n_threads)
-    return engine_threads(engine)
+    return engine.n_threads
 
 
 # The whole surface a client can reach: nothing else in the host is callable by name.
 CALLS: dict[str, Callable[..., Any]] = {
     "ping": lambda engine: None,  # the transport's own round trip (benchmarks/engine_host.py)
-    "load_draft": _load_draft,
+    "load_draft": lambda engine, path, progress=None: engine.load_draft(path, progress=progress),
     "load_native": lambda engine, method, path=None: engine.load_native(method, path),
     "method_availability": lambda engine: engine.method_availability(),
     "set_threads": _set_threads,
@@ -174,7 +149,7 @@ def ready_facts(engine) -> dict[str, Any]:
     return {
         "name": engine.name,
         "n_ctx": engine.n_ctx,
-        "n_threads": engine_threads(engine),
+        "n_threads": engine.n_threads,
         "path": str(model.path),
         "n_vocab": int(model.n_vocab),
         "chat_template": model.chat_template(),

@@ -14,7 +14,6 @@ import threading
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from specdesk.app.prompting import chat_prompt  # the engine process renders chat prompts through this name
 from specdesk.app.session import chat_tokens, open_engine as open_engine_process, prompt_tokenizer, resolve_demo
 from specdesk.app.settings import DEMO, DEMO_DFLASH, DEMO_HF
 from specdesk.engines.types import MAX_DRAFT_TOKENS, METHODS, SamplingParams, SpecConfig, SpecDeskError

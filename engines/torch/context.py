@@ -34,6 +34,8 @@ class TorchModel:
         self.vocab = self.tokenizer.vocab
         self.n_vocab = self.config.vocab_size
         self.n_ctx_train = self.config.max_position_embeddings
+        self.n_params = sum(p.numel() for p in self.network.parameters())
+        self.size_bytes = sum(f.stat().st_size for f in self.path.glob("*.safetensors"))
 
     # --- vocabulary: the same calls as GgufModel ----------------------------
     def tokenize(self, text: str, add_bos: bool | None = None, parse_special: bool = False) -> list[int]:

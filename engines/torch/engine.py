@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 import threading
-from typing import Iterator, Optional
+from typing import Callable, Iterator, Optional
 
 import numpy as np
 
@@ -84,8 +84,9 @@ class TorchEngine:
         return device_name(self.device)
 
     # --- models -------------------------------------------------------------
-    def load_draft(self, path: str | os.PathLike):
-        """Load (once) and check a draft model folder; refusals say which property differed."""
+    def load_draft(self, path: str | os.PathLike, progress: Optional[Callable[[float], None]] = None):
+        """Load (once) and check a draft model folder; refusals say which property differed.
+        safetensors load in one go: `progress` hears only the end."""
         from .context import TorchContext, TorchModel
 
         key = os.path.abspath(path)
@@ -93,6 +94,8 @@ class TorchEngine:
             draft = TorchModel(path, self.device, self.dtype)
             check_compatible(self.target, draft)
             self._drafts[key] = TorchContext(draft, self.n_ctx)
+        if progress is not None:
+            progress(1.0)
         return self._drafts[key]
 
     def load_native(self, method: str, path: str | os.PathLike | None = None):
