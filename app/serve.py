@@ -35,6 +35,7 @@ from specdesk.engines.types import (MAX_DRAFT_TOKENS, METHODS, GenerationRequest
 
 from .compare import RunResult, run_once
 from .engine_client import EngineClient, EngineHostDied
+from .session import load_drafter
 
 MAX_STOP_SEQUENCES = 4
 NATIVE_METHODS = ("dflash", "eagle3")  # read a drafter file given as --draft
@@ -284,7 +285,8 @@ class Service:
         old = self.engine
         old.close()
         self.engine = EngineClient(old.spec.target, old.spec.kind, old.spec.n_ctx, old.spec.n_threads, old.spec.device)
-        load_drafter(self.engine, self.spec, self.draft_path)
+        if self.draft_path is not None:
+            load_drafter(self.engine, self.draft_path)
 
     async def generate(self, prompt: list[dict] | str | list[int], params: Params) -> AsyncIterator[str | Outcome]:
         """Text pieces as they come, then one Outcome."""
@@ -363,15 +365,6 @@ class Service:
             finally:
                 self.metrics.running -= 1
                 self._lock.release()
-
-
-def load_drafter(engine: EngineClient, spec: SpecConfig, draft_path: Optional[str]) -> None:
-    if draft_path is None:
-        return
-    if spec.method in NATIVE_METHODS:
-        engine.load_native(spec.method, draft_path)
-    else:
-        engine.load_draft(draft_path)
 
 
 # --- HTTP ----------------------------------------------------------------------------
@@ -560,7 +553,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         raise SpecDeskError(f"cannot listen on {args.host}:{args.port} ({e.strerror}): choose another --port") from None
     service = Service(open_engine(target, args), model_id_for(target), spec, sampling, spec.draft_path)
     try:
-        load_drafter(service.engine, spec, spec.draft_path)
+        if spec.draft_path is not None:
+            load_drafter(service.engine, spec.draft_path)
         app = build_app(service, args.api_key)
         host, port = sock.getsockname()[:2]
         print(f"specdesk serve: model {service.model_id!r} at http://{host}:{port}/v1 "
