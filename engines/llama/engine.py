@@ -169,6 +169,8 @@ class LlamaEngine:
         ctx.decode(prompt[kept:-1], all_logits=False)
 
     def target_pass(self, tokens: list[int], proposer) -> np.ndarray:
+        if isinstance(proposer, AutoProposer):
+            self._route_hidden_states(proposer)  # auto may have let its MTP drafter go
         return self.context.decode(tokens)  # logits (len(tokens), V)
 
     def verify_pass(self, draft: Draft, output: np.ndarray, sampling: SamplingParams,

@@ -31,6 +31,11 @@ PRIOR_ACCEPTANCE = 0.6  # per-position acceptance assumed before a method has dr
 PRIOR_WEIGHT = 2.0  # how many observed steps the prior is worth
 DECAY = 0.97  # older steps count less, so a change of text shows within a few dozen steps
 REPROBE_EVERY = 24  # a method unused for this many steps drafts once, so it can come back
+# A hidden-state drafter (MTP) costs a catch-up on every target pass even when it does not
+# draft: not chosen on its merits for this many steps, it is let go for the rest of the run;
+# one that could not win even at this acceptance is not fed at all.
+RETIRE_AFTER = 6
+OPTIMISTIC_ACCEPTANCE = 0.8
 PROBE_TEXT = ("def fibonacci(n):\n    if n < 2:\n        return n\n    return fibonacci(n - 1) + fibonacci(n - 2)\n\n"
               "for i in range(10):\n    print(i, fibonacci(i))\n")
 
@@ -41,6 +46,8 @@ class Costs:
 
     pass_s: tuple[float, ...]  # (K+1,) a target pass over n = 1..K+1 tokens, verification included
     draft_token_s: Mapping[str, float]  # method -> seconds drafting per drafted token
+    # method -> seconds a hidden-state drafter adds to every target pass while it is fed (its catch-up)
+    observe_s: Mapping[str, float] = field(default_factory=dict)
 
     def pass_cost(self, n: float) -> float:
         """A pass over n tokens (fractional n: linear between measured sizes, the last size's
@@ -53,12 +60,14 @@ class Costs:
         return self.pass_s[low - 1] + fraction * (self.pass_s[low] - self.pass_s[low - 1])
 
     def to_json(self) -> dict:
-        return {"pass_s": list(self.pass_s), "draft_token_s": dict(self.draft_token_s)}
+        return {"pass_s": list(self.pass_s), "draft_token_s": dict(self.draft_token_s),
+                "observe_s": dict(self.observe_s)}
 
     @classmethod
     def from_json(cls, data: dict) -> "Costs":
         return cls(tuple(float(x) for x in data["pass_s"]),
-                   {str(m): float(s) for m, s in data["draft_token_s"].items()})
+                   {str(m): float(s) for m, s in data["draft_token_s"].items()},
+                   {str(m): float(s) for m, s in data.get("observe_s", {}).items()})
 
 
 @dataclass
@@ -119,38 +128,41 @@ def expected_tokens(per_position: Sequence[float], k: int) -> float:
     return tokens
 
 
-def expected_speedup(costs: Costs, method: str, per_position: Sequence[float], draft_share: float, k: int) -> float:
-    return _speedups(costs, method, per_position, draft_share, k)[k - 1]
+def expected_speedup(costs: Costs, method: str, per_position: Sequence[float], draft_share: float, k: int,
+                     extra_s: float = 0.0) -> float:
+    return _speedups(costs, method, per_position, draft_share, k, extra_s)[k - 1]
 
 
 def _speedups(costs: Costs, method: str, per_position: Sequence[float], draft_share: float,
-              max_k: int) -> list[float]:
-    """Expected speedup over a plain pass for k = 1..max_k, in one walk over the positions."""
+              max_k: int, extra_s: float = 0.0) -> list[float]:
+    """Expected speedup over a plain pass for k = 1..max_k, in one walk over the positions;
+    `extra_s`: what every step costs besides (a fed hidden-state drafter's catch-up)."""
     draft_s = costs.draft_token_s.get(method, 0.0)
     tokens, reach, out = 1.0, 1.0, []
     for k in range(1, max_k + 1):
         reach *= per_position[k - 1]
         tokens += reach
         drafted = draft_share * k
-        out.append(tokens * costs.pass_s[0] / (draft_s * drafted + costs.pass_cost(1.0 + drafted)))
+        out.append(tokens * costs.pass_s[0] / (draft_s * drafted + costs.pass_cost(1.0 + drafted) + extra_s))
     return out
 
 
-def choose(costs: Costs, estimates: Mapping[str, AcceptanceEstimate], max_k: int) -> Choice:
+def choose(costs: Costs, estimates: Mapping[str, AcceptanceEstimate], max_k: int, extra_s: float = 0.0) -> Choice:
     """The (method, k) with the highest expected tokens per second, or no speculation when
-    nothing is expected to beat a plain pass. Ties go to no speculation, then to the method
-    listed first, then to the smaller k."""
+    nothing is expected to beat a plain pass (`extra_s`: a cost every step pays whatever is
+    chosen). Ties go to no speculation, then to the method listed first, then to the smaller k."""
+    plain = costs.pass_s[0] / (costs.pass_s[0] + extra_s)
     best: Optional[tuple[float, str, int]] = None
     for method, estimate in estimates.items():
         per_position, share = estimate.summary()
-        for k, speedup in enumerate(_speedups(costs, method, per_position, share, max_k), start=1):
+        for k, speedup in enumerate(_speedups(costs, method, per_position, share, max_k, extra_s), start=1):
             if best is None or speedup > best[0]:
                 best = (speedup, method, k)
     if best is None:
         return Choice("none", 0, 1.0, "no speculation: no method available")
     speedup, method, k = best
-    if speedup <= 1.0:
-        return Choice("none", 0, 1.0, f"no speculation: best expected {speedup:.2f}x ({method}, k = {k})")
+    if speedup <= plain:
+        return Choice("none", 0, plain, f"no speculation: best expected {speedup:.2f}x ({method}, k = {k})")
     return Choice(method, k, speedup, f"{method}, k = {k}: expected {speedup:.2f}x")
 
 
@@ -168,6 +180,8 @@ class AutoProposer:
         self.costs = costs
         self.max_k = max_k
         self.observer = self.proposers.get(observer) if observer else None
+        self.observer_method = observer if self.observer is not None else None
+        self.last_chosen = {m: 0 for m in self.proposers}  # the step `choose` last picked each (not a re-probe)
         self.counters = ProposerCounters()
         self.estimates = {m: AcceptanceEstimate(max_k) for m in self.proposers}
         self.last_used = {m: 0 for m in self.proposers}
@@ -180,16 +194,20 @@ class AutoProposer:
             proposer.begin(prompt)
         self.steps = 0
         self.last_used = {m: 0 for m in self.proposers}
+        self.last_chosen = {m: 0 for m in self.proposers}
 
     def decide(self, k_budget: int) -> Choice:
         """This step's choice (from history only); a method unused for REPROBE_EVERY steps
         drafts once at its best k, so a change of text can bring it back."""
-        choice = choose(self.costs, self.estimates, max(1, min(self.max_k, k_budget)))
+        choice = choose(self.costs, self.estimates, max(1, min(self.max_k, k_budget)), self.extra_s())
+        if choice.method in self.last_chosen:
+            self.last_chosen[choice.method] = self.steps
         stale = [m for m in self.proposers if self.steps - self.last_used[m] >= REPROBE_EVERY and m != choice.method]
         if stale:
             method = stale[0]
             per_position, share = self.estimates[method].summary()
-            speedups = _speedups(self.costs, method, per_position, share, max(1, min(self.max_k, k_budget)))
+            speedups = _speedups(self.costs, method, per_position, share, max(1, min(self.max_k, k_budget)),
+                                 self.extra_s())
             speedup = max(speedups)
             k = speedups.index(speedup) + 1
             choice = Choice(method, k, speedup, f"{method}, k = {k}: re-probing (expected {speedup:.2f}x)")
@@ -221,6 +239,19 @@ class AutoProposer:
             # It saw this pass too: it keeps the committed rows whoever drafted.
             self.observer.accept(n_accepted, committed)
         self._pending = None
+        if self.observer_method and self.steps - self.last_chosen[self.observer_method] >= RETIRE_AFTER:
+            self._retire(self.observer_method)
+
+    def extra_s(self) -> float:
+        """What feeding the hidden-state drafter adds to every step while it is fed."""
+        return self.costs.observe_s.get(self.observer_method, 0.0) if self.observer_method else 0.0
+
+    def _retire(self, method: str) -> None:
+        """Stop feeding and considering a hidden-state drafter for the rest of this run (the
+        engine detaches it at its next pass; the next run starts with it again)."""
+        for table in (self.proposers, self.estimates, self.last_used, self.last_chosen):
+            table.pop(method, None)
+        self.observer = self.observer_method = None
 
     def stats(self) -> dict:
         return {"method": "auto", "choice": self.choice.reason, **self.counters.as_dict()}
@@ -298,32 +329,43 @@ def measure_costs(engine, proposers: Mapping[str, object], max_k: int, observer:
             engine.verify_pass(Draft(tuple(tail[:n - 1])), output, SamplingParams(), rng)
             best[n - 1] = min(best[n - 1], time.perf_counter() - started)
             ctx.rollback(n_past)
-    draft_token_s = {}
+    draft_token_s, observe_s = {}, {}
     for method, proposer in proposers.items():
-        draft_token_s[method] = _drafting_cost(engine, method, proposer, probe, max_k, repeats, method == observer)
-    return Costs(tuple(best), draft_token_s)
+        if method == observer:
+            draft_token_s[method], observe_s[method] = _observer_costs(engine, method, probe, max_k, best)
+        else:
+            draft_token_s[method] = _drafting_cost(method, proposer, probe, max_k, repeats)
+    return Costs(tuple(best), draft_token_s, observe_s)
 
 
-def _drafting_cost(engine, method: str, proposer, probe: list[int], max_k: int, repeats: int,
-                   reads_hidden_states: bool) -> float:
-    """Seconds per drafted token. A hidden-state drafter drafts only from the target's rows,
-    so it is timed inside a short run of its own method; the others propose on the probe
-    (the n-gram pool through a fresh pool, so the engine's learns nothing from the probe)."""
+def _observer_costs(engine, method: str, probe: list[int], max_k: int, pass_s: list[float]) -> tuple[float, float]:
+    """A hidden-state drafter drafts only from the target's rows, so it is timed inside a
+    short run of its own method: seconds per drafted token, and the median time its steps'
+    target passes took beyond a plain pass of the same size (its catch-up on the target's rows)."""
+    import threading
+
     from ..types import GenerationRequest, SpecConfig
+
+    request = GenerationRequest(tuple(probe[:-max_k]), max_tokens=6 * (max_k + 1), spec=SpecConfig(method=method, k=max_k),
+                                stop_at_eos=False)
+    drafted = seconds = 0.0
+    beyond = []
+    costs = Costs(tuple(pass_s), {})
+    for event in engine.generate(request, threading.Event()):
+        drafted += event.drafted
+        seconds += event.draft_s
+        beyond.append(max(0.0, event.verify_s - costs.pass_cost(1 + event.drafted)))
+    observe = float(np.median(beyond[1:] or beyond)) if beyond else 0.0
+    return (seconds / drafted if drafted else 0.0), observe
+
+
+def _drafting_cost(method: str, proposer, probe: list[int], max_k: int, repeats: int) -> float:
+    """Seconds per drafted token, proposing on the probe (the n-gram pool through a fresh
+    pool, so the engine's learns nothing from the probe)."""
     from .ngram import NgramPoolProposer
 
     if method == "ngram-pool":
         proposer = NgramPoolProposer()
-    if reads_hidden_states:
-        import threading
-
-        spec = SpecConfig(method=method, k=max_k)
-        request = GenerationRequest(tuple(probe[:-max_k]), max_tokens=4 * (max_k + 1), spec=spec, stop_at_eos=False)
-        drafted = seconds = 0.0
-        for event in engine.generate(request, threading.Event()):
-            drafted += event.drafted
-            seconds += event.draft_s
-        return seconds / drafted if drafted else 0.0
     proposer.begin(probe)
     proposer.propose(probe, max_k)  # the first call catches up on the probe: not a step's cost
     best = float("inf")
@@ -357,4 +399,14 @@ def make_auto_proposer(engine, spec, sampling: SamplingParams, rng: np.random.Ge
                                           sampling, rng)
     observer = "mtp" if "mtp" in proposers else None
     costs = load_or_measure(engine, proposers, spec.k, spec.draft_path if "draft" in proposers else None, observer)
+    if observer is not None and not worth_feeding(costs, observer, spec.k):
+        del proposers[observer]  # never attached: its catch-up would cost more than it can save
+        observer = None
     return AutoProposer(proposers, costs, spec.k, observer)
+
+
+def worth_feeding(costs: Costs, method: str, max_k: int) -> bool:
+    """Whether a hidden-state drafter could beat a plain pass even at OPTIMISTIC_ACCEPTANCE,
+    paying its catch-up on every pass."""
+    optimistic = [OPTIMISTIC_ACCEPTANCE] * max_k
+    return max(_speedups(costs, method, optimistic, 1.0, max_k, costs.observe_s.get(method, 0.0))) > 1.0
