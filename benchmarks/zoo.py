@@ -325,12 +325,18 @@ def tokenizer_json(family: Family, vocab_path: Path) -> str:
         scores = list(fields["tokenizer.ggml.scores"])
         tokenizer = Tokenizer(models.BPE(vocab, _spm_merges(tokens, scores, types), unk_token="<unk>",
                                          byte_fallback=True, fuse_unk=True))
+        # The space prefix as in Llama 2's and Phi-3's own tokenizer.json: before every piece of
+        # text between special tokens (llama.cpp adds it before the first piece only).
         tokenizer.normalizer = normalizers.Sequence([normalizers.Prepend("\u2581"), normalizers.Replace(" ", "\u2581")])
         tokenizer.decoder = decoders.Sequence([decoders.Replace("\u2581", " "), decoders.ByteFallback(),
                                                decoders.Fuse(), decoders.Strip(" ", 1, 0)])
     else:
         raise ValueError(f"{vocab_path}: tokenizer model {kind!r} has no tokenizer.json conversion here")
-    added = [AddedToken(t, special=k == 3, normalized=False) for t, k in zip(tokens, types) if k in (3, 4)]
+    # Phi-3's special tokens swallow the whitespace after them, as its tokenizer.json says and
+    # llama.cpp does for models named phi-3 (all but <unk>, <s> and <|endoftext|>).
+    keep = {"<unk>", "<s>", "<|endoftext|>"}
+    added = [AddedToken(t, special=k == 3, normalized=False, rstrip=family.name == "phi-3" and t not in keep)
+             for t, k in zip(tokens, types) if k in (3, 4)]
     tokenizer.add_tokens(added)
     return tokenizer.to_str()
 
