@@ -93,3 +93,17 @@ def test_a_broken_verifier_is_reported_as_a_mismatch(demo_family, monkeypatch):
     listed = report.to_json()["divergences"]
     assert listed[0].keys() == {"prompt", "token", "kind", "logit_gap"}
     assert [d["prompt"] for d in listed] == [d.prompt for d in report.divergences]
+
+
+def test_the_engine_process_gives_the_same_top_logits(demo_family):
+    from specdesk.app.engine_client import EngineClient
+
+    local = LlamaEngine(demo_family["target_gguf"], n_ctx=256, n_threads=1)
+    try:
+        tokens = local.tokenize(PROMPTS[1])
+        expected = local.top_logits(tokens, 3)
+    finally:
+        local.close()
+    with EngineClient(demo_family["target_gguf"], n_ctx=256, n_threads=1) as engine:
+        assert engine.top_logits(tokens, 3) == expected
+    assert expected[0][1] >= expected[1][1] >= expected[2][1]
