@@ -10,7 +10,7 @@ acceptance, identical greedy text) plus where each arm ran.
 With --endpoint URL [--baseline-endpoint URL2] it measures servers already running instead
 (a vLLM or SGLang on a GPU machine; one endpoint alone needs `specdesk serve`).
 
-Usage: python benchmarks/served.py [--small] [--k 4] [--max-tokens 128] [--prompts N] [--threads 2]
+Usage: python benchmarks/served.py [--small] [--k 4] [--max-tokens 128] [--prompts N] [--threads 1]
        python benchmarks/served.py --endpoint URL [--baseline-endpoint URL2] [--model ID] [--api-key KEY]
 """
 
@@ -48,7 +48,8 @@ def main() -> None:
     parser.add_argument("--k", type=int, default=4)
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--prompts", type=int, default=0, help="use the first N prompts of assets/prompts/code.jsonl")
-    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--threads", type=int, default=1,
+                        help="threads per server (default 1: two servers on a small machine, llama.cpp threads spin)")
     parser.add_argument("--jobs", type=int, default=2, help="parallel compile jobs for the one-time build")
     args = parser.parse_args()
 
