@@ -1,8 +1,9 @@
 """`specdesk screenshot --endpoint URL --out DIR`: the chat on a served engine, offscreen.
 
 Opens the main window (settings and history in a temporary folder), uses the server as
-Servers > Add server… does, sends one prompt, waits for the reply and its charts, and saves
-served-chat.png.
+Servers > Add server… does, sends one prompt (sampled at T = 0.7 with a seed, as the local
+screenshot, so a small demo model writes something code-like), waits for the reply and its
+charts, and saves served-chat.png.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ PROMPT = "Write a function that parses command line arguments."
 
 def take_served_screenshot(out: Path, url: str, api_key: Optional[str] = None, model: Optional[str] = None,
                            size: tuple[int, int] = (1280, 800), dark: bool = False, suffix: str = "",
-                           max_tokens: int = 160, temperature: float = 0.0,
+                           max_tokens: int = 160, temperature: float = 0.7,
                            progress: Optional[Callable[[str], None]] = None) -> Path:
     os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
     from specdesk.app.endpoint import Endpoint
