@@ -85,6 +85,13 @@ def test_add_server_lists_models_says_what_it_reports_and_chats_with_its_charts(
     assert "acceptance 0.08" in window.charts.status.text()
     saved = window.history.messages(window.chat_id)[-1]
     assert saved.meta["numbers_from"] == "per request" and "sk-team" not in str(saved.meta)
+    with Replay(recording) as again:  # Regenerate asks the server again, not a local model
+        window.served.endpoint.url = again.url
+        window.chat_view.regenerate_button.click()
+        qtbot.waitUntil(lambda: not window.served.busy, timeout=TIMEOUT_MS)
+    assert len(again.requests) == 1 and again.requests[0]["messages"][-1]["role"] == "user"
+    assert [m.role for m in window.chat_view.messages] == ["user", "assistant"]
+    assert window.chat_view.messages[-1].text == expected
     window.close()
     assert "sk-team" not in Path(window._settings_file).read_text()
     assert not window.errors

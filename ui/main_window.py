@@ -267,6 +267,8 @@ class MainWindow(QMainWindow):
             self.worker.stop(self._chat_job.job_id)
 
     def regenerate(self) -> Optional[int]:
+        if self.served.active:
+            return self.served.regenerate()
         if self._chat_job is not None or self.chat_view.last_user_index() is None:
             return None
         try:

@@ -264,7 +264,6 @@ class ServedChat(QObject):
         if self._running is not None or self.endpoint is None:
             return None
         window = self.window
-        sampling, max_tokens = window.controls.sampling(), window.controls.max_tokens()
         if window.chat_id is None:
             from .main_window import chat_title
 
@@ -273,6 +272,22 @@ class ServedChat(QObject):
         message.db_id = window.history.add_message(window.chat_id, "user", text)
         window.chat_view.add_message(message)
         window._refresh_chat_list()
+        return self._start_reply()
+
+    def regenerate(self) -> Optional[int]:
+        """The last reply again, from the server: the old reply goes, the conversation before it stays."""
+        window = self.window
+        if self._running is not None or self.endpoint is None or window.chat_view.last_user_index() is None:
+            return None
+        while window.chat_view.messages and window.chat_view.messages[-1].role == "assistant":
+            old = window.chat_view.remove_last()
+            if old.db_id is not None:
+                window.history.delete_message(old.db_id)
+        return self._start_reply()
+
+    def _start_reply(self) -> int:
+        window = self.window
+        sampling, max_tokens = window.controls.sampling(), window.controls.max_tokens()
         history = [{"role": m.role, "content": m.text} for m in window.chat_view.messages]
         reply = window.chat_view.add_message(ChatMessage("assistant"))
         self.job_id += 1
