@@ -341,8 +341,10 @@ class Endpoint:
         reader = StreamReader(self.url)
         first_at = last_at = None
         with self._open("/v1/chat/completions", body) as response:
+            whole = response.headers.get_content_type() == "application/json"  # a server that does not stream
             try:
-                for line in iter_lines(response, cancel):
+                lines = json_reply_lines(response.read(MAX_METRICS_BYTES)) if whole else iter_lines(response, cancel)
+                for line in lines:
                     chunk = reader.feed(line)
                     if chunk is None:
                         continue
@@ -469,6 +471,21 @@ def iter_lines(response, cancel: threading.Event) -> Iterator[str]:
         if not line:
             return
         yield line.decode("utf-8", "replace").rstrip("\r\n")
+
+
+def json_reply_lines(data: bytes) -> Iterator[str]:
+    """A whole (not streamed) chat completion as the stream lines it stands for."""
+    try:
+        reply = json.loads(data)
+    except ValueError:
+        reply = None
+    if not isinstance(reply, dict):
+        return
+    chunk = dict(reply)
+    chunk["choices"] = [{"index": c.get("index", 0), "finish_reason": c.get("finish_reason"),
+                         "delta": c.get("message") or {}} for c in reply.get("choices") or () if isinstance(c, dict)]
+    yield "data: " + json.dumps(chunk)
+    yield "data: [DONE]"
 
 
 def _int(value) -> int:

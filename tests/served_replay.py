@@ -22,12 +22,13 @@ def load(name: str) -> dict:
 
 class Replay:
     def __init__(self, recording: dict, api_key: str | None = None, drop_after: int | None = None,
-                 model_gone: bool = False, metrics_text: str | None = None):
+                 model_gone: bool = False, metrics_text: str | None = None, whole: bool = False):
         self.recording = recording
         self.api_key = api_key
         self.drop_after = drop_after
         self.model_gone = model_gone
         self.metrics_text = metrics_text
+        self.whole = whole  # answer with one JSON reply, as a server that does not stream
         self.replied = False
         self.requests: list[dict] = []
         replay = self
@@ -77,6 +78,13 @@ class Replay:
                 if replay.model_gone:
                     self._json(404, {"error": {"message": f"The model `{body.get('model')}` does not exist.",
                                                "type": "NotFoundError", "code": 404}})
+                    return
+                if replay.whole:
+                    stream = replay.recording["stream"]
+                    text = "".join(c["choices"][0]["delta"].get("content") or "" for c in stream if c["choices"])
+                    replay.replied = True
+                    self._json(200, {**stream[-1], "object": "chat.completion", "choices": [
+                        {"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "length"}]})
                     return
                 self.send_response(200)
                 self.send_header("Content-Type", "text/event-stream")

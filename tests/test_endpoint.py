@@ -130,6 +130,15 @@ def test_failures_are_one_line_and_keep_the_partial_reply():
     assert run.numbers.source == "none"
 
 
+def test_a_server_that_answers_without_streaming_still_gives_its_numbers():
+    recording = load("vllm_per_request.json")
+    with Replay(recording, whole=True) as replay:
+        events = []
+        run = Endpoint(replay.url).chat(CHAT, SamplingParams(), 64, on_event=events.append)
+    assert len(events) == 1 and run.result.text == events[0].text and run.result.finish_reason == "length"
+    assert (run.result.stats.tokens, run.result.stats.accepted) == (53, 10) and run.numbers.source == "per request"
+
+
 def test_one_endpoint_compare_needs_a_server_that_switches_speculation():
     with Replay(load("vllm_counters.json")) as replay:
         with pytest.raises(EndpointError, match="cannot switch speculation off per request: .*--baseline-endpoint"):
