@@ -85,9 +85,9 @@ def compare_served(speculative: Endpoint, baseline: Optional[Endpoint], prompts:
         if cancel.is_set():
             break
     k = max((len(r.speculative.stats.per_position_drafted) for r in results), default=0)
-    return CompareReport(f"served:{speculative.info.kind}", speculative.target_label,
-                         baseline.target_label if baseline is not None else None,
-                         "served", k, sampling.temperature, tuple(results))
+    # the server's draft model is its own business: "draft" stays None; the baseline arm is in report_json
+    return CompareReport(f"served:{speculative.info.kind}", speculative.target_label, None, "served", k,
+                         sampling.temperature, tuple(results))
 
 
 def report_json(report: CompareReport, speculative: Endpoint, baseline: Optional[Endpoint]) -> dict:
@@ -207,6 +207,9 @@ def cmd_served_compare(args) -> int:
     if args.json == "-":
         print(json.dumps(payload))
         return 0
+    print(f"speculative: {speculative.target_label} ({speculative.info.kind}) · baseline: "
+          + (f"{baseline.target_label} ({baseline.info.kind})" if baseline is not None
+             else "the same server, speculation off per request"))
     # a server does not say how long drafting took: leave out the local table's time split
     print("\n".join(line for line in format_table(report).splitlines() if not line.startswith("time drafting")))
     for i, result in enumerate(report.results):
