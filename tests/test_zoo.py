@@ -191,6 +191,7 @@ def test_llama_engine_stops_at_every_end_of_generation_token(built, family, tmp_
 
 @pytest.mark.parametrize("family", TORCH_FAMILIES)
 def test_torch_engine_stops_at_every_end_of_generation_token(built, family, tmp_path):
+    pytest.importorskip("torch")  # the GGUF-only install has no PyTorch engine
     from specdesk.engines.torch.engine import TorchEngine
     from specdesk.engines.torch.tokenizer import HfTokenizer
 
@@ -219,6 +220,7 @@ def test_llama_greedy_speculation_is_lossless_through_chat(built, family, quant)
 
 @pytest.mark.parametrize("family", TORCH_FAMILIES)
 def test_torch_greedy_speculation_is_lossless_through_chat(built, family):
+    pytest.importorskip("torch")  # the GGUF-only install has no PyTorch engine
     from specdesk.engines.torch.engine import TorchEngine
 
     paths = built(family)
@@ -233,6 +235,7 @@ def test_torch_greedy_speculation_is_lossless_through_chat(built, family):
 def test_both_engines_tokenize_the_chat_prompt_alike(built):
     """Byte-level BPE families only: with SentencePiece, tokenizer.json puts a space prefix after
     each special token, where llama.cpp puts one at the start of the text only."""
+    pytest.importorskip("torch")  # the GGUF-only install has no PyTorch engine
     from specdesk.engines.torch.engine import TorchEngine
 
     for family in ("qwen2", "llama-bpe"):
