@@ -423,16 +423,18 @@ def build(family_name: str, quant: str = "F16", small: bool = False, out: Option
             tokenizer_text = tokenizer_text or tokenizer_json(family, vocab_path)
             write_hf(family, shape, n_layers, seed, vocab_path, template, folder, tokenizer_text)
         paths[f"{role}_hf"] = str(folder)
-    paths.update(vocab_size=len(read_vocab(vocab_path)["tokenizer.ggml.tokens"][0]),
+    vocab = len(read_vocab(vocab_path)["tokenizer.ggml.tokens"][0])
+    paths.update(vocab_size=vocab,
                  template=str(template_path) if template_path else None, vocab_gguf=str(vocab_path),
-                 hf_note=family.hf_note, params=param_count(family, shape))
+                 hf_note=family.hf_note, params=param_count(family, shape, vocab))
     return paths
 
 
-def param_count(family: Family, shape: Shape, n_layers: Optional[int] = None) -> int:
+def param_count(family: Family, shape: Shape, vocab: int) -> int:
+    """The target's weights: layers' matrices plus the embedding (and an untied output head)."""
     d, q, kv = shape.hidden, shape.heads * shape.head_dim, shape.kv_heads * shape.head_dim
     per_layer = d * (q + 2 * kv) + q * d + 3 * d * shape.ffn
-    return per_layer * (n_layers or shape.layers)
+    return per_layer * shape.layers + vocab * d * (1 if family.tied else 2)
 
 
 def main(argv: Optional[list[str]] = None) -> int:
