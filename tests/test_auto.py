@@ -3,6 +3,7 @@ identical to baseline and sampled output distributed as plain sampling."""
 
 from __future__ import annotations
 
+import json
 import threading
 
 import numpy as np
@@ -112,6 +113,20 @@ def test_auto_methods_are_checked():
         SpecConfig(method="auto", auto_methods=("warp",))
 
 
+# Costs as auto keeps them on disk: fixed here, so which methods a test run drafts with does not
+# depend on how loaded the machine was when auto measured it.
+TEST_METHODS = ("ngram", "ngram-pool", "draft")
+
+
+def pin_costs(engine, folder, k: int, draft: str, methods=TEST_METHODS) -> None:
+    from specdesk.engines.speculation import auto
+
+    engine.cost_cache_dir = folder
+    costs = Costs(tuple(1.0 + 0.15 * n for n in range(k + 1)), {"ngram": 0.001, "ngram-pool": 0.002, "draft": 0.08})
+    (folder / f"costs-{auto.cost_key(engine, list(methods), k, draft)}.json").write_text(json.dumps(costs.to_json()))
+    auto._memory.clear()
+
+
 # --- engines -------------------------------------------------------------------------------
 def run(engine, prompt, spec, max_tokens=48, sampling=SamplingParams()):
     request = GenerationRequest(tuple(prompt), max_tokens=max_tokens, sampling=sampling, spec=spec)
@@ -137,13 +152,14 @@ def assert_greedy_identical(engine, spec, prompts, max_tokens=48):
     return used
 
 
-def test_llama_greedy_auto_equals_baseline(demo_family):
+def test_llama_greedy_auto_equals_baseline(demo_family, tmp_path):
     from specdesk.engines.llama.engine import LlamaEngine
 
     engine = LlamaEngine(demo_family["target_gguf"], n_ctx=256, n_threads=2)
+    pin_costs(engine, tmp_path, 4, demo_family["draft_gguf"])
     try:
-        used = assert_greedy_identical(engine, SpecConfig("auto", k=4, draft_path=demo_family["draft_gguf"]),
-                                       PROMPTS[:3], 32)
+        spec = SpecConfig("auto", k=4, draft_path=demo_family["draft_gguf"], auto_methods=TEST_METHODS)
+        used = assert_greedy_identical(engine, spec, PROMPTS[:3], 32)
         assert len(used - {"none"}) >= 1
     finally:
         engine.close()
@@ -183,31 +199,33 @@ def test_a_hidden_state_drafter_that_cannot_pay_for_its_catch_up_is_not_fed():
     assert worth_feeding(Costs((1.0, 1.1, 1.2), {"mtp": 0.3}, {"mtp": 0.5}), "mtp", 2)  # 2.44 / 2.3
 
 
-def test_torch_greedy_auto_equals_baseline(demo_family):
+def test_torch_greedy_auto_equals_baseline(demo_family, tmp_path):
     pytest.importorskip("torch")
     from specdesk.engines.torch.engine import TorchEngine
 
     engine = TorchEngine(demo_family["target_hf"], n_ctx=256, device="cpu", dtype="float32", n_threads=1)
+    pin_costs(engine, tmp_path, 4, demo_family["draft_hf"])
     try:
-        spec = SpecConfig("auto", k=4, draft_path=demo_family["draft_hf"])
+        spec = SpecConfig("auto", k=4, draft_path=demo_family["draft_hf"], auto_methods=TEST_METHODS)
         used = assert_greedy_identical(engine, spec, PROMPTS[:3], 32)
         assert len(used - {"none"}) >= 1
     finally:
         engine.close()
 
 
-def test_llama_sampled_auto_matches_plain_sampling(demo_family):
+def test_llama_sampled_auto_matches_plain_sampling(demo_family, tmp_path):
     """The distribution test of the other methods (tests/test_llama_engine.py), on auto over
     the n-gram methods and the draft model."""
     from specdesk.engines.llama.engine import LlamaEngine
     from test_llama_engine import REPETITIVE, _chi_square_same, _token_counts
 
-    engine = LlamaEngine(demo_family["target_gguf"], n_ctx=256, n_threads=2)
+    engine = LlamaEngine(demo_family["target_gguf"], n_ctx=256, n_threads=1)
+    pin_costs(engine, tmp_path, 4, demo_family["draft_gguf"])
     try:
         sampling = SamplingParams(temperature=0.8, top_p=0.95)
         prompt = engine.tokenize(REPETITIVE)
-        spec = SpecConfig("auto", k=4, draft_path=demo_family["draft_gguf"])
-        runs, positions = 600, (0, 2)  # smaller than the per-method tests: auto runs those methods
+        spec = SpecConfig("auto", k=4, draft_path=demo_family["draft_gguf"], auto_methods=TEST_METHODS)
+        runs, positions = 1500, (0, 2)  # smaller than the per-method tests: auto runs those methods
         plain, _ = _token_counts(engine, prompt, SpecConfig(), sampling, runs, positions)
         speculative, accepted = _token_counts(engine, prompt, spec, sampling, runs, positions)
         assert accepted >= 50, f"only {accepted} draft tokens accepted"
@@ -276,3 +294,25 @@ def test_a_losing_hidden_state_drafter_is_let_go():
         auto.accept(0, [5])
     assert auto.observer is None and "mtp" not in auto.proposers
     assert mtp.fed == RETIRE_AFTER and auto.choice.method == "none"
+
+
+def test_torch_sampled_auto_matches_plain_sampling(demo_family, tmp_path):
+    pytest.importorskip("torch")
+    from specdesk.engines.torch.engine import TorchEngine
+    from test_llama_engine import REPETITIVE, _chi_square_same, _token_counts
+
+    engine = TorchEngine(demo_family["target_hf"], n_ctx=256, device="cpu", dtype="float32", n_threads=1)
+    pin_costs(engine, tmp_path, 4, demo_family["draft_hf"])
+    try:
+        sampling = SamplingParams(temperature=0.8, top_p=0.95)
+        prompt = engine.tokenize(REPETITIVE)
+        spec = SpecConfig("auto", k=4, draft_path=demo_family["draft_hf"], auto_methods=TEST_METHODS)
+        runs, positions = 600, (0, 2)
+        plain, _ = _token_counts(engine, prompt, SpecConfig(), sampling, runs, positions)
+        speculative, accepted = _token_counts(engine, prompt, spec, sampling, runs, positions)
+        assert accepted >= 50, f"only {accepted} draft tokens accepted"
+        for position in positions:
+            p_value = _chi_square_same(plain[position], speculative[position])
+            assert p_value > 0.01, f"position {position}: p = {p_value:.4g}"
+    finally:
+        engine.close()
