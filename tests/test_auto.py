@@ -96,7 +96,7 @@ def test_a_method_unused_for_a_while_is_probed_again():
     auto.begin([1, 2, 3])
     methods = []
     for _ in range(100):
-        draft = auto.propose([1, 2, 3], 2)
+        auto.propose([1, 2, 3], 2)
         methods.append(auto.choice.method)
         auto.accept(0, [5])
     # The prior (0.6) makes it worth trying; once its drafts keep failing it stops, and from

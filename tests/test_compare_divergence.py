@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import numpy as np
-import pytest
 
 from specdesk.app.compare import (NEAR_TIE_LOGIT_GAP, PromptResult, RunResult, classify_divergence, compare)
 from specdesk.app.compare import load_prompts
