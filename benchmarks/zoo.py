@@ -401,6 +401,12 @@ def build(family_name: str, quant: str = "F16", small: bool = False, out: Option
     key = hashlib.sha256(key_data.encode()).hexdigest()[:12]
     root = Path(out) if out else cache_dir() / "zoo" / f"{family.name}-{'small' if small else 'real'}-{key}"
     root.mkdir(parents=True, exist_ok=True)
+    record = root / f"zoo-{quant}.json"  # the paths of a finished build: a cache hit reads no vocabulary
+    if record.is_file():
+        paths = json.loads(record.read_text(encoding="utf-8"))
+        if all(Path(paths[f"{role}_{kind}"]).exists() for role in ("target", "draft", "draft_low")
+               for kind in ("gguf", "hf")):
+            return paths
     layers = {"target": shape.layers, "draft": shape.draft_layers, "draft_low": shape.draft_layers - 1}
     paths: dict = {"family": family.name, "quant": quant, "small": small}
     for role, n_layers in layers.items():
@@ -427,6 +433,7 @@ def build(family_name: str, quant: str = "F16", small: bool = False, out: Option
     paths.update(vocab_size=vocab,
                  template=str(template_path) if template_path else None, vocab_gguf=str(vocab_path),
                  hf_note=family.hf_note, params=param_count(family, shape, vocab))
+    record.write_text(json.dumps(paths), encoding="utf-8")
     return paths
 
 
