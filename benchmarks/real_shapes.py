@@ -104,7 +104,8 @@ def measure(family: str, quant: str, small: bool, threads: int, max_tokens: int,
             "identical": all(r["tokens"] == base["tokens"] for r in runs.values())}
     if peer:
         binary = build_driver()
-        files = {"target_gguf": paths["target_gguf"], "draft_gguf": paths["draft_gguf"]}
+        files = {"target_gguf": paths["target_gguf"], "draft_gguf": paths["draft_gguf"],
+                 "dflash_gguf": None, "eagle3_gguf": None}
         native = run_native(binary, "draft", files, PROMPT, 4, max_tokens, threads, 2048)
         ours = run_specdesk(engine, "draft", files, PROMPT, 4, max_tokens)
         peer_tok_s = native["tokens"] / native["seconds"]
