@@ -116,23 +116,29 @@ def format_table(report) -> str:
     return "\n".join(rows)
 
 
+def compare_prompts(args) -> list[str]:
+    """`--prompt`, or the prompts of `--prompts FILE`, or the first four benchmark prompts."""
+    from specdesk.app.compare import load_prompts
+
+    if args.prompt is not None and args.prompts is not None:
+        raise SpecDeskError("give either --prompt or --prompts, not both")
+    if args.prompts is not None:
+        return load_prompts(args.prompts)
+    if args.prompt is not None:
+        return [args.prompt]
+    from specdesk.app.paths import assets_dir
+
+    return load_prompts(assets_dir() / "prompts" / "code.jsonl")[:4]
+
+
 def cmd_compare(args) -> int:
     if getattr(args, "endpoint", None):  # a served engine (app/served.py)
         from specdesk.app.served import cmd_served_compare
 
         return cmd_served_compare(args)
-    from specdesk.app.compare import compare, load_prompts
+    from specdesk.app.compare import compare
 
-    if args.prompt is not None and args.prompts is not None:
-        raise SpecDeskError("give either --prompt or --prompts, not both")
-    if args.prompts is not None:
-        prompts = load_prompts(args.prompts)
-    elif args.prompt is not None:
-        prompts = [args.prompt]
-    else:
-        from specdesk.app.paths import assets_dir
-
-        prompts = load_prompts(assets_dir() / "prompts" / "code.jsonl")[:4]
+    prompts = compare_prompts(args)
     target, draft = resolve_models(args)
     spec, sampling = build_configs(args, draft)
     if spec.method == "none":

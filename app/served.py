@@ -183,19 +183,9 @@ def cmd_served_chat(args) -> int:
 
 
 def cmd_served_compare(args) -> int:
-    from .compare import load_prompts
-    from .main import format_table
+    from .main import compare_prompts, format_table
 
-    if args.prompt is not None and args.prompts is not None:
-        raise SpecDeskError("give either --prompt or --prompts, not both")
-    if args.prompts is not None:
-        prompts = load_prompts(args.prompts)
-    elif args.prompt is not None:
-        prompts = [args.prompt]
-    else:
-        from .paths import assets_dir
-
-        prompts = load_prompts(assets_dir() / "prompts" / "code.jsonl")[:4]
+    prompts = compare_prompts(args)
     sampling = served_sampling(args)
     speculative = open_endpoint(args.endpoint, args.endpoint_model, args.endpoint_api_key)
     baseline = None
