@@ -116,6 +116,15 @@ def format_table(report) -> str:
     return "\n".join(rows)
 
 
+def next_user_line() -> Optional[str]:
+    """The terminal chat's next message; None at an empty line or the end of input."""
+    try:
+        line = input("you> ")
+    except EOFError:
+        return None
+    return line if line.strip() else None
+
+
 def compare_prompts(args) -> list[str]:
     """`--prompt`, or the prompts of `--prompts FILE`, or the first four benchmark prompts."""
     from specdesk.app.compare import load_prompts
@@ -189,11 +198,8 @@ def cmd_chat(args) -> int:
           + " · empty line or Ctrl-D to quit, /new for a new chat", file=sys.stderr)
     try:
         while True:
-            try:
-                line = input("you> ")
-            except EOFError:
-                break
-            if not line.strip():
+            line = next_user_line()
+            if line is None:
                 break
             if line.strip() == "/new":
                 messages.clear()
