@@ -187,6 +187,8 @@ def cmd_chat(args) -> int:
 
         return cmd_served_chat(args)
     from specdesk.app.compare import run_once
+    from specdesk.app.measurements import MethodTally
+    from specdesk.app.session import record_chat_reply
     from specdesk.engines.types import GenerationRequest
 
     target, draft = resolve_models(args)
@@ -213,7 +215,13 @@ def cmd_chat(args) -> int:
                 del messages[:dropped]
                 request = GenerationRequest(tuple(tokens), max_tokens=args.max_tokens, sampling=sampling, spec=spec)
                 print("model> ", end="", flush=True)
-                result = run_once(engine, request, cancel, on_event=lambda e: print(e.text, end="", flush=True))
+                tally = MethodTally(spec.method)
+
+                def show(event) -> None:
+                    tally(event)
+                    print(event.text, end="", flush=True)
+                result = run_once(engine, request, cancel, on_event=show)
+                record_chat_reply(engine, spec, sampling, result, tally)  # its acceptance and tok/s, measured
             except KeyboardInterrupt:
                 cancel.set()
                 print("\n[stopped]")

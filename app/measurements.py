@@ -1,6 +1,9 @@
 """What this machine measured: each compare and k sweep appends its speedup and acceptance
 per target, draft, method and k to one JSON-lines file, so pairing can rank drafts by
-measured numbers and call the rest assumptions.
+measured numbers and call the rest assumptions. Each chat reply appends its acceptance and
+tokens per second too (`record_chat`, "kind": "chat"): a reply has no baseline beside it, so
+its line has no speedup ("speedup": null) and pairing's speedups never include it; a reply
+of method auto also says what each method it chose drafted and had accepted.
 
 The file never stops the app: a damaged line is skipped, an unwritable folder costs the
 record, and only the newest MAX_RECORDS are read.
@@ -37,6 +40,10 @@ def record(target: str, draft: Optional[str], engine: str, method: str, k: int, 
     line = {"target": _real(target), "draft": _real(draft), "engine": engine, "method": method, "k": k,
             "speedup": round(float(speedup), 4), "acceptance": round(float(acceptance), 4), "tokens": int(tokens),
             "temperature": temperature, "time": round(time.time())}
+    _append(line, path)
+
+
+def _append(line: dict, path: Optional[Path]) -> None:
     path = path or measurements_file()
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -52,6 +59,57 @@ def record_compare(report, path: Optional[Path] = None) -> None:
     if spec.tokens and report.baseline.tokens:
         record(report.target, report.draft, report.engine, report.method, report.k, report.speedup,
                spec.acceptance_rate, spec.tokens, report.temperature, path)
+
+
+# Methods whose drafts come from the draft file: a chat with any other method is not the draft's.
+DRAFT_FILE_METHODS = ("draft", "dflash", "eagle3", "auto")
+
+
+class MethodTally:
+    """Per method, what one reply's steps drafted: an on_event callback over its StepEvents.
+    A step of method auto names the method it chose (StepEvent.method); any other step counts
+    under the run's own method."""
+
+    def __init__(self, method: str):
+        self.method = method
+        self.by_method: dict[str, dict[str, int]] = {}
+
+    def __call__(self, event) -> None:
+        method = event.method or self.method
+        counts = self.by_method.setdefault(method, {"passes": 0, "drafted": 0, "accepted": 0, "tokens": 0})
+        counts["passes"] += 1
+        counts["drafted"] += event.drafted
+        counts["accepted"] += event.accepted
+        counts["tokens"] += len(event.tokens)
+
+
+def record_chat(target: str, draft: Optional[str], engine: str, method: str, k: int, stats, temperature: float,
+                tally: Optional[MethodTally] = None, path: Optional[Path] = None) -> None:
+    """One chat reply (`stats`: its RunStats): acceptance and tokens per second as measured,
+    no speedup (nothing ran beside it to compare with). With method auto, `tally` adds what
+    each chosen method drafted and had accepted ("methods"). A reply without tokens is not
+    recorded."""
+    if not stats.tokens:
+        return
+    line = {"kind": "chat", "target": _real(target),
+            "draft": _real(draft) if method in DRAFT_FILE_METHODS else None, "engine": engine,
+            "method": method, "k": int(k) if method != "none" else 0, "speedup": None,
+            "acceptance": round(float(stats.acceptance_rate), 4), "drafted": int(stats.drafted),
+            "tok_per_s": round(float(stats.tok_per_s), 3), "tokens": int(stats.tokens), "passes": int(stats.passes),
+            "temperature": temperature, "time": round(time.time())}
+    if method == "auto" and tally is not None:
+        line["methods"] = {m: {**c, "acceptance": round(c["accepted"] / c["drafted"], 4) if c["drafted"] else None}
+                           for m, c in sorted(tally.by_method.items())}
+    _append(line, path)
+
+
+def _usable(item) -> bool:
+    """A measured speedup (compare, sweep), or a chat reply's tokens per second."""
+    if not isinstance(item, dict) or not isinstance(item.get("k"), int):
+        return False
+    if item.get("kind") == "chat":
+        return isinstance(item.get("tok_per_s"), (int, float)) and isinstance(item.get("acceptance"), (int, float))
+    return isinstance(item.get("speedup"), (int, float))
 
 
 def read(path: Optional[Path] = None) -> list[dict]:
@@ -71,7 +129,7 @@ def read(path: Optional[Path] = None) -> list[dict]:
             item = json.loads(line)
         except ValueError:
             continue
-        if isinstance(item, dict) and isinstance(item.get("speedup"), (int, float)) and isinstance(item.get("k"), int):
+        if _usable(item):
             records.append(item)
     return records
 
@@ -86,11 +144,13 @@ class Measured:
 
 def measured_for(target: str, draft: Optional[str], method: str = "draft",
                  records: Optional[Iterable[dict]] = None) -> Optional[Measured]:
-    """The best k this machine measured for a target and draft (and method), or None."""
+    """The best k this machine measured for a target and draft (and method), or None; chat
+    replies measured no speedup and do not count."""
     by_k: dict[int, list[dict]] = defaultdict(list)
     target, draft = _real(target), _real(draft)
     for item in read() if records is None else records:
-        if item.get("target") == target and item.get("draft") == draft and item.get("method") == method:
+        if (item.get("target") == target and item.get("draft") == draft and item.get("method") == method
+                and isinstance(item.get("speedup"), (int, float))):
             by_k[item["k"]].append(item)
     if not by_k:
         return None
@@ -98,3 +158,30 @@ def measured_for(target: str, draft: Optional[str], method: str = "draft",
                           sum(float(i.get("acceptance", 0.0)) for i in items) / len(items), len(items))
                  for k, items in by_k.items()]
     return max(summaries, key=lambda m: (m.speedup, -m.k))
+
+
+@dataclass(frozen=True)
+class ChatMeasured:
+    replies: int
+    tokens: int
+    tok_per_s: float  # over all the replies' tokens (tokens / decode seconds)
+    acceptance: Optional[float]  # accepted / drafted over the replies; None when nothing was drafted
+
+
+def chat_measured_for(target: str, draft: Optional[str], method: str,
+                      records: Optional[Iterable[dict]] = None) -> Optional[ChatMeasured]:
+    """What chat replies measured for a target, draft and method on this machine, or None."""
+    target, draft = _real(target), _real(draft)
+    if method not in DRAFT_FILE_METHODS:
+        draft = None
+    items = [i for i in (read() if records is None else records)
+             if i.get("kind") == "chat" and i.get("target") == target and i.get("draft") == draft
+             and i.get("method") == method]
+    if not items:
+        return None
+    tokens = sum(int(i.get("tokens", 0)) for i in items)
+    seconds = sum(int(i.get("tokens", 0)) / i["tok_per_s"] for i in items if i["tok_per_s"] > 0)
+    drafted = sum(int(i.get("drafted", 0)) for i in items)
+    accepted = sum(float(i["acceptance"]) * int(i.get("drafted", 0)) for i in items)
+    return ChatMeasured(len(items), tokens, tokens / seconds if seconds > 0 else 0.0,
+                        accepted / drafted if drafted else None)

@@ -203,10 +203,30 @@ class SweepResult:
 
 def run_chat(engine, messages: list[dict], spec: SpecConfig, sampling: SamplingParams, max_tokens: int,
              cancel: threading.Event, on_event: Optional[Callable[[StepEvent], None]] = None) -> ChatResult:
-    """The reply to a conversation (its oldest turns cut to fit the context)."""
+    """The reply to a conversation (its oldest turns cut to fit the context); its acceptance
+    and tokens per second are recorded (app/measurements.record_chat)."""
+    from specdesk.app.measurements import MethodTally
+
     tokens, dropped = chat_tokens(engine, messages, max_tokens)
     request = GenerationRequest(tuple(tokens), max_tokens=max_tokens, sampling=sampling, spec=spec)
-    return ChatResult(run_once(engine, request, cancel, on_event), len(tokens), dropped)
+    tally = MethodTally(spec.method)
+
+    def observe(event: StepEvent) -> None:
+        tally(event)
+        if on_event is not None:
+            on_event(event)
+
+    result = run_once(engine, request, cancel, observe)
+    record_chat_reply(engine, spec, sampling, result, tally)
+    return ChatResult(result, len(tokens), dropped)
+
+
+def record_chat_reply(engine, spec: SpecConfig, sampling: SamplingParams, result: RunResult, tally=None) -> None:
+    """A chat reply's measured acceptance and tokens per second, per target, draft, method and k."""
+    from specdesk.app.measurements import record_chat
+
+    record_chat(str(engine.target.path), spec.draft_path, engine.name, spec.method, spec.draft_tokens, result.stats,
+                sampling.temperature, tally)
 
 
 def run_compare(engine, prompt: str, spec: SpecConfig, sampling: SamplingParams, max_tokens: int,
