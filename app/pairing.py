@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Iterable, Optional
 
 from specdesk.engines.memory import MemoryInfo, available_memory  # noqa: F401 - part of this module's API
-from specdesk.engines.types import SpecDeskError
+from specdesk.engines.types import MAX_DRAFT_TOKENS, SpecDeskError
 
 from .library import ModelEntry, Shape, find_entry, read_model
 from .paths import assets_dir
@@ -31,13 +31,19 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 # Memory model of a llama.cpp process (CPU backend, f16 KV cache, n_ubatch 512, flash
-# attention as llama.cpp chooses it by default). Measured once on Linux x86-64 with
-# llama-cpp-python 0.3.36 by loading the demo families in a fresh process and reading
-# VmRSS (tests/test_pairing.py repeats that measurement against this estimate).
+# attention as llama.cpp chooses it by default). Measured on Linux x86-64 with
+# llama-cpp-python 0.3.36 by loading models in a fresh process and reading VmRSS: the demo
+# families (tests/test_pairing.py) and the zoo's qwen2 at Qwen2.5-0.5B's shapes in F16 and
+# Q4_K_M (tests/test_memory_estimate.py) repeat that measurement against this estimate.
 RUNTIME_OVERHEAD_BYTES = 14_500_000  # the first model: ggml CPU backend, threads, llama.cpp state
 MODEL_OVERHEAD_BYTES = 1_000_000  # each model: tensor and graph metadata
-MODEL_OVERHEAD_PER_TOKEN = 1_000  # each model: the vocabulary's strings and maps
+# Each model: the vocabulary's strings, token maps and BPE merges. A vocabulary-only load grew
+# VmRSS by 269 (phi-3, SentencePiece) to 453 (llama-bpe) bytes a token, 345 for qwen2's 151,936.
+MODEL_OVERHEAD_PER_TOKEN = 400
 N_UBATCH = 512
+# Rows of logits one pass asks for: a verification pass [last, d1..dk] at the largest k; the
+# prompt's chunks ask for their last row only (engines/llama/engine.py prefill).
+OUTPUT_ROWS = MAX_DRAFT_TOKENS + 1
 KV_BYTES_PER_VALUE = 2  # f16
 ACCEPTANCE_SAME_FAMILY = 0.7  # a-priori acceptance rate of a draft from the same family
 ACCEPTANCE_OTHER = 0.5  # same vocabulary, different model family
@@ -65,12 +71,17 @@ def kv_cache_bytes(shape: Shape, n_ctx: int) -> int:
 
 
 def compute_buffer_bytes(shape: Shape, vocab_size: int, n_ctx: int) -> int:
-    """llama.cpp's worst-case compute buffer for one ubatch: the larger of the layer pass
-    (feed-forward activations and residuals) and the output pass (logits of every row)."""
+    """The compute memory llama.cpp touches: the larger of a full ubatch's layer pass
+    (feed-forward activations and residuals) and the output pass of the rows whose logits the
+    engine asks for, plus the host buffer those logits are copied to. llama.cpp reserves its
+    compute buffer for n_ubatch rows of logits (n_vocab x 512 floats, 311 MB at 151,936
+    tokens) but only the pages a pass writes become resident, and no pass here asks for more
+    than OUTPUT_ROWS rows of logits."""
     rows = min(N_UBATCH, n_ctx)
     layers = rows * 4 * (4 * shape.n_ff + 3 * shape.n_embd // 2)
-    output = rows * 4 * (vocab_size + 2 * shape.n_embd)
-    return max(layers, output)
+    out_rows = min(OUTPUT_ROWS, n_ctx)
+    output = out_rows * 4 * (vocab_size + 2 * shape.n_embd)
+    return max(layers, output) + out_rows * 4 * vocab_size
 
 
 @dataclass(frozen=True)
