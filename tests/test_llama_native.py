@@ -120,6 +120,25 @@ def test_greedy_native_method_equals_baseline(mtp_engine, dflash_engine, native,
 
 
 @pytest.mark.parametrize("method", METHODS)
+def test_a_prompt_prefilled_in_chunks_drafts_what_one_chunk_drafts(mtp_engine, dflash_engine, native, method):
+    """llama.cpp holds one decode's hidden states: a prompt longer than a batch reaches the
+    drafter chunk by chunk, and the drafter ends up with the same rows as from one batch."""
+    engine = _engine(method, mtp_engine, dflash_engine)
+    chunked = LlamaEngine(engine.target.path, n_ctx=256, n_threads=1, n_batch=16)
+    try:
+        prompt = engine.tokenize(PROMPTS[5] + PROMPTS[3] + PROMPTS[0])
+        assert len(prompt) > 3 * 16
+        runs = []
+        for eng in (engine, chunked):
+            tokens = generate_tokens(eng, prompt, _spec(method, native, 4), max_tokens=32)
+            stats = eng.last_proposer.stats()
+            runs.append((tokens, stats["drafted"], stats["accepted"]))
+        assert runs[0] == runs[1] and runs[0][2] > 0
+    finally:
+        chunked.close()
+
+
+@pytest.mark.parametrize("method", METHODS)
 def test_chat_turns_and_method_switches_stay_identical(mtp_engine, dflash_engine, native, method):
     """The drafter's cache follows the target's prefix reuse, also after turns without it."""
     engine = _engine(method, mtp_engine, dflash_engine)

@@ -50,9 +50,21 @@ def test_every_proposer_follows_the_protocol_and_is_named_for_its_method():
             assert list(inspect.signature(cls).parameters)[1:] == ["sampling", "rng", "p_min"], cls
 
 
-def test_torch_hidden_state_proposers_follow_the_observer_protocol():
-    for method in ("mtp", "dflash", "eagle3"):
-        assert_follows(proposer_class("specdesk.engines.torch", method), TargetObserver)
+def test_hidden_state_proposers_of_both_engines_follow_the_one_observer_protocol():
+    for package in ENGINE_PACKAGES:
+        for method in ("mtp", "dflash", "eagle3"):
+            assert_follows(proposer_class(package, method), TargetObserver)
+
+
+def test_both_engines_hand_hidden_states_through_the_same_hook():
+    """One shape: the shared loop's observe hook, on both engines; no callback inside a decode."""
+    from specdesk.engines.llama.binding import GgufContext
+    from specdesk.engines.llama.engine import LlamaEngine
+
+    for engine in (LlamaEngine, pytest.importorskip("specdesk.engines.torch.engine").TorchEngine):
+        assert list(inspect.signature(engine.observe).parameters) == \
+            list(inspect.signature(StepTarget.observe).parameters)
+    assert not hasattr(GgufContext, "on_decode") and "on_decode" not in inspect.getsource(GgufContext)
 
 
 def test_a_drifted_signature_is_caught():

@@ -259,9 +259,7 @@ class GgufContext:
         self._batch = lib.llama_batch_init(n_batch, 0, 1)
         self.n_past = 0  # tokens whose keys and values are in the cache
         self.cached: list[int] = []  # those tokens, for prefix reuse
-        # Called as on_decode(tokens, first_position) after every successful llama_decode,
-        # while that batch's hidden states are still readable (MTP, DFlash, EAGLE-3 drafters).
-        self.on_decode = None
+        self.n_last = 0  # tokens in the newest llama_decode (its hidden-state rows: ext.HiddenRows)
 
     def close(self) -> None:
         if getattr(self, "_ctx", None):
@@ -314,8 +312,7 @@ class GgufContext:
             raise SpecDeskError(f"{self.model.path}: {DECODE_ERRORS.get(status, f'llama_decode failed with status {status} (out of memory or a backend error): try a smaller context or model')}")
         self.n_past += n
         self.cached.extend(tokens)
-        if self.on_decode is not None:
-            self.on_decode(tokens, self.n_past - n)
+        self.n_last = n
         n_out = sum(want_logits)
         if n_out == 0:
             return np.zeros((0, self.model.n_vocab), dtype=np.float32)

@@ -3,12 +3,12 @@ common/speculative.cpp's draft-dflash drives it.
 
 The target outputs the *input* embeddings of the drafter's target layers
 (llama_set/get_embeddings_layer_inp; the GGUF's `dflash.target_layers` are z-lab's
-target_layer_ids + 1). After every target decode those rows, concatenated per position, go
+target_layer_ids + 1). After each verified target pass the rows of the tokens it kept, concatenated per position, go
 into the drafter as embedding rows at the same positions: its graph projects them (fc,
 hidden_norm) and writes them into its KV cache as context. A draft is one non-causal pass
 over the block [last token, mask x n] at the next positions; rows 1..n give the drafts
 (DSpark with sample_from_anchor reads rows 0..n-1 of an anchor-first block). The block's
-rows are removed right after, and rejected context rows after verification, so the
+rows are removed right after, and a rejected draft's rows never reach it, so the
 drafter's cache always mirrors the target's. Drafts are top-1 tokens: q is one-hot and
 verification stays exact at any temperature.
 """
@@ -24,7 +24,7 @@ from ..speculation.compat import check_compatible
 from ..speculation.drafting import below_p_min
 from ..types import SpecDeskError
 from .binding import GgufContext, GgufModel
-from .ext import CachedPositions, Entry, HiddenStateProposer, LayerInputHooks, NativeContext, ext, open_layer_input_drafter, rows
+from .ext import CachedPositions, Entry, HiddenStateProposer, LayerInputDrafter, NativeContext, ext, open_layer_input_drafter
 
 def check_drafter(path: str | os.PathLike, target: GgufModel) -> dict:
     """Refuse a file that is not a DFlash drafter for this target, before llama.cpp loads it."""
@@ -46,7 +46,7 @@ def check_drafter(path: str | os.PathLike, target: GgufModel) -> dict:
     return meta
 
 
-class DFlashDrafter(LayerInputHooks, CachedPositions):
+class DFlashDrafter(LayerInputDrafter, CachedPositions):
     """A DFlash / DSpark drafter context over one target context; lives as long as the engine."""
 
     def __init__(self, path: str | os.PathLike, target: GgufModel, target_ctx: GgufContext, n_threads: int):
@@ -79,23 +79,19 @@ class DFlashDrafter(LayerInputHooks, CachedPositions):
         self.n_embd = target.n_embd
         self.n_vocab = target.n_vocab
         self.cached: list[int] = []  # tokens whose features are in the drafter's cache
-        self.last_batch = (0, 0)  # (first position, length) of the last observed target batch
 
     # --- hooks the engine calls -------------------------------------------------------------
-    def observe(self, tokens: Sequence[int], pos0: int) -> None:
-        """Inject the target's features for the batch just decoded at pos0.. into the drafter's cache."""
-        n = len(tokens)
-        self.rollback(pos0)
-        if len(self.cached) != pos0:
-            raise SpecDeskError(f"DFlash context out of step: it holds {len(self.cached)} positions, the target batch starts at {pos0}")
-        features = np.concatenate(
-            [rows(self.ext.llama_get_embeddings_layer_inp(self.target_ctx._ctx, lid), n, self.n_embd)
-             for lid in self.layer_ids], axis=1)  # (n, L * n_embd)
-        for start in range(0, n, self.context.n_batch):
-            chunk = features[start:start + self.context.n_batch]
-            self.context.process([Entry(pos=pos0 + start + j, embd=row) for j, row in enumerate(chunk)])
-        self.cached.extend(int(t) for t in tokens)
-        self.last_batch = (pos0, n)
+    def observe(self, output, tokens: Sequence[int], start: int) -> None:
+        """Inject the target's features for the kept tokens tokens[:-1] at start.. into the drafter's cache."""
+        n = len(tokens) - 1
+        self.rollback(start)
+        if len(self.cached) != start:
+            raise SpecDeskError(f"DFlash context out of step: it holds {len(self.cached)} positions, the target rows start at {start}")
+        features = np.concatenate([output.taps[layer][:n] for layer in self.layer_ids], axis=1)  # (n, L * n_embd)
+        for first in range(0, n, self.context.n_batch):
+            chunk = features[first:first + self.context.n_batch]
+            self.context.process([Entry(pos=start + first + j, embd=row) for j, row in enumerate(chunk)])
+        self.cached.extend(int(t) for t in tokens[:n])
 
     def draft(self, context: Sequence[int], k: int, p_min: float = 0.0) -> list[int]:
         pos0 = len(context) - 1

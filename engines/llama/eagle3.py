@@ -2,7 +2,7 @@
 common/speculative.cpp's draft-eagle3 drives it.
 
 The target outputs the inputs of three of its layers (`eagle3.target_layers`, low, middle,
-high). After every target decode the drafter's encoder graph fuses them per position,
+high). After each verified target pass the drafter's encoder graph fuses the kept rows per position,
 g_P = fc(cat3) (llama_get_embeddings_nextn of the drafter). Its one decoder layer then
 takes, at position P, the pair (token x_{P+1}, g_P) and predicts x_{P+2}; so row P can be
 written once x_{P+1} is known, and the row for the last committed position waits for the
@@ -22,7 +22,7 @@ from ..speculation.compat import check_compatible
 from ..speculation.drafting import below_p_min
 from ..types import SpecDeskError
 from .binding import GgufContext, GgufModel, common_prefix
-from .ext import Entry, HiddenStateProposer, LayerInputHooks, NativeContext, ext, open_layer_input_drafter, rows
+from .ext import Entry, HiddenStateProposer, LayerInputDrafter, NativeContext, ext, open_layer_input_drafter, rows
 
 
 def check_drafter(path: str | os.PathLike, target: GgufModel) -> dict:
@@ -39,7 +39,7 @@ def check_drafter(path: str | os.PathLike, target: GgufModel) -> dict:
     return meta
 
 
-class Eagle3Drafter(LayerInputHooks):
+class Eagle3Drafter(LayerInputDrafter):
     """An EAGLE-3 drafter context over one target context; lives as long as the engine."""
 
     def __init__(self, path: str | os.PathLike, target: GgufModel, target_ctx: GgufContext, n_threads: int):
@@ -65,7 +65,6 @@ class Eagle3Drafter(LayerInputHooks):
         self.tokens: list[int] = []  # the target's tokens by position, as observed
         self.n_rows = 0  # decoder rows 0..n_rows-1 are in the drafter's cache
         self.boundary: tuple[int, int] | None = None  # (P + 1, token): row P was written by draft() with that token
-        self.last_batch = (0, 0)
 
     # --- hooks the engine calls -------------------------------------------------------------
     def valid_prefix(self, tokens: Sequence[int]) -> int:
@@ -85,25 +84,24 @@ class Eagle3Drafter(LayerInputHooks):
             self.context.remove_from(rows_keep)
             self.n_rows = rows_keep
 
-    def observe(self, tokens: Sequence[int], pos0: int) -> None:
-        n = len(tokens)
-        self.rollback(pos0, int(tokens[0]))
-        if len(self.tokens) != pos0:
-            raise SpecDeskError(f"EAGLE-3 context out of step: it holds {len(self.tokens)} positions, the target batch starts at {pos0}")
-        features = np.concatenate(
-            [rows(self.ext.llama_get_embeddings_layer_inp(self.target_ctx._ctx, lid), n, self.n_embd_tgt)
-             for lid in self.layer_ids], axis=1)  # (n, 3 * n_embd_tgt)
+    def observe(self, output, tokens: Sequence[int], start: int) -> None:
+        """Fuse the target's features for the kept tokens tokens[:-1] at start.. (g_P), then
+        write the decoder rows whose next token is known."""
+        n = len(tokens) - 1
+        self.rollback(start, int(tokens[0]))
+        if len(self.tokens) != start:
+            raise SpecDeskError(f"EAGLE-3 context out of step: it holds {len(self.tokens)} positions, the target rows start at {start}")
+        features = np.concatenate([output.taps[layer][:n] for layer in self.layer_ids], axis=1)  # (n, 3 * n_embd_tgt)
         step = self.context.n_batch
-        for start in range(0, n, step):
-            chunk = features[start:start + step]
-            first = self.context.pos_max() + 1  # the encoder ignores positions; llama.cpp wants them to follow the cache
-            self.context.process([Entry(pos=first + j, embd=row, output=True) for j, row in enumerate(chunk)],
+        for first in range(0, n, step):
+            chunk = features[first:first + step]
+            pos = self.context.pos_max() + 1  # the encoder ignores positions; llama.cpp wants them to follow the cache
+            self.context.process([Entry(pos=pos + j, embd=row, output=True) for j, row in enumerate(chunk)],
                                  encode=True)
-            self.g_hist[pos0 + start:pos0 + start + len(chunk)] = rows(
+            self.g_hist[start + first:start + first + len(chunk)] = rows(
                 self.ext.llama_get_embeddings_nextn(self.context.handle), len(chunk), self.n_embd)
-        self.tokens.extend(int(t) for t in tokens)
+        self.tokens.extend(int(t) for t in tokens[:n])
         self._fill_rows(len(self.tokens) - 1)
-        self.last_batch = (pos0, n)
 
     def _fill_rows(self, upto: int) -> None:
         """Decoder rows (x_{P+1}, g_P) for P in [n_rows, upto)."""

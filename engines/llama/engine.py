@@ -18,10 +18,11 @@ from ..speculation.compat import check_compatible
 from ..speculation.loop import run_steps, top_entries
 from ..speculation.ngram import NgramPoolProposer
 from ..speculation.proposers import SUPPORTED_METHODS
+from ..speculation.protocols import TargetObserver
 from ..speculation.verify import VerifyResult, verify
 from ..types import Draft, GenerationRequest, SamplingParams, SpecDeskError, StepEvent
 from .binding import GgufContext, GgufModel, validated_header
-from .ext import HiddenStateProposer
+from .ext import HiddenRows, keep_target_rows
 from .validate import check_context
 
 
@@ -141,19 +142,20 @@ class LlamaEngine:
     proposer_package = __package__  # where draft.DraftProposer, mtp.MtpProposer, ... live
 
     def _route_hidden_states(self, proposer) -> None:
-        """Only an active MTP / DFlash / EAGLE-3 proposer makes the target output its hidden
-        states (switching costs llama.cpp a graph rebuild, so the same drafter stays attached)."""
+        """Only an active hidden-state proposer (MTP, DFlash, EAGLE-3: a TargetObserver) makes
+        the target keep the rows of its taps (switching costs llama.cpp a graph rebuild, so the
+        same taps stay on)."""
         if isinstance(proposer, AutoProposer):  # its MTP proposer sees every pass, whoever drafts
             proposer = proposer.observer
-        wanted = proposer if isinstance(proposer, HiddenStateProposer) else None
+        wanted = proposer if isinstance(proposer, TargetObserver) else None
         previous = self._observer
         self._observer = wanted
-        if previous is not None and wanted is not None and previous.drafter is wanted.drafter:
+        if previous is not None and wanted is not None and previous.taps == wanted.taps:
             return
         if previous is not None:
-            previous.detach()
+            keep_target_rows(self.context, previous.taps, False)
         if wanted is not None:
-            wanted.attach()
+            keep_target_rows(self.context, wanted.taps, True)
 
     # --- generation: the shared loop (engines/speculation/loop.py) and its hooks -----
     def generate(self, request: GenerationRequest, cancel: threading.Event) -> Iterator[StepEvent]:
@@ -163,10 +165,17 @@ class LlamaEngine:
         self._route_hidden_states(proposer)
         ctx = self.context
         kept = ctx.sync_prefix(prompt[:-1])
-        if self._observer is not None:  # it can only catch up from target batches it saw
-            kept = self._observer.valid_prefix(prompt[:kept])
-            ctx.rollback(kept)
-        ctx.decode(prompt[kept:-1], all_logits=False)
+        observer = self._observer
+        if observer is None:
+            ctx.decode(prompt[kept:-1], all_logits=False)
+            return
+        kept = observer.valid_prefix(prompt[:kept])  # it can only catch up from target rows it saw
+        ctx.rollback(kept)
+        # Chunk by chunk: llama.cpp holds one decode's hidden states, until the next decode.
+        for start in range(kept, len(prompt) - 1, ctx.n_batch):
+            chunk = prompt[start:min(start + ctx.n_batch, len(prompt) - 1)]
+            ctx.decode(chunk, all_logits=False)
+            self.observe(observer, None, prompt[start:start + len(chunk) + 1], start)
 
     def target_pass(self, tokens: list[int], proposer) -> np.ndarray:
         if isinstance(proposer, AutoProposer):
@@ -177,5 +186,6 @@ class LlamaEngine:
                     rng: np.random.Generator) -> VerifyResult:
         return verify(draft.tokens, draft.probs, output, sampling, rng)  # output: the pass's logits
 
-    def observe(self, proposer, output, rows: int, following: list[int], start: int) -> None:
-        """Nothing: llama.cpp drafters read the target's batches through GgufContext.on_decode."""
+    def observe(self, proposer, output, tokens: list[int], start: int) -> None:
+        if self._observer is not None:  # the routed one: auto's MTP proposer whoever drafted
+            self._observer.observe(HiddenRows(self.context), tokens, start)

@@ -20,7 +20,7 @@ import numpy as np
 
 from ..speculation.stats import ProposerCounters
 from ..types import Draft, SamplingParams, SpecDeskError
-from .binding import GgufModel, check_gguf_file, common_prefix, gguf_header, llama_lib
+from .binding import GgufContext, GgufModel, check_gguf_file, common_prefix, gguf_header, llama_lib
 
 _c_ctx = ctypes.c_void_p
 _c_model = ctypes.c_void_p
@@ -261,10 +261,53 @@ class CachedPositions:
             del self.cached[n_keep:]
 
 
-class LayerInputHooks:
-    """attach / detach for drafters that read the target's layer inputs (DFlash, EAGLE-3):
-    the target context keeps the rows of `layer_ids` and hands each batch to `observe`.
-    Such a drafter owns its GGUF `model` and its `context` over it."""
+class HiddenRows:
+    """The hidden states of the target context's newest decode, where llama.cpp keeps them,
+    in the shape the PyTorch engine's pass output has: `hidden`, the final-normed rows (what
+    MTP reads), and `taps[t]`, the input rows of layer t (what DFlash and EAGLE-3 read). Views:
+    valid until the target's next decode, so a drafter copies what it keeps."""
+
+    def __init__(self, target_ctx: GgufContext):
+        self._ctx, self._n = target_ctx._ctx, target_ctx.n_last
+        model = target_ctx.model
+        self._width = model.n_embd
+        self._width_out = model._lib.llama_model_n_embd_out(model._model)
+        self.taps = _LayerInputs(self)
+
+    @property
+    def hidden(self) -> np.ndarray:
+        return rows(ext().llama_get_embeddings_nextn(self._ctx), self._n, self._width_out)
+
+
+class _LayerInputs:
+    def __init__(self, target: HiddenRows):
+        self._target = target
+
+    def __getitem__(self, layer: int) -> np.ndarray:
+        t = self._target
+        return rows(ext().llama_get_embeddings_layer_inp(t._ctx, layer), t._n, t._width)
+
+
+def keep_target_rows(target_ctx: GgufContext, taps: Sequence[int], on: bool) -> None:
+    """Make the target context keep (or stop keeping) the rows a hidden-state drafter reads:
+    the inputs of the layers in `taps`, or with no taps its final-normed rows. Switching costs
+    llama.cpp a graph rebuild."""
+    if taps:
+        for layer in taps:
+            ext().llama_set_embeddings_layer_inp(target_ctx._ctx, layer, on)
+    else:
+        ext().llama_set_embeddings_nextn(target_ctx._ctx, on, False)
+
+
+class LayerInputDrafter:
+    """What drafters that read the target's layer inputs (DFlash, EAGLE-3) share: their taps
+    are those layers, and each owns its GGUF `model` and its `context` over it."""
+
+    layer_ids: list[int]
+
+    @property
+    def taps(self) -> tuple[int, ...]:
+        return tuple(self.layer_ids)
 
     def set_threads(self, n_threads: int) -> None:
         self.context.set_threads(n_threads)
@@ -273,33 +316,22 @@ class LayerInputHooks:
         self.context.close()
         self.model.close()
 
-    def attach(self) -> None:
-        for lid in self.layer_ids:
-            self.ext.llama_set_embeddings_layer_inp(self.target_ctx._ctx, lid, True)
-        self.target_ctx.on_decode = self.observe
-
-    def detach(self) -> None:
-        for lid in self.layer_ids:
-            self.ext.llama_set_embeddings_layer_inp(self.target_ctx._ctx, lid, False)
-        self.target_ctx.on_decode = None
-
 
 class HiddenStateProposer:
-    """The proposer interface (begin / propose / accept) over a drafter that reads the
-    target's hidden states (MTP, DFlash, EAGLE-3): the engine attaches it to the target's
-    passes, and after verification the drafter keeps the rows of the committed tokens."""
+    """The proposer interface (begin / propose / accept, and observe with taps: the
+    TargetObserver shape of engines/speculation/protocols.py) over a drafter that reads the
+    target's hidden states (MTP, DFlash, EAGLE-3). The engine hands it the rows of the tokens
+    the target kept, after each pass, as the PyTorch engine does."""
 
     def __init__(self, drafter, sampling: SamplingParams, rng: np.random.Generator, p_min: float = 0.0):
         # Drafts are top-1 tokens (q one-hot) at any temperature, so sampling and rng go unused.
         self.drafter = drafter
+        self.taps = tuple(drafter.taps)
         self.p_min = p_min
         self.counters = ProposerCounters()
 
-    def attach(self) -> None:
-        self.drafter.attach()
-
-    def detach(self) -> None:
-        self.drafter.detach()
+    def observe(self, output, tokens: Sequence[int], start: int) -> None:
+        self.drafter.observe(output, tokens, start)
 
     def valid_prefix(self, tokens: Sequence[int]) -> int:
         return self.drafter.valid_prefix(tokens)
@@ -314,13 +346,7 @@ class HiddenStateProposer:
         return Draft(tuple(tokens))
 
     def accept(self, n_accepted: int, committed: Sequence[int]) -> None:
-        self.counters.record_accepted(n_accepted)
-        pos0, _ = self.drafter.last_batch  # the verification batch [last, d1..dk]
-        self.keep(pos0 + 1 + n_accepted)
-
-    def keep(self, n_keep: int) -> None:
-        """The drafter keeps the first n_keep positions (those the target committed)."""
-        self.drafter.rollback(n_keep)
+        self.counters.record_accepted(n_accepted)  # the drafter already holds only the kept rows
 
     def stats(self) -> dict:
         return self.counters.as_dict()

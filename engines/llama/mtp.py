@@ -4,7 +4,7 @@ draft-mtp drives them.
 A second llama_context over the target model (loaded with load_mtp) with ctx_type MTP runs
 only the NextN block, with its own KV cache. Its row at position p pairs token x_p with the
 target's hidden state h_{p-1} (llama_get_embeddings_nextn: final-normed, every row of every
-target batch). Catch-up: after each target decode the same tokens go through the MTP
+target batch). Catch-up: after each verified target pass the tokens it kept go through the MTP
 context, paired with the previous rows' h. Drafting: from (x_last, h_{last-1}) the MTP block
 gives logits for the next token and its own h, which feeds the next draft step. Drafts are
 the top-1 token (engines/speculation/drafting.py, the rule of both engines).
@@ -56,36 +56,26 @@ class MtpDrafter(CachedPositions):
         # h_hist[p]: the target's h at position p, to pair with x_{p+1} after a rollback.
         self.h_hist = np.zeros((target_ctx.n_ctx + 1, self.n_embd), dtype=np.float32)
         self.cached: list[int] = []  # tokens whose MTP rows are in the MTP context
-        self.last_batch = (0, 0)  # (first position, length) of the last observed target batch
 
     # --- hooks the engine calls -------------------------------------------------------------
-    def attach(self) -> None:
-        self.ext.llama_set_embeddings_nextn(self.target_ctx._ctx, True, False)
-        self.target_ctx.on_decode = self.observe
+    taps: tuple[int, ...] = ()  # reads the target's final-normed rows
 
-    def detach(self) -> None:
-        self.ext.llama_set_embeddings_nextn(self.target_ctx._ctx, False, False)
-        self.target_ctx.on_decode = None
-
-    def observe(self, tokens: Sequence[int], pos0: int) -> None:
-        """Catch-up after a target decode of `tokens` at pos0..: rows (x_p, h_{p-1})."""
-        n = len(tokens)
-        h = rows(self.ext.llama_get_embeddings_nextn(self.target_ctx._ctx), n, self.n_embd)
-        self.rollback(pos0)
-        if len(self.cached) != pos0:
-            raise SpecDeskError(f"MTP context out of step: it holds {len(self.cached)} positions, the target batch starts at {pos0}")
+    def observe(self, output, tokens: Sequence[int], start: int) -> None:
+        """Catch-up on the rows the target kept: rows (x_p, h_{p-1}) for the kept tokens
+        tokens[:-1] at start.. (`output.hidden`: the target's h for those positions)."""
+        n = len(tokens) - 1
+        h = output.hidden[:n]
+        self.rollback(start)
+        if len(self.cached) != start:
+            raise SpecDeskError(f"MTP context out of step: it holds {len(self.cached)} positions, the target rows start at {start}")
         entries = []
-        for j, token in enumerate(tokens):
-            h_prev = (self.h_hist[pos0 - 1] if pos0 > 0 else self.h_hist[-1]) if j == 0 else h[j - 1]
-            entries.append(Entry(pos=pos0 + j, token=int(token), embd=np.array(h_prev, copy=True)))
-        self.h_hist[pos0:pos0 + n] = h
-        self.context.process(entries)
-        self.cached.extend(int(t) for t in tokens)
-        self.last_batch = (pos0, n)
-
-    def accept(self, n_keep: int) -> None:
-        """The target kept positions < n_keep; drop the MTP rows past them."""
-        self.rollback(n_keep)
+        for j in range(n):
+            h_prev = (self.h_hist[start - 1] if start > 0 else self.h_hist[-1]) if j == 0 else h[j - 1]
+            entries.append(Entry(pos=start + j, token=int(tokens[j]), embd=np.array(h_prev, copy=True)))
+        self.h_hist[start:start + n] = h
+        for first in range(0, n, self.context.n_batch):
+            self.context.process(entries[first:first + self.context.n_batch])
+        self.cached.extend(int(t) for t in tokens[:n])
 
     def draft(self, context: Sequence[int], k: int, p_min: float = 0.0) -> list[int]:
         pos0 = len(context) - 1
@@ -115,7 +105,4 @@ class MtpDrafter(CachedPositions):
 
 
 class MtpProposer(HiddenStateProposer):
-    """The proposer interface over an MtpDrafter (which catches up on its own after verification)."""
-
-    def keep(self, n_keep: int) -> None:
-        self.drafter.accept(n_keep)
+    """The proposer interface over an MtpDrafter."""

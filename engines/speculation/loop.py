@@ -183,10 +183,9 @@ class StepTarget(ModelSource, Protocol):
                     rng: np.random.Generator) -> VerifyResult:
         """Accept a prefix of the draft against the pass's rows (engines/speculation/verify.py semantics)."""
 
-    def observe(self, proposer: Optional[Proposer], output: Any, rows: int, following: list[int],
-                start: int) -> None:
-        """Hand a hidden-state proposer the first `rows` rows of a pass that began at `start`
-        (the rows of the tokens the target kept, followed by `following`)."""
+    def observe(self, proposer: Optional[Proposer], output: Any, tokens: list[int], start: int) -> None:
+        """Hand a hidden-state proposer (a TargetObserver) the rows of the tokens the target
+        kept: `tokens` are those tokens, at positions start.., followed by the token after them."""
 
 
 def run_steps(engine: StepTarget, request: GenerationRequest, cancel: threading.Event) -> Iterator[StepEvent]:
@@ -223,7 +222,7 @@ def run_steps(engine: StepTarget, request: GenerationRequest, cancel: threading.
         accepted = result.accepted
         ctx.rollback(n_past + 1 + accepted)
         # The rows of every token the target accepted, before any cut at eos or length.
-        engine.observe(proposer, output, accepted + 1, [*draft.tokens[:accepted], result.next_token], n_past)
+        engine.observe(proposer, output, [context[-1], *draft.tokens[:accepted], result.next_token], n_past)
         verified = time.perf_counter()
         committed, from_draft, finish_reason = commit(draft.tokens, accepted, result.next_token, remaining, room,
                                                       engine.target.is_eog, request.stop_at_eos)

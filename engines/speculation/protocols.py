@@ -31,15 +31,18 @@ class Proposer(Protocol):
 
 @runtime_checkable
 class TargetObserver(Proposer, Protocol):
-    """A proposer that reads the PyTorch target's hidden states (MTP, DFlash, EAGLE-3): the
-    target pass outputs the rows of the layers in `taps` (empty: only its final-normed
-    hidden state), and `observe` gets the rows of the tokens each pass kept. (llama.cpp's
-    drafters read the target's batches through GgufContext.on_decode instead.)"""
+    """A proposer that reads the target's hidden states (MTP, DFlash, EAGLE-3), the same on
+    both engines: the target keeps the rows of `taps` (t: the input of layer t; empty: the
+    final-normed rows the lm_head reads), and after each pass (and the prompt's prefill) the
+    engine calls `observe` with the rows of the tokens it kept. `output.hidden` and
+    `output.taps[t]` are those rows: a PyTorch pass's tensors, or views of llama.cpp's
+    buffers that last until the target's next decode."""
 
     taps: tuple[int, ...]
 
-    def observe(self, output, rows: int, following: Sequence[int], start: int) -> None:
-        """Rows 0..rows-1 of a pass that began at position `start`, followed by `following`."""
+    def observe(self, output, tokens: Sequence[int], start: int) -> None:
+        """output's first len(tokens) - 1 rows are those of tokens[:-1] at positions start..;
+        tokens[-1] is the token the target put after them."""
 
 
 @runtime_checkable

@@ -226,8 +226,8 @@ class DFlashProposer:
     def begin(self, prompt: Sequence[int]) -> None:
         self._pending = None
 
-    def observe(self, output, rows: int, following: Sequence[int], start: int) -> None:
-        features = torch.cat([output.taps[t][:rows] for t in self.taps], dim=-1)  # (rows, n*d)
+    def observe(self, output, tokens: Sequence[int], start: int) -> None:
+        features = torch.cat([output.taps[t][:len(tokens) - 1] for t in self.taps], dim=-1)  # (rows, n*d)
         if self._pending is not None:
             features = torch.cat([self._pending[0], features])
             start = self._pending[1]

@@ -4,7 +4,7 @@ The step loop is engines/speculation/loop.py's, shared with the llama engine; th
 a target pass over [last, d1..dk], verification on the device (verify.py, the semantics of
 engines/speculation/verify.py) and rollback of its static KV cache by position. Proposers that read the target's hidden states
 (MTP, DFlash, EAGLE-3) name the taps they need and get each pass's committed rows through
-`observe(output, rows, following_tokens)`.
+`observe(output, tokens, start)` (engines/speculation/protocols.TargetObserver, the shape of both engines).
 """
 
 from __future__ import annotations
@@ -168,7 +168,7 @@ class TorchEngine:
         if len(prompt) - 1 > kept:
             start = ctx.n_past
             out = ctx.decode(prompt[kept:-1], taps=self._taps(proposer), all_logits=False)
-            self.observe(proposer, out, len(prompt) - 1 - kept, prompt[kept + 1:], start)
+            self.observe(proposer, out, prompt[kept:], start)
 
     def target_pass(self, tokens: list[int], proposer):
         return self.context.decode(tokens, taps=self._taps(self._observer(proposer)))  # logits (len(tokens), V), taps
@@ -178,10 +178,10 @@ class TorchEngine:
 
         return verify_on_device(draft.tokens, draft.probs, output.logits, sampling, rng)
 
-    def observe(self, proposer, output, rows: int, following: list[int], start: int) -> None:
+    def observe(self, proposer, output, tokens: list[int], start: int) -> None:
         proposer = self._observer(proposer)
         if isinstance(proposer, TargetObserver):
-            proposer.observe(output, rows, following, start)
+            proposer.observe(output, tokens, start)
 
     @staticmethod
     def _observer(proposer):

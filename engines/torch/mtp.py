@@ -177,9 +177,10 @@ class MtpProposer:
     def begin(self, prompt: Sequence[int]) -> None:
         self._pending = None
 
-    def observe(self, output, rows: int, following: Sequence[int], start: int) -> None:
+    def observe(self, output, tokens: Sequence[int], start: int) -> None:
         """The target's committed rows of one pass: hidden states and the tokens after them."""
-        hidden = self.head.rows_from(output, rows)
+        hidden = self.head.rows_from(output, len(tokens) - 1)
+        following = tokens[1:]
         if self._pending is not None:  # not drafted in between (k was 0): keep all rows
             old_hidden, old_tokens, old_start = self._pending
             hidden = torch.cat([old_hidden, hidden])
