@@ -278,3 +278,108 @@ def test_the_main_window_has_a_models_tab(qtbot, tmp_path, monkeypatch, dialogs,
     assert window.settings.model_sources == {"ollama": False}
     window.close()
     assert models_view.running_threads() == []
+
+
+def zoo_folder(tmp_path: Path, monkeypatch) -> Path:
+    """A user's folder with two families of real-shaped models (benchmarks/zoo.py, small
+    builds): qwen2 in F16 and llama-bpe in Q4_K_M, a target and a draft each, in a window of
+    its own (settings, data, cache and home under tmp_path: no demo family, no other app's models)."""
+    from benchmarks import zoo
+
+    qwen, llama = zoo.build("qwen2", "F16", small=True), zoo.build("llama-bpe", "Q4_K_M", small=True)
+    monkeypatch.setenv("SPECDESK_CONFIG_DIR", str(tmp_path / "config"))
+    monkeypatch.setenv("SPECDESK_DATA_DIR", str(tmp_path / "data"))
+    monkeypatch.setenv("SPECDESK_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hf-cache"))
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    mine = tmp_path / "models"
+    for family, paths in (("qwen2", qwen), ("llama-bpe", llama)):
+        (mine / family).mkdir(parents=True)
+        for role in ("target", "draft"):  # read in place wherever they are: linked here
+            (mine / family / Path(paths[f"{role}_gguf"]).name).symlink_to(paths[f"{role}_gguf"])
+    return mine
+
+
+def test_zoo_models_list_their_shapes_and_pair_by_vocabulary(qtbot, tmp_path, monkeypatch, dialogs):
+    """Real-shaped models (benchmarks/zoo.py, small builds) in a folder the user added: the
+    library lists each one's architecture, quantization and vocabulary, names apart the files
+    that share a header name, and pairing offers the family's draft and refuses the other
+    family's with the vocabulary sizes."""
+    from specdesk.app import pairing
+    from specdesk.app.settings import Settings
+    from specdesk.ui.main_window import MainWindow
+
+    monkeypatch.setattr(pairing, "available_memory", lambda: pairing.MemoryInfo(64 << 30, 64 << 30))
+    mine = zoo_folder(tmp_path, monkeypatch)
+    window = MainWindow(Settings(threads=1, library_paths=[str(mine)]), autoload=False)
+    qtbot.addWidget(window)
+    window.show()
+    titles = [window.tabs.tabText(i) for i in range(window.tabs.count())]
+    view = window.findChild(ModelsView)
+    with qtbot.waitSignal(view.library_loaded, timeout=TIMEOUT_MS):
+        window.tabs.setCurrentIndex(titles.index("Models"))
+    headers = [view.library.horizontalHeaderItem(c).text() for c in range(view.library.columnCount())]
+
+    def cells(path: Path) -> dict:
+        row = row_of(view, str(path))
+        return {h: view.library.item(row, c).text() for c, h in enumerate(headers)}
+
+    qwen_target, qwen_draft = mine / "qwen2" / "target-F16.gguf", mine / "qwen2" / "draft-F16.gguf"
+    llama_target, llama_draft = mine / "llama-bpe" / "target-Q4_K_M.gguf", mine / "llama-bpe" / "draft-Q4_K_M.gguf"
+    assert len(view.entries) == 4 and all(e.ok and e.source == "user" for e in view.entries)
+    for path, arch, quant, vocab in ((qwen_target, "qwen2", "F16", "151936"), (qwen_draft, "qwen2", "F16", "151936"),
+                                     (llama_target, "llama", "Q4_K_M", "128256"),
+                                     (llama_draft, "llama", "Q4_K_M", "128256")):
+        row = cells(path)
+        assert (row["architecture"], row["quantization"], row["vocab"], row["format"]) == (arch, quant, vocab, "gguf")
+        assert row["name"].endswith(f"({path.name})")  # the header names target and draft alike
+    assert cells(qwen_target)["name"] != cells(qwen_draft)["name"]
+
+    def pair(target: Path) -> tuple[list, dict]:
+        view.library.selectRow(row_of(view, str(target)))
+        assert view.pair_button.isEnabled()
+        with qtbot.waitSignal(view.pairing_ready, timeout=TIMEOUT_MS):
+            view.pair_button.click()
+        dialog = view.findChildren(models_view.PairingDialog)[-1]
+        compatible = [dialog.compatible.item(r, 0).toolTip() for r in range(dialog.compatible.rowCount())]
+        why_not = {dialog.incompatible.item(r, 0).toolTip(): dialog.incompatible.item(r, 1).text()
+                   for r in range(dialog.incompatible.rowCount())}
+        assert dialog.compatible.item(0, 0).text().endswith(f"({Path(compatible[0]).name})")
+        dialog.close()
+        return compatible, why_not
+
+    compatible, why_not = pair(qwen_target)
+    assert compatible == [str(qwen_draft)]
+    assert set(why_not) == {str(llama_target), str(llama_draft)}
+    assert all(reason.startswith("vocab size 151936 vs 128256 (target vs draft)") for reason in why_not.values())
+    compatible, why_not = pair(llama_target)
+    assert compatible == [str(llama_draft)]
+    assert "vocab size 128256 vs 151936 (target vs draft)" in why_not[str(qwen_draft)]
+    window.close()
+    assert models_view.running_threads() == []
+
+
+def test_the_draft_picker_keeps_the_zoo_family_draft_and_hides_the_other_with_why(qtbot, tmp_path, monkeypatch,
+                                                                                   dialogs):
+    from PySide6.QtCore import Qt
+
+    from specdesk.app.settings import Settings
+    from specdesk.ui.main_window import MainWindow
+
+    mine = zoo_folder(tmp_path, monkeypatch)
+    target, same, other = (mine / "qwen2" / "target-F16.gguf", mine / "qwen2" / "draft-F16.gguf",
+                           mine / "llama-bpe" / "draft-Q4_K_M.gguf")
+    window = MainWindow(Settings(target_path=str(target), draft_path=None, method="ngram", threads=1, n_ctx=256,
+                                 recent_drafts=[str(same), str(other)]), autoload=False)
+    qtbot.addWidget(window)
+    window.show()
+    with qtbot.waitSignal(window.worker.finished, timeout=TIMEOUT_MS, check_params_cb=lambda r: r.kind == "load"):
+        window.load_models()
+    assert window.info is not None and window.info.target_path == str(target)
+    combo = window.controls.draft_combo
+    enabled = [combo.itemData(i) for i in range(combo.count()) if combo.model().item(i).isEnabled()]
+    assert str(same) in enabled and str(other) not in enabled
+    hidden = [i for i in range(combo.count()) if not combo.model().item(i).isEnabled()]
+    assert len(hidden) == 1 and combo.itemText(hidden[0]) == "1 incompatible draft hidden"
+    assert "draft-Q4_K_M.gguf: vocab size 151936 vs 128256" in combo.itemData(hidden[0], Qt.ToolTipRole)
+    window.close()

@@ -16,6 +16,7 @@ import logging
 import time
 import traceback
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Callable, ClassVar, Optional
 
 from PySide6.QtCore import Qt, Signal, Slot
@@ -84,6 +85,16 @@ def _table(headers: list[str], parent: QWidget) -> QTableWidget:
     return table
 
 
+def model_label(name: str, path: str) -> str:
+    """A model's name with its file name when the name does not say it: the files of one model
+    (its quantizations, a target and its drafts from one conversion) often share the name in
+    their header, and only the file tells them apart."""
+    file = Path(path).name
+    if not file or file in name or name == file or file.startswith("sha256-"):  # Ollama blobs: the tag names them
+        return name
+    return f"{name} ({file})"
+
+
 def _parameters(n: Optional[int]) -> str:
     if not n:
         return "-"
@@ -112,7 +123,7 @@ class PairingDialog(QDialog):
         super().__init__(parent)
         self.target = target
         self.report = None
-        self.setWindowTitle(f"Drafts for {target.name}")
+        self.setWindowTitle(f"Drafts for {model_label(target.name, target.path)}")
         self.resize(900, 560)
         self.summary = QLabel(f"checking the library against {target.path}…", self)
         self.summary.setWordWrap(True)
@@ -140,7 +151,7 @@ class PairingDialog(QDialog):
         for v in report.compatible:
             row = self.compatible.rowCount()
             self.compatible.insertRow(row)
-            self.compatible.setItem(row, 0, _item(v.name, v.path, v.path))
+            self.compatible.setItem(row, 0, _item(model_label(v.name, v.path), v.path, v.path))
             self.compatible.setItem(row, 1, _item(f"{v.score:.2f}x {v.basis}"))  # measured here, or assumed
             self.compatible.setItem(row, 2, _item(v.k))
             self.compatible.setItem(row, 3, _item("; ".join(v.reasons)))
@@ -148,7 +159,7 @@ class PairingDialog(QDialog):
         for v in report.incompatible:
             row = self.incompatible.rowCount()
             self.incompatible.insertRow(row)
-            self.incompatible.setItem(row, 0, _item(v.name, v.path, v.path))
+            self.incompatible.setItem(row, 0, _item(model_label(v.name, v.path), v.path, v.path))
             self.incompatible.setItem(row, 1, _item("; ".join(v.reasons), "\n".join(v.reasons)))
         self.native.setRowCount(0)
         for d in report.native:
@@ -160,7 +171,7 @@ class PairingDialog(QDialog):
         for table in (self.compatible, self.incompatible, self.native):
             table.resizeColumnsToContents()
         self.summary.setText(f"{len(report.compatible)} compatible draft(s), {len(report.incompatible)} other "
-                             f"model(s) cannot draft for {self.target.name}")
+                             f"model(s) cannot draft for {model_label(self.target.name, self.target.path)}")
         m = report.memory
         draft = f" + draft {report.memory_draft}" if report.memory_draft else ""
         verdict = "fits" if m.fits else "does NOT fit"
@@ -348,13 +359,13 @@ class ModelsView(QWidget):
             self.library.insertRow(row)
             native = ", ".join(sorted({d["method"] for d in native_drafters(e, entries)})) if e.ok and not e.drafter \
                 else (f"is a {e.drafter} drafter" if e.drafter else "")
-            values = [e.name, e.source, e.format, e.architecture or "-", _parameters(e.parameters),
+            values = [model_label(e.name, e.path), e.source, e.format, e.architecture or "-", _parameters(e.parameters),
                       e.quantization or "-", e.context_length or "-", e.vocab_size or "-",
                       human_bytes(e.size_bytes) if e.size_bytes else "-", native, e.path]
             for column, value in enumerate(values):
                 self.library.setItem(row, column, _item(value, e.error, e.path if column == 0 else None))
             if e.error:
-                self.library.item(row, 0).setText(f"⚠ {e.name}")
+                self.library.item(row, 0).setText(f"⚠ {model_label(e.name, e.path)}")
                 # a file whose header was read but that cannot run keeps its facts; the tooltip says why
                 self.library.item(row, 3).setText(f"{e.architecture}: cannot be used, see tooltip" if e.architecture
                                                   else "cannot read: see tooltip")
