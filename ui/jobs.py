@@ -1,7 +1,8 @@
-"""The engine worker's stream to the GUI, without Qt: one run's StepEvents coalesced into
-StreamBatches at most once per BATCH_INTERVAL_S, each token's text split out for the draft
-tint. What the jobs do (load, chat, compare, sweep) is app/session.py; ui/worker.py runs them
-on its thread and sends these batches as queued Qt signals.
+"""A job's stream to the GUI, without Qt: one run's StepEvents coalesced into StreamBatches at
+most once per BATCH_INTERVAL_S, each token's text split out for the draft tint. What the
+engine's jobs do (load, chat, compare, sweep) is app/session.py; ui/worker.py runs them on its
+thread, and ui/served_chat.py a served engine's chat and compare on its own, and both send
+these batches as queued Qt signals.
 """
 
 from __future__ import annotations
@@ -58,14 +59,16 @@ class EventBatcher:
     It also splits each step's text into per-token pieces (so the GUI can tint exactly the
     tokens that came from an accepted draft), with its own incremental detokenizer, which
     attaches the bytes of a character split across tokens to the token that completes it.
+    Without `token_bytes` (a served engine's stream: no token ids, no per-token tint) each
+    event's text is one piece, never tinted.
     """
 
-    def __init__(self, job_id: int, label: str, k: int, token_bytes: Callable[[int], bytes],
+    def __init__(self, job_id: int, label: str, k: int, token_bytes: Optional[Callable[[int], bytes]],
                  send: Callable[[StreamBatch], None], interval_s: float = BATCH_INTERVAL_S):
         self.job_id, self.label, self.k = job_id, label, k
         self._send = send
         self._throttle = Throttle(interval_s)
-        self._detokenizer = IncrementalDetokenizer(token_bytes)
+        self._detokenizer = IncrementalDetokenizer(token_bytes) if token_bytes is not None else None
         self._first = True
         self._events: list[StepEvent] = []
         self._times: list[float] = []
@@ -76,11 +79,15 @@ class EventBatcher:
         now = time.perf_counter()
         self._events.append(event)
         self._times.append(now)
-        for token, drafted in zip(event.tokens, event.from_draft):
-            self._pieces.append(self._detokenizer.push([token]))
-            self._from_draft.append(drafted)
-        if event.finished:
-            self._pieces[-1] += self._detokenizer.flush()
+        if self._detokenizer is None:
+            self._pieces.append(event.text)
+            self._from_draft.append(False)
+        else:
+            for token, drafted in zip(event.tokens, event.from_draft):
+                self._pieces.append(self._detokenizer.push([token]))
+                self._from_draft.append(drafted)
+            if event.finished:
+                self._pieces[-1] += self._detokenizer.flush()
         if event.finished or self._throttle.due(now):
             self.flush()
 

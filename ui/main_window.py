@@ -236,13 +236,26 @@ class MainWindow(QMainWindow):
             self.chat_view.input.setPlainText(text)  # nothing typed is lost
             self.report_error(str(e))
             return None
+        self.add_user_message(text)
+        return self._start_reply(spec, sampling, max_tokens)
+
+    def add_user_message(self, text: str) -> None:
+        """The user's message in the transcript and the history (a new chat when none is open),
+        whether a local model or a server replies to it."""
         if self.chat_id is None:
             self.chat_id = self.history.create_chat(chat_title(text))
         message = ChatMessage("user", [text], [False])
         message.db_id = self.history.add_message(self.chat_id, "user", text)
         self.chat_view.add_message(message)
         self._refresh_chat_list()
-        return self._start_reply(spec, sampling, max_tokens)
+
+    def drop_last_reply(self) -> None:
+        """Regenerate's first half, for a local model or a server: the last reply goes from the
+        transcript and the history, the conversation before it stays."""
+        while self.chat_view.messages and self.chat_view.messages[-1].role == "assistant":
+            old = self.chat_view.remove_last()
+            if old.db_id is not None:
+                self.history.delete_message(old.db_id)
 
     def _request(self):
         if self.info is None:
@@ -276,10 +289,7 @@ class MainWindow(QMainWindow):
         except SpecDeskError as e:
             self.report_error(str(e))
             return None
-        while self.chat_view.messages and self.chat_view.messages[-1].role == "assistant":
-            old = self.chat_view.remove_last()
-            if old.db_id is not None:
-                self.history.delete_message(old.db_id)
+        self.drop_last_reply()
         return self._start_reply(spec, sampling, max_tokens)
 
     def new_chat(self) -> None:
@@ -449,6 +459,7 @@ class MainWindow(QMainWindow):
             self.save_settings()
             self.worker.shutdown()
             self.models_view.shutdown()
+            self.served.shutdown()
             # Results the worker sent before it ended (a stopped reply) are saved now.
             QCoreApplication.sendPostedEvents(self.worker, 0)
             self._tick()  # draw what arrived last, with the timer already stopped

@@ -3,70 +3,97 @@
 The dialog takes a base URL and an optional API key (kept in the OS keyring through
 app/credentials.py, never in settings.json), connects on a background thread, lists the
 server's models and says which charts it can fill. While a server is in use, the chat tab
-streams from it: a Python thread iterates `Endpoint.stream_chat` (app/endpoint.py) and sends
-coalesced batches to the GUI as queued signals, as the engine worker does; the same chart
+streams from it: its chat and compare are typed jobs (`ServedChatJob`, `ServedCompareJob`) on
+a `JobThread` (ui/job_thread.py, the one worker base the engine worker runs on), whose runner
+iterates `Endpoint.stream_chat` (app/endpoint.py) and sends coalesced batches
+(ui/jobs.EventBatcher) to the GUI as queued signals, as the engine worker does; the same chart
 panel draws tok/s from the stream and, when the reply ends, the server's own acceptance,
 tokens per pass and per-position numbers. A failed reply keeps its text, marked partial.
+Stop sets the jobs' cancel events; the endpoint checks them between streamed chunks.
 """
 
 from __future__ import annotations
 
 import threading
-import time
 from dataclasses import dataclass
-from typing import Optional
+from typing import Any, ClassVar, Optional
 
-from PySide6.QtCore import QObject, QTimer, Signal
+from PySide6.QtCore import QCoreApplication, QObject, Qt, QTimer, Signal, Slot
 from PySide6.QtGui import QAction
 from PySide6.QtWidgets import (QComboBox, QDialog, QDialogButtonBox, QFormLayout, QGroupBox, QHBoxLayout, QLabel,
                                QLineEdit, QPushButton, QVBoxLayout, QWidget)
 
 from specdesk.app.credentials import load_key, store_key
 from specdesk.app.endpoint import Endpoint, EndpointError, ServedRun, ServerInfo, base_url
-from specdesk.engines.types import SpecDeskError, StepEvent
+from specdesk.engines.types import SamplingParams, StepEvent
 
 from .chat_view import ChatMessage
 from .charts import format_status
+from .job_thread import Job, JobRunner, JobThread
+from .jobs import EventBatcher, StreamBatch
 
-BATCH_INTERVAL_S = 1 / 60
 REPAINT_INTERVAL_MS = 33
 
 
-@dataclass(frozen=True)
-class ServedBatch:
-    """Consecutive StepEvents of one streamed reply (what ChartPanel.add_batch reads)."""
+# --- the jobs ----------------------------------------------------------------------
+@dataclass(kw_only=True)
+class ServedChatJob(Job):
+    """One reply from the server to the conversation in `messages`."""
 
-    job_id: int
-    label: str
-    k: int
-    first: bool
-    events: tuple[StepEvent, ...]
-    times: tuple[float, ...]
-    pieces: tuple[str, ...]
-    from_draft: tuple[bool, ...]
+    kind: ClassVar[str] = "served_chat"
+    endpoint: Endpoint
+    messages: list[dict]
+    sampling: SamplingParams
+    max_tokens: int
+    k: int = 0  # what the chart panel reads as draft tokens per step while the reply streams
 
 
-class Coalescer:
-    """One run's StepEvents into ServedBatches, at most one per BATCH_INTERVAL_S (the first at once)."""
+@dataclass(kw_only=True)
+class ServedCompareJob(Job):
+    """Baseline then speculative on one prompt, on the server (app/served.compare_served)."""
 
-    def __init__(self, job_id: int, label: str, k: int, emit):
-        self.job_id, self.label, self.k, self.emit = job_id, label, k, emit
-        self.first, self.last_sent = True, 0.0
-        self.events: list[StepEvent] = []
-        self.times: list[float] = []
+    kind: ClassVar[str] = "served_compare"
+    endpoint: Endpoint
+    baseline: Optional[Endpoint]  # None: the server switches speculation off per request
+    prompt: str
+    sampling: SamplingParams
+    max_tokens: int
 
-    def __call__(self, event: StepEvent) -> None:
-        self.events.append(event)
-        self.times.append(time.perf_counter())
-        if self.first or time.perf_counter() - self.last_sent >= BATCH_INTERVAL_S:
-            self.flush()
 
-    def flush(self) -> None:
-        if self.events:
-            self.emit(ServedBatch(self.job_id, self.label, self.k, self.first, tuple(self.events), tuple(self.times),
-                                  tuple(e.text for e in self.events), (False,) * len(self.events)))
-            self.first, self.last_sent = False, time.perf_counter()
-            self.events, self.times = [], []
+class _ServedRunner(JobRunner):
+    """Runs the served jobs on their thread; a failure reaches the GUI as the exception itself."""
+
+    stream = Signal(object)  # jobs.StreamBatch
+
+    def perform(self, job: Job) -> Any:
+        if isinstance(job, ServedChatJob):
+            return self._chat(job)
+        return self._compare(job)
+
+    def _chat(self, job: ServedChatJob) -> ServedRun:
+        batcher = EventBatcher(job.job_id, "chat", job.k, None, self.stream.emit)
+        try:
+            return job.endpoint.chat(job.messages, job.sampling, job.max_tokens, job.cancel, batcher)
+        finally:
+            batcher.flush()  # a failed reply's text so far reaches the window before the failure
+
+    def _compare(self, job: ServedCompareJob):
+        from specdesk.app.served import compare_served
+
+        batchers: dict[str, EventBatcher] = {}
+
+        def on_event(label: str, index: int, event: StepEvent) -> None:
+            if index < 0:
+                return  # the warm-up requests
+            if label not in batchers:
+                batchers[label] = EventBatcher(job.job_id, label, 0, None, self.stream.emit)
+            batchers[label](event)
+
+        report = compare_served(job.endpoint, job.baseline, [job.prompt], job.sampling, job.max_tokens, on_event,
+                                job.cancel)
+        for batcher in batchers.values():
+            batcher.flush()
+        return report
 
 
 class ConnectDialog(QDialog):
@@ -185,30 +212,19 @@ def charts_line(info: ServerInfo) -> str:
 class ServedChat(QObject):
     """The window's chat on a served engine (while one is in use)."""
 
-    batch_ready = Signal(object)
-    reply_done = Signal(int, object)  # (job id, ServedRun)
-    reply_failed = Signal(int, object)  # (job id, EndpointError)
-    compare_batch = Signal(object)
-    compare_done = Signal(int, object)  # (job id, CompareReport)
-    compare_failed = Signal(int, object)  # (job id, error)
-
     def __init__(self, window):
         super().__init__(window)
         self.window = window
         self.endpoint: Optional[Endpoint] = None
         self.baseline: Optional[Endpoint] = None  # Compare's baseline arm, when the server cannot switch per request
-        self.job_id = 0
-        self._running: Optional[tuple[int, ChatMessage, threading.Event]] = None
-        self._comparing: Optional[tuple[int, threading.Event]] = None
+        self._reply: Optional[tuple[int, ChatMessage]] = None  # the chat job streaming and its message
+        self._compare_id: Optional[int] = None  # the compare job running
+        self.jobs = JobThread("specdesk-served", _ServedRunner, parent=self)
         self.timer = QTimer(self)
         self.timer.setInterval(REPAINT_INTERVAL_MS)
         self.timer.timeout.connect(self._tick)
-        self.batch_ready.connect(self._on_batch)
-        self.reply_done.connect(self._on_done)
-        self.reply_failed.connect(self._on_failed)
-        self.compare_batch.connect(self._on_compare_batch)
-        self.compare_done.connect(self._on_compare_done)
-        self.compare_failed.connect(self._on_compare_failed)
+        self.jobs.done.connect(lambda item: self._outcome(item, failed=False))
+        self.jobs.failed.connect(lambda item: self._outcome(item, failed=True))
         window.compare_view.served = self
         menu = window.menuBar().addMenu("&Servers")
         self.add_action = QAction("Add server…", self)
@@ -225,7 +241,7 @@ class ServedChat(QObject):
 
     @property
     def busy(self) -> bool:
-        return self._running is not None or self._comparing is not None
+        return self._reply is not None or self._compare_id is not None
 
     def add_server(self) -> Optional[ConnectDialog]:
         dialog = ConnectDialog(self.window, self.endpoint.url if self.endpoint else "")
@@ -259,138 +275,45 @@ class ServedChat(QObject):
                 group.setEnabled(on)
                 group.setToolTip("" if on else "replies come from the server (Servers > Use local models to return)")
 
-    # --- one reply ------------------------------------------------------------------------
-    def send(self, text: str) -> Optional[int]:
-        if self._running is not None or self.endpoint is None:
-            return None
-        window = self.window
-        if window.chat_id is None:
-            from .main_window import chat_title
-
-            window.chat_id = window.history.create_chat(chat_title(text))
-        message = ChatMessage("user", [text], [False])
-        message.db_id = window.history.add_message(window.chat_id, "user", text)
-        window.chat_view.add_message(message)
-        window._refresh_chat_list()
-        return self._start_reply()
-
-    def regenerate(self) -> Optional[int]:
-        """The last reply again, from the server: the old reply goes, the conversation before it stays."""
-        window = self.window
-        if self._running is not None or self.endpoint is None or window.chat_view.last_user_index() is None:
-            return None
-        while window.chat_view.messages and window.chat_view.messages[-1].role == "assistant":
-            old = window.chat_view.remove_last()
-            if old.db_id is not None:
-                window.history.delete_message(old.db_id)
-        return self._start_reply()
-
-    def _start_reply(self) -> int:
-        window = self.window
-        sampling, max_tokens = window.controls.sampling(), window.controls.max_tokens()
-        history = [{"role": m.role, "content": m.text} for m in window.chat_view.messages]
-        reply = window.chat_view.add_message(ChatMessage("assistant"))
-        self.job_id += 1
-        job_id, cancel = self.job_id, threading.Event()
-        self._running = (job_id, reply, cancel)
-        window.charts.start_run(0)
-        endpoint = self.endpoint
-        k = 1 if endpoint.info.kind == "llama-server" else 0  # its chunks carry running draft counts
-
-        def work() -> None:
-            batcher = Coalescer(job_id, "chat", k, self.batch_ready.emit)
-            try:
-                run = endpoint.chat(history, sampling, max_tokens, cancel, batcher)
-            except EndpointError as e:
-                batcher.flush()
-                self.reply_failed.emit(job_id, e)
-                return
-            batcher.flush()
-            self.reply_done.emit(job_id, run)
-
-        threading.Thread(target=work, daemon=True, name="specdesk-served-chat").start()
+    # --- the jobs ---------------------------------------------------------------------------
+    def _submit(self, job: Job) -> int:
+        """Queue a job on the served job thread (started with the first), its batches to `_on_batch`."""
+        if self.jobs.runner is None:
+            self.jobs.start().stream.connect(self._on_batch, Qt.QueuedConnection)
+        self.jobs.submit(job)
         self.timer.start()
-        window._update_actions()
-        return job_id
+        return job.job_id
 
     def stop(self) -> None:
-        if self._running is not None:
-            self._running[2].set()
-        if self._comparing is not None:
-            self._comparing[1].set()
+        """Stop: the reply or compare in progress ends at the next streamed chunk."""
+        self.jobs.stop()
 
-    # --- compare ------------------------------------------------------------------------
-    def run_compare(self, text: str) -> Optional[int]:
-        """The compare view's run on the server: speculation off per request where it can be
-        (specdesk serve), else against the baseline server given in Add server…."""
-        window, view = self.window, self.window.compare_view
-        if self._comparing is not None or self.endpoint is None:
-            return None
-        if not text.strip():
-            window.report_error("type a prompt to compare first")
-            return None
-        endpoint, baseline = self.endpoint, self.baseline
-        if baseline is None and not endpoint.info.switches_speculation:
-            window.report_error(f"{endpoint.url} ({endpoint.info.kind}) cannot switch speculation off per request: "
-                                "add the server again with a baseline server (the same model without speculation)")
-            return None
-        sampling, max_tokens = window.controls.sampling(), window.controls.max_tokens()
-        view.baseline_pane.clear()
-        view.speculative_pane.clear()
-        view.baseline_pane.setTitle("Baseline (no speculation)" if baseline is None else
-                                    f"Baseline ({baseline.model} at {baseline.url})")
-        view.speculative_pane.setTitle(f"Speculative ({endpoint.model} at {endpoint.url})")
-        view.verdict.setText("running baseline, then speculative, on the server…")
-        view.details.setText("")
-        self.job_id += 1
-        job_id, cancel = self.job_id, threading.Event()
-        self._comparing = (job_id, cancel)
+    def shutdown(self, timeout_ms: int = 2_000) -> bool:
+        """The window closes: cancel, end the job thread, and take in what it sent before it
+        ended (a stopped reply is saved, as the engine worker's is). True when it ended."""
+        ended = self.jobs.shutdown(timeout_ms)
+        QCoreApplication.sendPostedEvents(self, 0)  # the last batches, then the outcome
+        QCoreApplication.sendPostedEvents(self.jobs, 0)
+        self.timer.stop()
+        return ended
 
-        def work() -> None:
-            from specdesk.app.served import compare_served
+    def _outcome(self, item, failed: bool) -> None:
+        """A job's `done` (job, value) or `failed` (job, error), to the chat's or the compare's handler."""
+        job, value = item
+        chat = isinstance(job, ServedChatJob)
+        handler = {(True, False): self._on_reply_done, (True, True): self._on_reply_failed,
+                   (False, False): self._on_compare_done, (False, True): self._on_compare_failed}[chat, failed]
+        handler(job.job_id, value)
 
-            batchers: dict[str, Coalescer] = {}
-
-            def on_event(label: str, index: int, event: StepEvent) -> None:
-                if index < 0:
-                    return  # the warm-up requests
-                if label not in batchers:
-                    batchers[label] = Coalescer(job_id, label, 0, self.compare_batch.emit)
-                batchers[label](event)
-
-            try:
-                report = compare_served(endpoint, baseline, [text], sampling, max_tokens, on_event, cancel)
-            except (EndpointError, SpecDeskError) as e:
-                self.compare_failed.emit(job_id, e)
-                return
-            for batcher in batchers.values():
-                batcher.flush()
-            self.compare_done.emit(job_id, report)
-
-        threading.Thread(target=work, daemon=True, name="specdesk-served-compare").start()
-        self.timer.start()
-        window._update_actions()
-        return job_id
-
-    def _on_compare_batch(self, batch: ServedBatch) -> None:
-        if self._comparing is not None and batch.job_id == self._comparing[0]:
+    @Slot(object)
+    def _on_batch(self, batch: StreamBatch) -> None:
+        if batch.label == "chat":
+            if self._reply is not None and batch.job_id == self._reply[0]:
+                self.window.chat_view.append_pieces(self._reply[1], batch.pieces, batch.from_draft)
+                self.window.charts.add_batch(batch)
+        elif batch.job_id == self._compare_id:
             view = self.window.compare_view
             (view.baseline_pane if batch.label == "baseline" else view.speculative_pane).add_batch(batch)
-
-    def _on_compare_done(self, job_id: int, report) -> None:
-        if self._comparing is None or self._comparing[0] != job_id:
-            return
-        self._comparing = None
-        self.window.compare_view.show_report(report)
-        self.window._update_actions()
-
-    def _on_compare_failed(self, job_id: int, error) -> None:
-        if self._comparing is None or self._comparing[0] != job_id:
-            return
-        self._comparing = None
-        self.window.compare_view.verdict.setText("the compare did not finish (see the message)")
-        self.window._update_actions()
-        self.window.report_error(str(error))
 
     def _tick(self) -> None:
         self.window.chat_view.flush()
@@ -399,21 +322,44 @@ class ServedChat(QObject):
         if not self.busy:
             self.timer.stop()
 
-    def _on_batch(self, batch: ServedBatch) -> None:
-        if self._running is None or batch.job_id != self._running[0]:
-            return
-        self.window.chat_view.append_pieces(self._running[1], batch.pieces, batch.from_draft)
-        self.window.charts.add_batch(batch)
+    # --- one reply ------------------------------------------------------------------------
+    def send(self, text: str) -> Optional[int]:
+        if self._reply is not None or self.endpoint is None:
+            return None
+        self.window.add_user_message(text)
+        return self._start_reply()
+
+    def regenerate(self) -> Optional[int]:
+        """The last reply again, from the server: the old reply goes, the conversation before it stays."""
+        window = self.window
+        if self._reply is not None or self.endpoint is None or window.chat_view.last_user_index() is None:
+            return None
+        window.drop_last_reply()
+        return self._start_reply()
+
+    def _start_reply(self) -> int:
+        window = self.window
+        history = [{"role": m.role, "content": m.text} for m in window.chat_view.messages]
+        reply = window.chat_view.add_message(ChatMessage("assistant"))
+        endpoint = self.endpoint
+        k = 1 if endpoint.info.kind == "llama-server" else 0  # its chunks carry running draft counts
+        job = ServedChatJob(endpoint=endpoint, messages=history, sampling=window.controls.sampling(),
+                            max_tokens=window.controls.max_tokens(), k=k)
+        window.charts.start_run(0)
+        job_id = self._submit(job)
+        self._reply = (job_id, reply)
+        window._update_actions()
+        return job_id
 
     def _finish(self, job_id: int) -> Optional[ChatMessage]:
-        if self._running is None or self._running[0] != job_id:
+        if self._reply is None or self._reply[0] != job_id:
             return None
-        message = self._running[1]
-        self._running = None
+        message = self._reply[1]
+        self._reply = None
         self.window._update_actions()
         return message
 
-    def _on_done(self, job_id: int, run: ServedRun) -> None:
+    def _on_reply_done(self, job_id: int, run: ServedRun) -> None:
         message = self._finish(job_id)
         if message is None:
             return
@@ -433,7 +379,7 @@ class ServedChat(QObject):
                                      "numbers_from": run.numbers.source})
         self._tick()
 
-    def _on_failed(self, job_id: int, error: EndpointError) -> None:
+    def _on_reply_failed(self, job_id: int, error: Exception) -> None:
         message = self._finish(job_id)
         if message is None:
             return
@@ -443,6 +389,49 @@ class ServedChat(QObject):
         elif self.window.chat_view.showing(message):
             self.window.chat_view.remove_last()
         self._tick()
+        self.window.report_error(str(error))
+
+    # --- compare ------------------------------------------------------------------------
+    def run_compare(self, text: str) -> Optional[int]:
+        """The compare view's run on the server: speculation off per request where it can be
+        (specdesk serve), else against the baseline server given in Add server…."""
+        window, view = self.window, self.window.compare_view
+        if self._compare_id is not None or self.endpoint is None:
+            return None
+        if not text.strip():
+            window.report_error("type a prompt to compare first")
+            return None
+        endpoint, baseline = self.endpoint, self.baseline
+        if baseline is None and not endpoint.info.switches_speculation:
+            window.report_error(f"{endpoint.url} ({endpoint.info.kind}) cannot switch speculation off per request: "
+                                "add the server again with a baseline server (the same model without speculation)")
+            return None
+        job = ServedCompareJob(endpoint=endpoint, baseline=baseline, prompt=text, sampling=window.controls.sampling(),
+                               max_tokens=window.controls.max_tokens())
+        view.baseline_pane.clear()
+        view.speculative_pane.clear()
+        view.baseline_pane.setTitle("Baseline (no speculation)" if baseline is None else
+                                    f"Baseline ({baseline.model} at {baseline.url})")
+        view.speculative_pane.setTitle(f"Speculative ({endpoint.model} at {endpoint.url})")
+        view.verdict.setText("running baseline, then speculative, on the server…")
+        view.details.setText("")
+        self._compare_id = self._submit(job)
+        window._update_actions()
+        return self._compare_id
+
+    def _on_compare_done(self, job_id: int, report) -> None:
+        if self._compare_id != job_id:
+            return
+        self._compare_id = None
+        self.window.compare_view.show_report(report)
+        self.window._update_actions()
+
+    def _on_compare_failed(self, job_id: int, error) -> None:
+        if self._compare_id != job_id:
+            return
+        self._compare_id = None
+        self.window.compare_view.verdict.setText("the compare did not finish (see the message)")
+        self.window._update_actions()
         self.window.report_error(str(error))
 
     def _server_meta(self) -> dict:
