@@ -47,17 +47,17 @@ MUTANTS = [
            "return VerifyResult(k, rows.sample(rows.row(max(k - 1, 0)), rng))"),
     Mutant("draft-probs-from-row-0", NUMPY, "q_row = np.asarray(draft_probs[position], dtype=np.float64)",
            "q_row = np.asarray(draft_probs[0], dtype=np.float64)"),
-    Mutant("residual-is-p", NUMPY, "residual = p - _fit_width(q_row, vocab)", "residual = p.copy()"),
-    Mutant("one-hot-residual-keeps-the-rejected-token", NUMPY, "                residual[token] = 0.0\n",
+    Mutant("residual-is-p", NUMPY, "residual = p.probs - p.q_at(q_row)", "residual = p.probs.copy()"),
+    Mutant("one-hot-residual-keeps-the-rejected-token", NUMPY, "                residual[at] = 0.0\n",
            "                pass\n"),
-    Mutant("residual-from-p-before-top-k-top-p", NUMPY, "residual = p - _fit_width(q_row, vocab)",
-           "residual = sampling_probs(self._logits[position], SamplingParams(temperature=self._sampling.temperature))"
-           " - _fit_width(q_row, vocab)"),
+    Mutant("residual-from-p-before-top-k-top-p", NUMPY, "residual = p.probs - p.q_at(q_row)",
+           "p = _row_probs(self._logits[position], SamplingParams(temperature=self._sampling.temperature)); "
+           "residual = p.probs - p.q_at(q_row)"),
     # The target's rows, examined and bonus alike, come from one function (_HostRows.row), so
     # top-k/top-p dropped there is dropped on the target side of every row.
     Mutant("top-k-top-p-on-the-draft-side-only", NUMPY,
-           "self._rows[position] = sampling_probs(self._logits[position], self._sampling)  # (V,)",
-           "self._rows[position] = sampling_probs(self._logits[position],"
+           "self._rows[position] = _row_probs(self._logits[position], self._sampling)",
+           "self._rows[position] = _row_probs(self._logits[position],"
            " SamplingParams(temperature=self._sampling.temperature))"),
     Mutant("acceptance-ratio-inverted", NUMPY, "if rng.random() * q_token < p_token:",
            "if rng.random() * p_token < q_token:"),

@@ -28,6 +28,20 @@ _TOP_P_SLACK = 1e-9
 # Below this residual mass a rejection is float noise (p == q); sample from p instead.
 _RESIDUAL_EPS = 1e-12
 
+# The per-row fast paths (`_row_probs`). Top-k: the logits are split into _TOP_K_GROUPS-strided
+# groups; the k-th largest group maximum is at most the k-th largest logit, so only logits at or
+# above it are partitioned (a tie at the k-th value goes to np.argpartition, as before).
+_TOP_K_GROUPS = 64
+# Top-p: a token whose scaled logit is more than log(V) + _TAIL_SPAN below the maximum has
+# probability below e^-_TAIL_SPAN / V, so all of them together change the normaliser by less
+# than e^-_TAIL_SPAN (7e-13): the nucleus is computed from the rest, and kept only when it is
+# the nucleus of the full row whatever that error (else the full row is computed).
+_TAIL_SPAN = 28.0
+_TAIL_MARGIN = 1e-11  # how far the kept mass and probabilities must clear the top-p boundary
+_SPARSE_BELOW = 8  # the tail cut is used when fewer than V / _SPARSE_BELOW tokens are near the top
+_SPARSE_SAMPLE_ABOVE = 8192  # `sample` skips the zeros of a larger row when a probe finds it mostly zero
+_SPARSE_PROBE = 64  # the probe: every 64th entry
+
 
 @dataclass(frozen=True)
 class VerifyResult:
@@ -37,6 +51,210 @@ class VerifyResult:
 
 def sampling_probs(logits: np.ndarray, sampling: SamplingParams) -> np.ndarray:
     """Probabilities after temperature, then top-k, then top-p, renormalised (float64).
+
+    `logits` is (V,) or (n, V); the result has the same shape. Top-p keeps the smallest set of
+    highest-probability tokens whose mass is >= top_p (at least one token); ties are broken
+    towards the lower token id. Temperature 0 gives a one-hot argmax (callers use argmax
+    directly for greedy; this keeps the function total).
+    """
+    x = np.asarray(logits)
+    if x.ndim not in (1, 2) or x.shape[-1] == 0:
+        raise ValueError(f"logits must be (V,) or (n, V) with V > 0, got shape {x.shape}")
+    if sampling.greedy or not _truncates(sampling, x.shape[-1]):
+        return _reference_probs(x, sampling)
+    rows = x.reshape(-1, x.shape[-1])  # (n, V)
+    probs = np.zeros(rows.shape, dtype=np.float64)
+    for out, row in zip(probs, rows):
+        transformed = _row_probs(row, sampling)
+        out[transformed.ids] = transformed.probs
+    return probs.reshape(x.shape)
+
+
+def _truncates(sampling: SamplingParams, vocab: int) -> bool:
+    """Whether top-k or top-p leaves a row sparse."""
+    return 0 < sampling.top_k < vocab or sampling.top_p < 1.0
+
+
+@dataclass(frozen=True)
+class _Row:
+    """One transformed row over a vocabulary of `vocab`: probs at ids (ascending token ids), 0
+    elsewhere; ids None: probs is the whole (V,) row."""
+
+    ids: Optional[np.ndarray]
+    probs: np.ndarray
+    vocab: int
+
+    def index(self, token: int) -> Optional[int]:
+        """Where token's probability sits in probs (None: it is 0)."""
+        if not 0 <= token < self.vocab:
+            return None
+        if self.ids is None:
+            return token
+        at = int(np.searchsorted(self.ids, token))
+        return at if at < self.ids.size and self.ids[at] == token else None
+
+    def q_at(self, q_row: np.ndarray) -> np.ndarray:
+        """q at this row's positions (q cut or padded with 0 to the vocabulary)."""
+        if self.ids is None:
+            return _fit_width(q_row, self.vocab)
+        inside = self.ids < q_row.size
+        return np.where(inside, q_row[np.where(inside, self.ids, 0)], 0.0)
+
+    def with_probs(self, probs: np.ndarray) -> "_Row":
+        return _Row(self.ids, probs, self.vocab)
+
+
+def _row_probs(logits: np.ndarray, sampling: SamplingParams) -> _Row:
+    """`sampling_probs` of one (V,) row, sparse when top-k or top-p cut it. Top-k rows and the
+    top-p nucleus found from the whole row equal `_reference_probs` bit for bit; a nucleus found
+    without the far tail (`_nucleus_near_top`) has the same kept set, probabilities within
+    1e-12 relative."""
+    vocab = logits.shape[0]
+    if sampling.greedy or not _truncates(sampling, vocab):
+        return _Row(None, _reference_probs(logits, sampling), vocab)
+    if 0 < sampling.top_k < vocab:
+        top = _top_k_ids(logits, sampling.top_k)  # ascending ids
+        probs = _softmax(logits[top][None, :], sampling.temperature)[0]  # (top_k,)
+        if sampling.top_p < 1.0:
+            _nucleus_inplace(probs, sampling.top_p)
+        kept = probs > 0
+        return _Row(top[kept], probs[kept], vocab)
+    if vocab <= 2 * _NUCLEUS_SORT_ALL_BELOW:
+        return _sparse(_reference_probs(logits, sampling))
+    return _nucleus_near_top(logits, sampling) or _nucleus_full(logits, sampling)
+
+
+def _sparse(probs: np.ndarray) -> _Row:
+    ids = np.flatnonzero(probs)
+    return _Row(ids, probs[ids], probs.size)
+
+
+class _Groups:
+    """A (V,) row seen as _TOP_K_GROUPS-strided groups (column j of a (_TOP_K_GROUPS, V // that)
+    view: ids j, j + V // _TOP_K_GROUPS, ...) plus the few tail ids; one vectorised pass gives
+    every group's maximum, and the ids at or above a floor are then read from the groups whose
+    maximum reaches it."""
+
+    def __init__(self, logits: np.ndarray):
+        self.width = logits.shape[0] // _TOP_K_GROUPS
+        self.body = logits[:self.width * _TOP_K_GROUPS].reshape(_TOP_K_GROUPS, self.width)
+        self.tail = logits[self.width * _TOP_K_GROUPS:]
+        self.maxima = self.body.max(axis=0)  # (width,); NaN where a group holds one
+
+    def has_nan(self) -> bool:
+        return bool(np.isnan(self.maxima).any() or np.isnan(self.tail).any())
+
+    def at_least(self, floor) -> np.ndarray:
+        """The ids whose logit is >= floor, ascending."""
+        columns = np.flatnonzero(self.maxima >= floor)
+        rows, at = np.nonzero(self.body[:, columns] >= floor)
+        ids = rows * self.width + columns[at]
+        if self.tail.size:
+            ids = np.concatenate([ids, self.width * _TOP_K_GROUPS + np.flatnonzero(self.tail >= floor)])
+        ids.sort()
+        return ids
+
+
+def _top_k_ids(logits: np.ndarray, top_k: int) -> np.ndarray:
+    """The ids of the top_k largest logits, ascending: np.argpartition's choice, found among the
+    logits at or above the top_k-th largest group maximum when that set is unambiguous."""
+    vocab = logits.shape[0]
+    if top_k * 8 <= vocab // _TOP_K_GROUPS:
+        groups = _Groups(logits)
+        if not groups.has_nan():
+            floor = np.partition(groups.maxima, groups.width - top_k)[groups.width - top_k]  # top_k logits are >= it
+            candidates = groups.at_least(floor)  # ascending ids
+            values = logits[candidates]
+            kth = np.partition(values, values.size - top_k)[values.size - top_k]
+            top = candidates[values >= kth]
+            if top.size == top_k:  # else a tie at the k-th value: let argpartition pick, as before
+                return top
+    top = np.argpartition(logits, vocab - top_k)[vocab - top_k:]
+    top.sort()
+    return top
+
+
+def _nucleus_near_top(logits: np.ndarray, sampling: SamplingParams) -> Optional[_Row]:
+    """The top-p nucleus from the tokens within log(V) + _TAIL_SPAN (scaled) of the maximum, or
+    None when too many are near it or the kept set is within rounding of another answer."""
+    vocab, temperature = logits.shape[0], sampling.temperature
+    top = float(logits.max())
+    if not np.isfinite(top):
+        return None
+    span = np.log(vocab) + _TAIL_SPAN
+    floor = np.asarray(top - (span + 1.0) * temperature, dtype=logits.dtype)
+    if not (top - float(floor)) / temperature >= span + 0.5:  # lost to rounding (a tiny temperature)
+        return None
+    near = np.flatnonzero(logits >= floor)  # ascending ids; every other token is below e^-span
+    if near.size * _SPARSE_BELOW > vocab:
+        return None
+    scaled = logits[near].astype(np.float64) / temperature
+    scaled -= np.float64(logits.dtype.type(top)) / temperature  # the scaled row's maximum, as _softmax subtracts
+    np.exp(scaled, out=scaled)
+    scaled /= scaled.sum()
+    target = sampling.top_p - _TOP_P_SLACK
+    floor_p = float(np.exp(-span))  # above any token left out
+    if near.size <= _NUCLEUS_SORT_ALL_BELOW:
+        # Sort only the tokens >= _NUCLEUS_FAST_THRESHOLD when they reach the mass (few on a peaked row).
+        pool = np.flatnonzero(scaled >= _NUCLEUS_FAST_THRESHOLD)
+        if not (pool.size and scaled[pool].sum() >= target + _TAIL_MARGIN):
+            pool = np.arange(near.size)
+        order = pool[np.argsort(-scaled[pool], kind="stable")]  # highest first, lower id on ties
+        ranked = scaled[order]
+        cumulative = np.cumsum(ranked)
+        count = min(int(np.searchsorted(cumulative, target, side="left")) + 1, order.size)
+        kept = order[:count]
+        mass, smallest = float(cumulative[count - 1]), float(ranked[count - 1])
+        if count < order.size:
+            largest_other = float(ranked[count])
+        else:  # the pool is all kept: the next token is the largest outside it
+            rest = np.delete(scaled, pool)
+            largest_other = float(rest.max()) if rest.size else 0.0
+        largest_other = max(largest_other, floor_p)
+    else:
+        kept = _nucleus_indices(scaled, sampling.top_p)  # positions into near
+        kept_probs = scaled[kept]
+        mass, smallest = float(kept_probs.sum()), float(kept_probs.min())
+        others = np.delete(scaled, kept)
+        largest_other = max(float(others.max()) if others.size else 0.0, floor_p)
+    # Leaving the tail out moves every probability by < 1e-12 relative: the kept set must clear
+    # the boundary by more, else the full row decides.
+    if not (mass >= target + _TAIL_MARGIN and mass - smallest < target - _TAIL_MARGIN
+            and smallest > largest_other * (1.0 + _TAIL_MARGIN)):
+        return None
+    kept.sort()
+    return _Row(near[kept], scaled[kept] / mass, vocab)
+
+
+def _nucleus_full(logits: np.ndarray, sampling: SamplingParams) -> _Row:
+    """`_reference_probs` of one top-p row (no top-k) as a sparse row, bit for bit, dividing by
+    the normaliser only the tokens the nucleus search reads."""
+    scaled = logits[None, :].astype(np.float64) / sampling.temperature  # (1, V), as _softmax
+    scaled -= scaled.max(axis=1, keepdims=True)
+    np.exp(scaled, out=scaled)
+    total = scaled.sum(axis=1, keepdims=True)
+    weights, total = scaled[0], total[0]
+    target = sampling.top_p - _TOP_P_SLACK
+    # {probs >= threshold} without dividing the row: weight / total is monotone in weight.
+    near = np.flatnonzero(weights >= _NUCLEUS_FAST_THRESHOLD * total[0] * (1.0 - 1e-9))
+    near_probs = weights[near] / total
+    selected = near_probs >= _NUCLEUS_FAST_THRESHOLD
+    candidates, candidate_probs = near[selected], near_probs[selected]
+    if candidates.size and candidate_probs.sum() >= target:
+        kept = candidates[_top_mass_count(candidate_probs, target, 0.0)]
+        probs = weights[kept] / total
+    else:
+        weights /= total
+        kept = _nucleus_indices_bucketed(weights, target)
+        probs = weights[kept]
+    probs = probs / probs.sum()
+    order = np.argsort(kept)
+    return _Row(kept[order], probs[order], logits.shape[0])
+
+
+def _reference_probs(logits: np.ndarray, sampling: SamplingParams) -> np.ndarray:
+    """`sampling_probs` computed over the whole vocabulary, row by row as written: the definition
+    the fast paths of `_row_probs` are held to (tests/test_verify_fast.py), and their fallback.
 
     `logits` is (V,) or (n, V); the result has the same shape. Top-p keeps the smallest set of
     highest-probability tokens whose mass is >= top_p (at least one token); ties are broken
@@ -121,6 +339,13 @@ def _nucleus_indices_bucketed(probs: np.ndarray, target: float) -> np.ndarray:
 
 def sample(probs: np.ndarray, rng: np.random.Generator) -> int:
     """One token from a (V,) distribution (need not be normalised), with one rng.random() draw."""
+    probs = np.asarray(probs)
+    if probs.size > _SPARSE_SAMPLE_ABOVE and np.count_nonzero(probs[::_SPARSE_PROBE]) * 4 < probs[::_SPARSE_PROBE].size:
+        # Mostly zeros (top-k / top-p): the cumulative sum skips them; adding 0 changes no partial
+        # sum, so the draw picks the same token.
+        with_mass = np.flatnonzero(probs)
+        if with_mass.size:
+            return int(with_mass[sample(probs[with_mass], rng)])
     cumulative = np.cumsum(probs, dtype=np.float64)
     total = cumulative[-1]
     if not total > 0:
@@ -212,37 +437,42 @@ def accept_walk(draft_tokens: Sequence[int], draft_probs: Optional[np.ndarray], 
 
 class _HostRows:
     """TargetRows over numpy logits: each row's transform is computed when first read, so a
-    draft rejected early costs one row."""
-
-    sample = staticmethod(sample)
+    draft rejected early costs one row. Rows are `_Row`s: after top-k or top-p only the kept
+    tokens, so a token's probability, the residual (zero wherever p is), its mass and a draw
+    cost the nucleus, not the vocabulary; a draw picks the token the dense row would."""
 
     def __init__(self, logits: np.ndarray, sampling: SamplingParams):
         self._logits, self._sampling = logits, sampling  # (k+1, V)
-        self._rows: dict[int, np.ndarray] = {}
+        self._rows: dict[int, _Row] = {}
 
-    def row(self, position: int) -> np.ndarray:
+    def row(self, position: int) -> _Row:
         if position not in self._rows:
-            self._rows[position] = sampling_probs(self._logits[position], self._sampling)  # (V,)
+            self._rows[position] = _row_probs(self._logits[position], self._sampling)
         return self._rows[position]
 
     def token_prob(self, position: int, token: int) -> float:
         p = self.row(position)
-        return p[token] if 0 <= token < p.size else 0.0
+        at = p.index(token)
+        return p.probs[at] if at is not None else 0.0
 
-    def residual(self, position: int, token: int, q_row: Optional[np.ndarray]) -> np.ndarray:
+    def residual(self, position: int, token: int, q_row: Optional[np.ndarray]) -> _Row:
         p = self.row(position)
-        vocab = p.size
         if q_row is None:
-            residual = p.copy()
-            if 0 <= token < vocab:
-                residual[token] = 0.0
+            residual = p.probs.copy()
+            at = p.index(token)
+            if at is not None:
+                residual[at] = 0.0
         else:
-            residual = p - _fit_width(q_row, vocab)
+            residual = p.probs - p.q_at(q_row)
             np.maximum(residual, 0.0, out=residual)
-        return residual
+        return p.with_probs(residual)
 
-    def mass(self, row: np.ndarray) -> float:
-        return float(row.sum())
+    def mass(self, row: _Row) -> float:
+        return float(row.probs.sum())
+
+    def sample(self, row: _Row, rng: np.random.Generator) -> int:
+        index = sample(row.probs, rng)
+        return index if row.ids is None else int(row.ids[index])
 
 
 def _fit_width(q_row: np.ndarray, vocab: int) -> np.ndarray:
