@@ -568,3 +568,91 @@ def test_auto_says_what_drafts_and_why(qtbot, open_window):
     send(qtbot, window, "def add(a, b):")
     status = window.status_label.text()
     assert status.startswith("auto · ") and ("expected" in status or "no method" in status), status
+
+
+def legend_labels(charts) -> list[str]:
+    return [label.text for _, label in charts.method_legend.items]
+
+
+def band_colors(bands) -> set[tuple]:
+    """The colours the band image shows (transparent slices left out)."""
+    image = bands.image.image
+    return {tuple(int(v) for v in pixel) for pixel in image.reshape(-1, 4) if pixel[3]}
+
+
+def test_charts_band_each_method_of_an_auto_run_with_a_legend(qtbot):
+    """StepEvents of method auto that change method: both curves' charts colour each stretch of
+    time by its method, the legend names them, the title says the latest choice; a run of a
+    fixed method shows none of it."""
+    import dataclasses
+    from types import SimpleNamespace
+
+    import numpy as np
+
+    from specdesk.engines.types import StepEvent
+    from specdesk.ui.charts import ChartPanel, MethodBands, method_color
+
+    panel = ChartPanel()
+    qtbot.addWidget(panel)
+    panel.resize(420, 700)
+    panel.show()
+
+    def event(method, k, accepted):
+        drafted = k if method != "none" else 0
+        reason = f"{method}, k = {k}: expected 1.30x" if method != "none" else "no speculation: best expected 0.90x (draft, k = 2)"
+        return StepEvent(tokens=(1,) * (accepted + 1), text="x", drafted=drafted, accepted=accepted,
+                         position_accepted=tuple(i < accepted for i in range(drafted)),
+                         from_draft=(True,) * accepted + (False,), draft_s=0.0, verify_s=0.02, method=method, reason=reason)
+
+    plan = [("draft", 3, 2)] * 50 + [("ngram", 5, 4)] * 50 + [("none", 0, 0)] * 50 + [("draft", 2, 1)] * 50
+    events = [event(*p) for p in plan]
+    times = [0.02 * (i + 1) for i in range(len(events))]
+    for i in range(0, len(events), 10):
+        panel.add_batch(SimpleNamespace(first=i == 0, k=4, events=events[i:i + 10], times=times[i:i + 10]))
+        for _ in range(6):  # the slow rate: every sixth refresh
+            panel.refresh()
+    panel.finish_run(panel.current_stats())
+    panel.refresh()
+    assert legend_labels(panel) == ["draft", "ngram", "no speculation"] and panel.method_legend.isVisible()
+    assert panel.rate_title == "tokens / s · auto now: draft, k = 2"
+    for bands in (panel.rate_bands, panel.acceptance_bands):
+        assert bands.image.isVisible()
+        assert band_colors(bands) == {method_color(m) for m in ("draft", "ngram", "none")}
+        codes = bands.image.image[0]  # (BINS, 4): one slice of the run's 4 s each
+        quarter = MethodBands.BINS // 4
+        assert tuple(codes[quarter // 2]) == method_color("draft") and tuple(codes[quarter * 3 // 2]) == method_color("ngram")
+        assert tuple(codes[quarter * 5 // 2]) == method_color("none") and tuple(codes[-1]) == method_color("draft")
+        rect = bands.image.mapRectToParent(bands.image.boundingRect())
+        assert abs(rect.right() - 4.0) < 1e-6 and rect.left() == 0  # spans the run: 200 steps of 0.02 s
+    # the tokens/s axis keeps room above the curve for the legend
+    assert panel._ranges["rate"][1][1] >= 1.5 * float(np.nanmax(panel.series.window_rates()[1]))
+
+    panel.start_run(4)  # a run of a fixed method (its events name no method): nothing of auto stays
+    fixed = [dataclasses.replace(e, method=None, reason=None) for e in events[:40]]
+    panel.add_batch(SimpleNamespace(first=True, k=4, events=fixed, times=times[:40]))
+    for _ in range(6):
+        panel.refresh()
+    assert not panel.rate_bands.image.isVisible() and not panel.acceptance_bands.image.isVisible()
+    assert not panel.method_legend.isVisible() and legend_labels(panel) == [] and panel.rate_title == "tokens / s"
+
+
+def test_a_real_auto_run_shows_its_methods_in_the_charts(qtbot, open_window):
+    """Method auto on the demo pair, in the window: the charts band and list exactly the
+    methods the run's steps say drafted them, and the title names the last step's choice."""
+    window = open_window(method="auto", max_tokens=64)
+    events = []
+    window.worker.stream.connect(lambda batch: events.extend(batch.events))
+    send(qtbot, window, "def fibonacci(n):")
+    charts = window.charts
+    used = [m for m in dict.fromkeys(e.method for e in events)]
+    assert events and None not in used  # every step of auto says what drafted it
+    labels = {"none": "no speculation"}
+    assert legend_labels(charts) == [labels.get(m, m) for m in used]
+    assert charts.rate_bands.image.isVisible() and charts.acceptance_bands.image.isVisible()
+    from specdesk.ui.charts import method_color
+    from specdesk.ui.series import choice_label
+
+    assert band_colors(charts.rate_bands) <= {method_color(m) for m in used}
+    last = events[-1]
+    assert charts.rate_title == f"tokens / s · auto now: {choice_label(last.method, last.reason)}"
+    assert last.method in charts.rate_title or last.method == "none"

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
 
 from specdesk.engines.types import StepEvent
-from specdesk.ui.series import RunSeries
+from specdesk.ui.series import RunSeries, choice_label
 
 
 def step(tokens: int, drafted: int, accepted: int, seconds: float = 0.01) -> StepEvent:
@@ -45,3 +46,25 @@ def test_arrays_grow_past_their_capacity_and_reset():
     assert series.steps == 10 and series.tokens[10] == 20 and series.accepted[10] == 10
     series.reset()
     assert series.steps == 0 and series.window_rates()[0].size == 0
+
+
+def test_method_bands_name_the_method_of_each_slice_of_time():
+    """Method auto: each step names its method; the bands resample them over the run's time."""
+    series = RunSeries(capacity=4)
+    plan = ["draft"] * 6 + ["ngram"] * 2 + ["none"] * 2  # 10 steps of 0.1 s
+    events = [dataclasses.replace(step(2, 3, 1, seconds=0.1), method=m, reason=f"{m}, k = 3: expected 1.20x") for m in plan]
+    series.extend(events, [0.1 * (i + 1) for i in range(10)])
+    assert series.method_names == ["draft", "ngram", "none"] and series.choice == "no speculation"
+    t_end, codes = series.method_bands(bins=20)
+    assert math.isclose(t_end, 1.0)
+    assert codes.tolist() == [0] * 12 + [1] * 4 + [2] * 4  # slices of 0.05 s: 0.6 s draft, 0.2 s each after
+    series.reset()
+    series.extend([step(1, 0, 0)] * 3, [0.01, 0.02, 0.03])  # any other method names none
+    assert series.method_names == [] and series.method_bands() is None and series.choice is None
+
+
+def test_the_choice_label_names_the_method_and_its_k():
+    assert choice_label("draft", "draft, k = 3: expected 1.30x") == "draft, k = 3"
+    assert choice_label("ngram-pool", "ngram found nothing: ngram-pool, k = 1") == "ngram-pool, k = 1"
+    assert choice_label("ngram", "ngram-pool, k = 2: expected 1.10x") == "ngram"  # no k named for it
+    assert choice_label("none", "no speculation: best expected 0.80x (draft, k = 3)") == "no speculation"

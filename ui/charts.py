@@ -3,6 +3,11 @@
 Events are only recorded when they arrive (`add_batch`, O(events)); drawing happens in
 `refresh()`, which the window calls from its ~30 Hz timer and which does nothing when no
 new data came in. Curves are fed from RunSeries' preallocated arrays.
+
+With method auto, the tokens/s and acceptance charts show which method drafted when: a
+translucent colour band behind the curves per method (one small image per chart, resampled
+to MethodBands.BINS slices, so its cost does not grow with the run), a legend of the methods
+this run used, and the latest choice and k in the tokens/s title ("auto now: draft, k = 3").
 """
 
 from __future__ import annotations
@@ -11,6 +16,7 @@ from typing import Optional
 
 import numpy as np
 import pyqtgraph as pg
+from PySide6.QtCore import QRectF
 from PySide6.QtWidgets import QApplication, QGraphicsItem, QLabel, QSizePolicy, QVBoxLayout, QWidget
 
 from specdesk.engines.speculation.stats import StatsAccumulator
@@ -63,6 +69,57 @@ def make_plot(title: str, x_label: str, parent: Optional[QWidget] = None) -> pg.
     return plot
 
 
+# One colour per method, the same in every run (RGBA; the band's alpha keeps the curves readable).
+# auto's own four (ngram, ngram-pool, draft, mtp) and "none" are told apart at a glance.
+METHOD_COLORS = {
+    "none": (150, 150, 150), "ngram": (66, 133, 244), "ngram-pool": (67, 160, 71), "draft": (245, 124, 0),
+    "mtp": (142, 68, 173), "dflash": (0, 172, 193), "eagle3": (229, 57, 53),
+}
+OTHER_COLOR = (120, 144, 156)
+BAND_ALPHA = 72
+METHOD_LABELS = {"none": "no speculation"}
+
+
+def method_color(method: str, alpha: int = BAND_ALPHA) -> tuple[int, int, int, int]:
+    return (*METHOD_COLORS.get(method, OTHER_COLOR), alpha)
+
+
+class MethodBands:
+    """Method auto's bands behind one chart: a 1-pixel-high image of BINS slices over the run's
+    time, coloured by the method of the step under each slice (transparent where none was
+    named), stretched over the chart's x span and its y range."""
+
+    BINS = 512
+
+    def __init__(self, plot: pg.PlotWidget):
+        self.image = pg.ImageItem(axisOrder="row-major")
+        self.image.setZValue(-100)  # behind the curves and the grid
+        # Repainted with every curve frame: drawn from a cached pixmap unless the bands changed.
+        self.image.setCacheMode(QGraphicsItem.DeviceCoordinateCache)
+        self.image.setVisible(False)
+        plot.addItem(self.image)
+        self._codes: Optional[np.ndarray] = None
+        self._rect: Optional[tuple] = None
+        self._lut = np.zeros((1, 4), dtype=np.uint8)
+
+    def clear(self) -> None:
+        self.image.setVisible(False)
+        self._codes = self._rect = None
+
+    def show(self, bands: tuple[float, np.ndarray], names: list[str], y_top: float) -> None:
+        t_end, codes = bands
+        if len(self._lut) != len(names) + 1:  # a new method: one more colour (row 0: no method named)
+            self._lut = np.array([(0, 0, 0, 0)] + [method_color(m) for m in names], dtype=np.uint8)
+        if self._codes is None or not np.array_equal(codes, self._codes):
+            self._codes = codes.copy()
+            self.image.setImage(self._lut[codes + 1][None, :, :], autoLevels=False, levels=(0, 255))
+        rect = (t_end, y_top)
+        if rect != self._rect:
+            self._rect = rect
+            self.image.setRect(QRectF(0.0, 0.0, max(t_end, 1e-9), y_top))
+        self.image.setVisible(True)
+
+
 def integer_ticks(plot: pg.PlotWidget, values) -> None:
     """Label a bar chart's x axis with its categories only (draft positions, counts)."""
     plot.getAxis("bottom").setTicks([[(v, str(v)) for v in values]])
@@ -98,7 +155,8 @@ class ChartPanel(QWidget):
         layout.setContentsMargins(4, 4, 4, 4)
         layout.setSpacing(4)
         line, fill = theme.accent(self.palette()), theme.secondary(self.palette())
-        self.rate_plot = make_plot("tokens / s", "seconds", self)
+        self.rate_title = "tokens / s"
+        self.rate_plot = make_plot(self.rate_title, "seconds", self)
         self.rate_curve = self.rate_plot.plot(pen=pg.mkPen(line, width=2))
         self.acceptance_plot = make_plot("acceptance rate", "seconds", self)
         self.acceptance_plot.setYRange(0, 1.05, padding=0)
@@ -115,6 +173,19 @@ class ChartPanel(QWidget):
             curve.setDownsampling(auto=True, method="peak")
         for plot in (self.rate_plot, self.acceptance_plot, self.position_plot, self.histogram_plot):
             layout.addWidget(plot, 1)
+        # Method auto: which method drafted when (bands), their legend, the latest choice (title).
+        self.rate_bands = MethodBands(self.rate_plot)
+        self.acceptance_bands = MethodBands(self.acceptance_plot)
+        self.method_legend = pg.LegendItem(colCount=4, labelTextSize="8pt", horSpacing=8,
+                                           labelTextColor=self.palette().windowText().color(),
+                                           brush=pg.mkBrush(self.palette().base().color()))
+        self.method_legend.setParentItem(self.rate_plot.getPlotItem().vb)
+        self.method_legend.anchor((1, 0), (1, 0), offset=(-2, 1))  # top right, in the room legend_room keeps
+        self.method_legend.setVisible(False)
+        self.method_legend.setCacheMode(QGraphicsItem.DeviceCoordinateCache)  # like the axes: a copy per frame
+        self.legend_methods: list[str] = []  # the methods the legend lists, in the series' order
+        self.legend_room = 1.1  # the tokens/s axis reaches this times the curve's top (more under a legend)
+        self._legend_fit: Optional[tuple] = None  # (entries, view width, view height) it was fitted to
         self.status = QLabel("no run yet", self)
         self.status.setWordWrap(True)
         self.status.setObjectName("statusLine")
@@ -128,6 +199,7 @@ class ChartPanel(QWidget):
         self.k = k
         self._ranges.clear()
         self.series.reset()
+        self._clear_methods()
         self._accumulator = StatsAccumulator(k)
         self._final = None
         self._dirty = True
@@ -173,9 +245,10 @@ class ChartPanel(QWidget):
             self.acceptance_curve.setData([], [])
         t_max = nice_ceiling(float(t[-1]) if len(t) else 0.0, minimum=1.0)
         finite = rate[np.isfinite(rate)] if len(rate) else rate
-        y_max = nice_ceiling(1.1 * float(finite.max()) if len(finite) else 0.0, minimum=10.0)
+        y_max = nice_ceiling(self.legend_room * float(finite.max()) if len(finite) else 0.0, minimum=10.0)
         self._set_range("rate", self.rate_plot, (0, self._grown("rate_t", t_max)), (0, self._grown("rate_y", y_max)))
         self._set_range("acceptance", self.acceptance_plot, (0, self._grown("rate_t", t_max)), (0, 1.05))
+        self._draw_methods(final or self._ticks % BAR_EVERY == 0)
         stats = self.current_stats()
         slow = final or self._ticks % BAR_EVERY == 0
         if stats is not None and slow:
@@ -194,6 +267,58 @@ class ChartPanel(QWidget):
                 self.status.setText(text)
         self.repaints += 1
         return True
+
+    def _draw_methods(self, slow: bool) -> None:
+        """Method auto: the bands, the legend (a method's first step) and the title's choice
+        (when it changed) at the slow rate, like the bars: they change slowly, and the text
+        re-lays out."""
+        if not slow or not self.series.method_names:
+            return
+        bands = self.series.method_bands(MethodBands.BINS)
+        if bands is None:
+            return
+        names = self.series.method_names
+        self.rate_bands.show(bands, names, self._ranges["rate"][1][1])
+        self.acceptance_bands.show(bands, names, 1.05)
+        for method in names[len(self.legend_methods):]:
+            color = method_color(method)
+            self.method_legend.addItem(pg.BarGraphItem(x=[0], height=[1], width=1, brush=color, pen=None),
+                                       METHOD_LABELS.get(method, method))
+            self.legend_methods.append(method)
+        self._fit_legend()
+        self.method_legend.setVisible(True)
+        title = f"tokens / s · auto now: {self.series.choice}" if self.series.choice else "tokens / s · auto"
+        self._set_rate_title(title)
+
+    def _fit_legend(self) -> None:
+        """As many legend entries per row as the chart's width holds, and room above the curve
+        for its rows (refitted when an entry is added or the chart changed size)."""
+        view = self.rate_plot.getPlotItem().vb
+        fit = (len(self.legend_methods), round(view.width()), round(view.height()))
+        if fit == self._legend_fit:
+            return
+        self._legend_fit = fit
+        for columns in range(len(self.legend_methods), 0, -1):
+            self.method_legend.setColumnCount(columns)
+            if self.method_legend.width() <= view.width() - 4:
+                break
+        covered = (self.method_legend.height() + 2) / max(1.0, view.height())
+        self.legend_room = max(1.1, 1.05 / max(0.35, 1.0 - covered))
+
+    def _clear_methods(self) -> None:
+        self.rate_bands.clear()
+        self.acceptance_bands.clear()
+        if self.legend_methods:
+            self.method_legend.clear()
+            self.legend_methods = []
+        self.legend_room, self._legend_fit = 1.1, None
+        self.method_legend.setVisible(False)
+        self._set_rate_title("tokens / s")
+
+    def _set_rate_title(self, title: str) -> None:
+        if title != self.rate_title:
+            self.rate_title = title
+            self.rate_plot.setTitle(title)
 
     def _grown(self, key: str, value: float) -> float:
         """A range end that only grows during a run."""

@@ -1,17 +1,28 @@
 """Live per-step series for the charts: preallocated numpy arrays, no Qt.
 
 One row per StepEvent: time since the run started and cumulative tokens, drafted and
-accepted. Rates are computed over a trailing window at repaint time, vectorised, so adding
-an event is O(1) and a repaint is one pass over the arrays.
+accepted, and with method auto the method that step used. Rates are computed over a trailing
+window at repaint time, vectorised, so adding an event is O(1) and a repaint is one pass over
+the arrays.
 """
 
 from __future__ import annotations
 
+import re
 from typing import Optional, Sequence
 
 import numpy as np
 
 from specdesk.engines.types import StepEvent
+
+
+def choice_label(method: str, reason: Optional[str]) -> str:
+    """Method auto: a step's choice in a few words ("draft, k = 3", "no speculation"), its k
+    read from its reason where the reason names it ("ngram found nothing: draft, k = 2")."""
+    if method == "none":
+        return "no speculation"
+    found = re.search(re.escape(method) + r", k = (\d+)", reason or "")
+    return f"{method}, k = {found.group(1)}" if found else method
 
 
 class RunSeries:
@@ -23,12 +34,18 @@ class RunSeries:
         self.tokens = np.zeros(capacity)  # (capacity,) cumulative committed tokens
         self.drafted = np.zeros(capacity)  # (capacity,) cumulative drafted tokens
         self.accepted = np.zeros(capacity)  # (capacity,) cumulative accepted draft tokens
+        # (capacity,) method auto: the step's method as an index into method_names; -1 none named
+        self.method = np.full(capacity, -1, dtype=np.int16)
+        self.method_names: list[str] = []  # in the order they first drafted in this run
+        self.choice: Optional[str] = None  # method auto: the latest step's choice, e.g. "draft, k = 3"
         self.n = 1  # rows in use, including the start row
         self.start: Optional[float] = None  # perf_counter() reading of t = 0
 
     def reset(self) -> None:
         self.n = 1
         self.start = None
+        self.method_names = []
+        self.choice = None
 
     @property
     def steps(self) -> int:
@@ -36,9 +53,9 @@ class RunSeries:
 
     def _grow(self) -> None:
         self._capacity *= 2
-        for name in ("t", "tokens", "drafted", "accepted"):
+        for name in ("t", "tokens", "drafted", "accepted", "method"):
             old = getattr(self, name)
-            new = np.zeros(self._capacity)
+            new = np.full(self._capacity, -1, dtype=old.dtype) if name == "method" else np.zeros(self._capacity)
             new[: self.n] = old[: self.n]
             setattr(self, name, new)
 
@@ -54,7 +71,28 @@ class RunSeries:
             self.tokens[i] = self.tokens[i - 1] + len(event.tokens)
             self.drafted[i] = self.drafted[i - 1] + event.drafted
             self.accepted[i] = self.accepted[i - 1] + event.accepted
+            if event.method is not None:
+                if event.method not in self.method_names:
+                    self.method_names.append(event.method)
+                self.method[i] = self.method_names.index(event.method)
+                self.choice = choice_label(event.method, event.reason)
+            else:
+                self.method[i] = -1
             self.n += 1
+
+    def method_bands(self, bins: int = 512) -> Optional[tuple[float, np.ndarray]]:
+        """Method auto: (the last step's time, (bins,) method index over equal slices of
+        0..that time, -1 where no method was named), the method of the step under each slice's
+        middle; None when no step named its method (any other method)."""
+        if not self.method_names or self.n < 2:
+            return None
+        n = self.n
+        t_end = float(self.t[n - 1])
+        if t_end <= 0:
+            return t_end, np.full(bins, self.method[n - 1], dtype=np.int16)
+        middles = (np.arange(bins) + 0.5) * (t_end / bins)
+        step = np.minimum(np.searchsorted(self.t[1:n], middles, side="left"), n - 2)  # step i ends at t[i + 1]
+        return t_end, self.method[1:n][step]
 
     def window_rates(self, min_steps: int = 16, min_seconds: float = 0.2) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(t, tokens/s, acceptance) per step over a trailing window.
