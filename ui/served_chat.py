@@ -1,10 +1,12 @@
 """Chat with a served engine in the window: "Servers > Add server…" and the chat on it.
 
 The dialog takes a base URL and an optional API key (kept in the OS keyring through
-app/credentials.py, never in settings.json), connects on a background thread, lists the
+app/credentials.py, never in settings.json), connects on a background thread (a `ProbeJob` on
+the served probe lane), lists the
 server's models and says which charts it can fill. While a server is in use, the chat tab
 streams from it: its chat and compare are typed jobs (`ServedChatJob`, `ServedCompareJob`) on
-a `JobThread` (ui/job_thread.py, the one worker base the engine worker runs on), whose runner
+a `JobThread` (ui/job_thread.py, the one worker base the engine worker runs on; connecting has
+a lane of its own, so Add server… never waits for a reply streaming), whose runner
 iterates `Endpoint.stream_chat` (app/endpoint.py) and sends coalesced batches
 (ui/jobs.EventBatcher) to the GUI as queued signals, as the engine worker does; the same chart
 panel draws tok/s from the stream and, when the reply ends, the server's own acceptance,
@@ -14,7 +16,6 @@ Stop sets the jobs' cancel events; the endpoint checks them between streamed chu
 
 from __future__ import annotations
 
-import threading
 from dataclasses import dataclass
 from typing import Any, ClassVar, Optional
 
@@ -36,6 +37,16 @@ REPAINT_INTERVAL_MS = 33
 
 
 # --- the jobs ----------------------------------------------------------------------
+@dataclass(kw_only=True)
+class ProbeJob(Job):
+    """Add server…'s Connect: what the server reports, and the baseline server's when one is given."""
+
+    kind: ClassVar[str] = "served_probe"
+    endpoint: Endpoint
+    baseline_url: str = ""
+    api_key: Optional[str] = None
+
+
 @dataclass(kw_only=True)
 class ServedChatJob(Job):
     """One reply from the server to the conversation in `messages`."""
@@ -66,9 +77,20 @@ class _ServedRunner(JobRunner):
     stream = Signal(object)  # jobs.StreamBatch
 
     def perform(self, job: Job) -> Any:
+        if isinstance(job, ProbeJob):
+            return self._probe(job)
         if isinstance(job, ServedChatJob):
             return self._chat(job)
         return self._compare(job)
+
+    def _probe(self, job: ProbeJob) -> tuple[ServerInfo, Optional[Endpoint]]:
+        info = job.endpoint.probe()
+        baseline = None
+        if job.baseline_url:
+            baseline = Endpoint(job.baseline_url, api_key=job.api_key or load_key(base_url(job.baseline_url)),
+                                timeout=15.0)
+            baseline.probe()
+        return info, baseline
 
     def _chat(self, job: ServedChatJob) -> ServedRun:
         batcher = EventBatcher(job.job_id, "chat", job.k, None, self.stream.emit)
@@ -99,11 +121,11 @@ class _ServedRunner(JobRunner):
 class ConnectDialog(QDialog):
     """Base URL, optional API key; Connect lists the models and what the server reports."""
 
-    probed = Signal(object, object)  # (Endpoint or None, ServerInfo or error message)
-
-    def __init__(self, parent: Optional[QWidget] = None, url: str = ""):
+    def __init__(self, probes: JobThread, parent: Optional[QWidget] = None, url: str = ""):
         super().__init__(parent)
         self.setWindowTitle("Add server")
+        self.probes = probes  # the job thread Connect runs on
+        self._probe: Optional[ProbeJob] = None  # the Connect in progress
         self.endpoint: Optional[Endpoint] = None
         self.key_note = ""
         self.url_edit = QLineEdit(url, self)
@@ -138,7 +160,8 @@ class ConnectDialog(QDialog):
         self.url_edit.returnPressed.connect(self.probe)
         self.buttons.accepted.connect(self._accept)
         self.buttons.rejected.connect(self.reject)
-        self.probed.connect(self._on_probed)
+        probes.done.connect(self._on_probe_done)
+        probes.failed.connect(self._on_probe_failed)
 
     def probe(self) -> None:
         """Connect on a background thread: a server that does not answer never freezes the window."""
@@ -148,27 +171,27 @@ class ConnectDialog(QDialog):
             self.info.setText(str(e))
             return
         key = self.key_edit.text().strip() or load_key(url)
-        endpoint = Endpoint(url, api_key=key, timeout=15.0)
-        baseline_text = self.baseline_edit.text().strip()
         self.connect_button.setEnabled(False)
         self.info.setText(f"connecting to {url}…")
+        self._probe = self.probes.submit(ProbeJob(endpoint=Endpoint(url, api_key=key, timeout=15.0),
+                                                  baseline_url=self.baseline_edit.text().strip(), api_key=key))
 
-        def work() -> None:
-            try:
-                info = endpoint.probe()
-                self.baseline = None
-                if baseline_text:
-                    baseline = Endpoint(baseline_text, api_key=key or load_key(base_url(baseline_text)),
-                                        timeout=15.0)
-                    baseline.probe()
-                    self.baseline = baseline
-                self.probed.emit(endpoint, info)
-            except EndpointError as e:
-                self.probed.emit(None, str(e))
+    @Slot(object)
+    def _on_probe_done(self, item) -> None:
+        job, (info, baseline) = item
+        if job is self._probe:
+            self.baseline = baseline
+            self._on_probed(job.endpoint, info)
 
-        threading.Thread(target=work, daemon=True, name="specdesk-probe").start()
+    @Slot(object)
+    def _on_probe_failed(self, item) -> None:
+        job, error = item
+        if job is self._probe:
+            self.baseline = None
+            self._on_probed(None, str(error))
 
     def _on_probed(self, endpoint: Optional[Endpoint], outcome) -> None:
+        self._probe = None
         self.connect_button.setEnabled(True)
         if endpoint is None:
             self.info.setText(outcome)
@@ -220,6 +243,7 @@ class ServedChat(QObject):
         self._reply: Optional[tuple[int, ChatMessage]] = None  # the chat job streaming and its message
         self._compare_id: Optional[int] = None  # the compare job running
         self.jobs = JobThread("specdesk-served", _ServedRunner, parent=self)
+        self.probes = JobThread("specdesk-served-probe", _ServedRunner, parent=self)  # Add server…'s Connect
         self.timer = QTimer(self)
         self.timer.setInterval(REPAINT_INTERVAL_MS)
         self.timer.timeout.connect(self._tick)
@@ -244,7 +268,7 @@ class ServedChat(QObject):
         return self._reply is not None or self._compare_id is not None
 
     def add_server(self) -> Optional[ConnectDialog]:
-        dialog = ConnectDialog(self.window, self.endpoint.url if self.endpoint else "")
+        dialog = ConnectDialog(self.probes, self.window, self.endpoint.url if self.endpoint else "")
         dialog.accepted.connect(lambda: self.use(dialog.endpoint, dialog.key_note, dialog.baseline))
         dialog.open()
         return dialog
@@ -291,7 +315,8 @@ class ServedChat(QObject):
     def shutdown(self, timeout_ms: int = 2_000) -> bool:
         """The window closes: cancel, end the job thread, and take in what it sent before it
         ended (a stopped reply is saved, as the engine worker's is). True when it ended."""
-        ended = self.jobs.shutdown(timeout_ms)
+        probes_ended = self.probes.shutdown(timeout_ms)
+        ended = self.jobs.shutdown(timeout_ms) and probes_ended
         QCoreApplication.sendPostedEvents(self, 0)  # the last batches, then the outcome
         QCoreApplication.sendPostedEvents(self.jobs, 0)
         self.timer.stop()
