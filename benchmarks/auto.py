@@ -10,7 +10,7 @@ Then one summary line per engine: auto over the best fixed configuration and ove
 The `mtp-only` target is the demo target exported with its MTP layer (llama.cpp), with auto
 limited to MTP and no speculation: the case where every method may lose.
 
-Usage: python benchmarks/auto.py [--engines llama,torch,mtp-only] [--prompts N] [--max-tokens 64]
+Usage: python benchmarks/auto.py [--engines llama,torch,mtp-only] [--prompts N] [--max-tokens 64] [--rounds R]
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ def label(spec: SpecConfig) -> str:
     return spec.method if spec.method in ("none", "auto") else f"{spec.method} k={spec.k}"
 
 
-def bench(kind: str, engine, configs: list[SpecConfig], prompts: list[str], max_tokens: int) -> None:
+def bench(kind: str, engine, configs: list[SpecConfig], prompts: list[str], max_tokens: int, rounds: int = 1) -> None:
     sampling = SamplingParams()
     encoded = [engine.tokenize(p) for p in prompts]
     for spec in configs:  # first-call allocations and auto's cost measurement, untimed
@@ -53,7 +53,7 @@ def bench(kind: str, engine, configs: list[SpecConfig], prompts: list[str], max_
     seconds = Counter()
     outputs: dict[str, list] = {label(s): [] for s in configs}
     chosen: Counter = Counter()
-    for index, prompt in enumerate(encoded):
+    for index, prompt in enumerate(encoded * rounds):
         order = configs if index % 2 == 0 else configs[::-1]
         for spec in order:
             engine.reset_chat()
@@ -86,6 +86,7 @@ def main() -> int:
     parser.add_argument("--prompts", type=int, default=8, help="how many of the benchmark prompts")
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--ks", default="1,2,3,4,6")
+    parser.add_argument("--rounds", type=int, default=1, help="times through the prompts (less noise)")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--small", action="store_true", help="the small demo family (seconds to build)")
     args = parser.parse_args()
@@ -112,7 +113,7 @@ def main() -> int:
             engine = LlamaEngine(target, n_ctx=1024, n_threads=args.threads)
             draft = paths["draft_gguf"]
         try:
-            bench(kind, engine, configurations(kind, draft, ks), prompts, args.max_tokens)
+            bench(kind, engine, configurations(kind, draft, ks), prompts, args.max_tokens, args.rounds)
         finally:
             engine.close()
     return 0

@@ -102,7 +102,7 @@ def test_a_method_unused_for_a_while_is_probed_again():
     # The prior (0.6) makes it worth trying; once its drafts keep failing it stops, and from
     # then on drafts once every REPROBE_EVERY steps.
     used = [i for i, method in enumerate(methods) if method == "draft"]
-    assert used[0] == 0 and "none" in methods[:REPROBE_EVERY]
+    assert used[0] == 0 and "none" in methods[:24]
     last_tries = [b - a for a, b in zip(used, used[1:])][-2:]
     assert last_tries == [REPROBE_EVERY, REPROBE_EVERY]
     assert losing.proposed == len(used)
@@ -152,6 +152,55 @@ def assert_greedy_identical(engine, spec, prompts, max_tokens=48):
     return used
 
 
+class Fixed:
+    """A proposer that always drafts the same tokens (none: a lookup that finds nothing)."""
+
+    def __init__(self, tokens=()):
+        self.tokens, self.proposed, self.accepted = tuple(tokens), 0, []
+
+    def begin(self, prompt):
+        pass
+
+    def propose(self, context, k):
+        from specdesk.engines.types import Draft
+
+        self.proposed += 1
+        return Draft(self.tokens[:k])
+
+    def accept(self, n_accepted, committed):
+        self.accepted.append(n_accepted)
+
+
+def test_a_lookup_that_finds_nothing_hands_its_step_to_the_next_best_method():
+    costs = Costs((1.0, 1.1, 1.2, 1.3), {"ngram": 0.0, "draft": 0.2})
+    lookup, model = Fixed(), Fixed((7, 7, 7))
+    auto = AutoProposer({"ngram": lookup, "draft": model}, costs, 3)
+    auto.begin([1, 2, 3])
+    draft = auto.propose([1, 2, 3], 3)
+    assert lookup.proposed == 1 and model.proposed == 1
+    assert auto.choice.method == "draft" and auto.choice.reason == f"ngram found nothing: draft, k = {auto.choice.k}"
+    assert draft.tokens == (7,) * auto.choice.k
+    auto.accept(1, [7, 9])
+    assert model.accepted == [1] and lookup.accepted == [0]
+    assert auto.estimates["ngram"].hit_rate() < 1.0 and auto.estimates["draft"].drafted == auto.choice.k
+    # The chooser values the lookup with its fallback on the steps it misses.
+    assert choose(costs, auto.estimates, 3).fallback == ("draft", choose(costs, {"draft": auto.estimates["draft"]}, 3).k)
+
+
+def test_acceptance_learned_in_one_reply_starts_the_next():
+    costs = Costs((1.0, 1.1, 1.2), {"draft": 0.05})
+    learned: dict = {}
+    first = AutoProposer({"draft": Fixed((5, 5))}, costs, 2, learned=learned)
+    first.begin([1])
+    for _ in range(20):
+        first.propose([1], 2)
+        first.accept(0, [4])
+    second = AutoProposer({"draft": Fixed((5, 5))}, costs, 2, learned=learned)
+    assert second.estimates["draft"] is first.estimates["draft"]
+    assert second.estimates["draft"].per_position()[0] < 0.2
+    assert AutoProposer({"draft": Fixed()}, costs, 2).estimates["draft"].per_position()[0] == pytest.approx(0.6)
+
+
 def test_llama_greedy_auto_equals_baseline(demo_family, tmp_path):
     from specdesk.engines.llama.engine import LlamaEngine
 
@@ -165,11 +214,11 @@ def test_llama_greedy_auto_equals_baseline(demo_family, tmp_path):
         engine.close()
 
 
-def test_llama_greedy_auto_on_mtp_alone_equals_baseline(demo_family, demo_cache_dir, tmp_path):
+def test_llama_greedy_auto_on_mtp_alone_equals_baseline(demo_family, demo_cache_dir, tmp_path, monkeypatch):
     """Limited to MTP and no speculation, auto keeps the MTP drafter fed on steps it does not
     draft, so the drafts it makes after a pause are right. The costs are those of a machine
     where MTP pays only when most of its drafts are accepted (a cost file as auto keeps them),
-    so runs mix MTP steps and plain ones."""
+    and it is never let go, so runs mix plain steps and MTP steps after them."""
     import json
 
     from specdesk.app.demo.export_native_gguf import build_native
@@ -179,7 +228,8 @@ def test_llama_greedy_auto_on_mtp_alone_equals_baseline(demo_family, demo_cache_
     native = build_native(demo_family, demo_cache_dir / "native")
     engine = LlamaEngine(native["mtp_gguf"], n_ctx=256, n_threads=2)
     engine.cost_cache_dir = tmp_path
-    costs = Costs((1.0, 1.4, 1.8, 2.2), {"mtp": 0.05}, {"mtp": 0.0})
+    costs = Costs((1.0, 1.7, 2.4, 3.1), {"mtp": 0.05}, {"mtp": 0.0})
+    monkeypatch.setattr(auto, "RETIRE_AFTER", 10**6)  # kept fed through its pauses, re-probed after them
     (tmp_path / f"costs-{auto.cost_key(engine, ['mtp'], 3, None)}.json").write_text(json.dumps(costs.to_json()))
     auto._memory.clear()
     try:

@@ -17,6 +17,7 @@ import hashlib
 import json
 import os
 import time
+import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Mapping, Optional, Sequence
@@ -30,7 +31,7 @@ AUTO_METHODS = ("ngram", "ngram-pool", "draft", "mtp")  # the order ties are bro
 PRIOR_ACCEPTANCE = 0.6  # per-position acceptance assumed before a method has drafted
 PRIOR_WEIGHT = 2.0  # how many observed steps the prior is worth
 DECAY = 0.97  # older steps count less, so a change of text shows within a few dozen steps
-REPROBE_EVERY = 24  # a method unused for this many steps drafts once, so it can come back
+REPROBE_EVERY = 8  # a method unused for this many steps drafts once, so it can come back
 # A hidden-state drafter (MTP) costs a catch-up on every target pass even when it does not
 # draft: not chosen on its merits for this many steps, it is let go for the rest of the run;
 # one that could not win even at this acceptance is not fed at all.
@@ -72,15 +73,18 @@ class Costs:
 
 @dataclass
 class AcceptanceEstimate:
-    """One method's running acceptance per draft position: of the steps that reached position
-    i (every earlier draft token accepted), the share whose token i was drafted and accepted
-    (a draft shorter than asked counts as a rejection there). Older steps decay."""
+    """One method's running acceptance per draft position: of the steps where it drafted and
+    that reached position i (every earlier draft token accepted), the share whose token i was
+    drafted and accepted (a draft shorter than asked counts as a rejection there); and how
+    often it drafted at all (an n-gram lookup often finds nothing: a miss). Older steps decay."""
 
     max_k: int
     reached: np.ndarray = field(init=False)  # (max_k,)
     accepted: np.ndarray = field(init=False)  # (max_k,)
     asked: float = 0.0
     drafted: float = 0.0
+    tries: float = 0.0
+    misses: float = 0.0
 
     def __post_init__(self) -> None:
         self.reached = np.zeros(self.max_k)
@@ -91,7 +95,11 @@ class AcceptanceEstimate:
         self._summary = None
         self.reached *= DECAY
         self.accepted *= DECAY
-        self.asked, self.drafted = self.asked * DECAY + k, self.drafted * DECAY + drafted
+        self.tries, self.misses = self.tries * DECAY + 1, self.misses * DECAY + (drafted == 0)
+        self.asked, self.drafted = self.asked * DECAY, self.drafted * DECAY
+        if drafted == 0:
+            return
+        self.asked, self.drafted = self.asked + k, self.drafted + drafted
         reached = min(k, accepted + 1)
         self.reached[:reached] += 1
         self.accepted[:accepted] += 1
@@ -101,13 +109,17 @@ class AcceptanceEstimate:
         return (self.accepted + PRIOR_WEIGHT * PRIOR_ACCEPTANCE) / (self.reached + PRIOR_WEIGHT)
 
     def draft_share(self) -> float:
-        """Drafted tokens per token asked for (n-gram methods often find fewer)."""
+        """Drafted tokens per token asked for, when it drafted (n-gram methods often find fewer)."""
         return (self.drafted + PRIOR_WEIGHT) / (self.asked + PRIOR_WEIGHT)
 
-    def summary(self) -> tuple[list[float], float]:
-        """(per_position() as floats, draft_share()), computed once per recorded step."""
+    def hit_rate(self) -> float:
+        """The share of steps it drafted anything (the prior: it does)."""
+        return (self.tries - self.misses + PRIOR_WEIGHT) / (self.tries + PRIOR_WEIGHT)
+
+    def summary(self) -> tuple[list[float], float, float]:
+        """(per_position() as floats, draft_share(), hit_rate()), computed once per recorded step."""
         if self._summary is None:
-            self._summary = ([float(a) for a in self.per_position()], self.draft_share())
+            self._summary = ([float(a) for a in self.per_position()], self.draft_share(), self.hit_rate())
         return self._summary
 
 
@@ -117,6 +129,7 @@ class Choice:
     k: int
     expected_speedup: float  # over a plain pass per token, from the costs and estimates
     reason: str
+    fallback: Optional[tuple[str, int]] = None  # (method, k) that drafts when this one finds nothing
 
 
 def expected_tokens(per_position: Sequence[float], k: int) -> float:
@@ -130,40 +143,76 @@ def expected_tokens(per_position: Sequence[float], k: int) -> float:
 
 def expected_speedup(costs: Costs, method: str, per_position: Sequence[float], draft_share: float, k: int,
                      extra_s: float = 0.0) -> float:
+    """The speedup of a step where `method` drafts (up to k tokens), over a plain pass per token."""
     return _speedups(costs, method, per_position, draft_share, k, extra_s)[k - 1]
 
 
-def _speedups(costs: Costs, method: str, per_position: Sequence[float], draft_share: float,
-              max_k: int, extra_s: float = 0.0) -> list[float]:
-    """Expected speedup over a plain pass for k = 1..max_k, in one walk over the positions;
-    `extra_s`: what every step costs besides (a fed hidden-state drafter's catch-up)."""
+def _outcomes(costs: Costs, method: str, per_position: Sequence[float], draft_share: float,
+              max_k: int, extra_s: float = 0.0) -> list[tuple[float, float]]:
+    """(expected tokens, seconds) of a step where `method` drafts, for k = 1..max_k, in one walk
+    over the positions; `extra_s`: what every step costs besides (a fed hidden-state drafter's
+    catch-up). Plain floats: the chooser calls this for every method each step."""
     draft_s = costs.draft_token_s.get(method, 0.0)
     tokens, reach, out = 1.0, 1.0, []
     for k in range(1, max_k + 1):
         reach *= per_position[k - 1]
         tokens += reach
         drafted = draft_share * k
-        out.append(tokens * costs.pass_s[0] / (draft_s * drafted + costs.pass_cost(1.0 + drafted) + extra_s))
+        out.append((tokens, draft_s * drafted + costs.pass_cost(1.0 + drafted) + extra_s))
     return out
+
+
+def _speedups(costs: Costs, method: str, per_position: Sequence[float], draft_share: float,
+              max_k: int, extra_s: float = 0.0) -> list[float]:
+    """expected_speedup for k = 1..max_k."""
+    return [tokens * costs.pass_s[0] / seconds
+            for tokens, seconds in _outcomes(costs, method, per_position, draft_share, max_k, extra_s)]
+
+
+def _mix(hit: float, drafted: tuple[float, float], missed: tuple[float, float]) -> tuple[float, float]:
+    """(tokens, seconds) per step of a method that drafts with probability `hit` and otherwise
+    leaves the step to `missed`."""
+    return (hit * drafted[0] + (1 - hit) * missed[0], hit * drafted[1] + (1 - hit) * missed[1])
 
 
 def choose(costs: Costs, estimates: Mapping[str, AcceptanceEstimate], max_k: int, extra_s: float = 0.0) -> Choice:
     """The (method, k) with the highest expected tokens per second, or no speculation when
     nothing is expected to beat a plain pass (`extra_s`: a cost every step pays whatever is
-    chosen). Ties go to no speculation, then to the method listed first, then to the smaller k."""
-    plain = costs.pass_s[0] / (costs.pass_s[0] + extra_s)
-    best: Optional[tuple[float, str, int]] = None
+    chosen). A method that may find nothing to draft (n-gram lookups) is valued with its
+    fallback for those steps: the best other method on its own, or a plain pass. Ties go to no
+    speculation, then to the method listed first, then to the smaller k."""
+    plain = (1.0, costs.pass_s[0] + extra_s)
+    rate = costs.pass_s[0]
+    # Each method on its own (a miss is a plain pass after the lookup): its best (tokens, seconds, k).
+    alone: dict[str, tuple[float, float, int]] = {}
+    outcomes: dict[str, list[tuple[float, float]]] = {}
     for method, estimate in estimates.items():
-        per_position, share = estimate.summary()
-        for k, speedup in enumerate(_speedups(costs, method, per_position, share, max_k, extra_s), start=1):
+        per_position, share, hit = estimate.summary()
+        outcomes[method] = _outcomes(costs, method, per_position, share, max_k, extra_s)
+        miss = (1.0, plain[1] + costs.draft_token_s.get(method, 0.0))
+        for k, outcome in enumerate(outcomes[method], start=1):
+            tokens, seconds = _mix(hit, outcome, miss)
+            if method not in alone or tokens / seconds > alone[method][0] / alone[method][1]:
+                alone[method] = (tokens, seconds, k)
+    best: Optional[tuple[float, str, int, Optional[tuple[str, int]]]] = None
+    for method, estimate in estimates.items():
+        hit = estimate.summary()[2]
+        others = [(t, sec, m, k) for m, (t, sec, k) in alone.items() if m != method and t / sec > plain[0] / plain[1]]
+        fallback = max(others, key=lambda o: o[0] / o[1], default=None)
+        missed = (fallback[0], fallback[1]) if fallback else plain
+        missed = (missed[0], missed[1] + costs.draft_token_s.get(method, 0.0))
+        for k, outcome in enumerate(outcomes[method], start=1):
+            tokens, seconds = _mix(hit, outcome, missed)
+            speedup = tokens * rate / seconds
             if best is None or speedup > best[0]:
-                best = (speedup, method, k)
+                best = (speedup, method, k, (fallback[2], fallback[3]) if fallback else None)
     if best is None:
         return Choice("none", 0, 1.0, "no speculation: no method available")
-    speedup, method, k = best
-    if speedup <= plain:
-        return Choice("none", 0, plain, f"no speculation: best expected {speedup:.2f}x ({method}, k = {k})")
-    return Choice(method, k, speedup, f"{method}, k = {k}: expected {speedup:.2f}x")
+    speedup, method, k, fallback = best
+    plain_speedup = plain[0] * rate / plain[1]
+    if speedup <= plain_speedup:
+        return Choice("none", 0, plain_speedup, f"no speculation: best expected {speedup:.2f}x ({method}, k = {k})")
+    return Choice(method, k, speedup, f"{method}, k = {k}: expected {speedup:.2f}x", fallback)
 
 
 def _method_order(method: str) -> int:
@@ -175,7 +224,8 @@ class AutoProposer:
     method). `observer`: the one sub-proposer that reads the target's hidden states (MTP),
     which the engine feeds every pass, whichever method drafted it."""
 
-    def __init__(self, proposers: Mapping[str, object], costs: Costs, max_k: int, observer: Optional[str] = None):
+    def __init__(self, proposers: Mapping[str, object], costs: Costs, max_k: int, observer: Optional[str] = None,
+                 learned: Optional[dict] = None):
         self.proposers = {m: proposers[m] for m in sorted(proposers, key=_method_order)}
         self.costs = costs
         self.max_k = max_k
@@ -183,11 +233,15 @@ class AutoProposer:
         self.observer_method = observer if self.observer is not None else None
         self.last_chosen = {m: 0 for m in self.proposers}  # the step `choose` last picked each (not a re-probe)
         self.counters = ProposerCounters()
-        self.estimates = {m: AcceptanceEstimate(max_k) for m in self.proposers}
+        # `learned`: estimates kept from earlier runs on the same models (updated in place), so
+        # a reply starts from what the replies before it measured rather than from the prior.
+        learned = {} if learned is None else learned
+        self.estimates = {m: learned.setdefault(m, AcceptanceEstimate(max_k)) for m in self.proposers}
         self.last_used = {m: 0 for m in self.proposers}
         self.steps = 0
         self.choice = Choice("none", 0, 1.0, "no speculation: not started")
         self._pending: Optional[tuple[str, int, int]] = None  # (method, k asked, drafted) of this step
+        self._missed: Optional[str] = None  # the method that found nothing this step, before its fallback
 
     def begin(self, prompt: Sequence[int]) -> None:
         for proposer in self.proposers.values():
@@ -205,7 +259,7 @@ class AutoProposer:
         stale = [m for m in self.proposers if self.steps - self.last_used[m] >= REPROBE_EVERY and m != choice.method]
         if stale:
             method = stale[0]
-            per_position, share = self.estimates[method].summary()
+            per_position, share, _ = self.estimates[method].summary()
             speedups = _speedups(self.costs, method, per_position, share, max(1, min(self.max_k, k_budget)),
                                  self.extra_s())
             speedup = max(speedups)
@@ -225,6 +279,17 @@ class AutoProposer:
             self.last_used[method] = self.steps
             draft = self.proposers[method].propose(context, min(k, self.choice.k))
             self._pending = (method, min(k, self.choice.k), len(draft.tokens))
+            if not draft.tokens and self.choice.fallback is not None:
+                # Found nothing: its miss is recorded, and the fallback drafts this step. Still
+                # lossless: the lookup reads only committed tokens, never this step's pass.
+                self.estimates[method].record(min(k, self.choice.k), 0, 0)
+                self._missed = method
+                fallback, fallback_k = self.choice.fallback
+                self.last_used[fallback] = self.last_chosen[fallback] = self.steps
+                draft = self.proposers[fallback].propose(context, min(k, fallback_k))
+                self._pending = (fallback, min(k, fallback_k), len(draft.tokens))
+                self.choice = Choice(fallback, fallback_k, self.choice.expected_speedup,
+                                     f"{method} found nothing: {fallback}, k = {fallback_k}")
         self.counters.record_proposal(len(draft.tokens), time.perf_counter() - started)
         return draft
 
@@ -235,6 +300,9 @@ class AutoProposer:
             chosen, asked, drafted = self._pending
             self.estimates[chosen].record(asked, drafted, n_accepted)
             self.proposers[chosen].accept(n_accepted, committed)
+        if self._missed is not None:
+            self.proposers[self._missed].accept(0, committed)
+            self._missed = None
         if self.observer is not None and self.proposers.get(chosen) is not self.observer:
             # It saw this pass too: it keeps the committed rows whoever drafted.
             self.observer.accept(n_accepted, committed)
@@ -259,6 +327,8 @@ class AutoProposer:
 
 # --- measuring costs ----------------------------------------------------------------
 _memory: dict[str, Costs] = {}
+# engine -> cost key -> method -> its acceptance estimate, carried from one run to the next
+_learned: "weakref.WeakKeyDictionary[object, dict[str, dict[str, AcceptanceEstimate]]]" = weakref.WeakKeyDictionary()
 
 
 def cost_key(engine, methods: Sequence[str], max_k: int, draft_path: Optional[str]) -> str:
@@ -310,9 +380,10 @@ def load_or_measure(engine, proposers: Mapping[str, object], max_k: int, draft_p
 
 
 def measure_costs(engine, proposers: Mapping[str, object], max_k: int, observer: Optional[str] = None,
-                  repeats: int = 3) -> Costs:
+                  repeats: int = 5) -> Costs:
     """Time the target pass (with greedy verification) over 1..K+1 tokens on a probe prompt,
-    the fastest of `repeats`, and each proposer's drafting per token on the same prompt."""
+    the fastest of `repeats` (never more than a larger size's), and each proposer's drafting
+    per token on the same prompt."""
     probe = list(engine.tokenize(PROBE_TEXT))
     while len(probe) < max_k + 8:
         probe = probe + probe
@@ -329,6 +400,10 @@ def measure_costs(engine, proposers: Mapping[str, object], max_k: int, observer:
             engine.verify_pass(Draft(tuple(tail[:n - 1])), output, SamplingParams(), rng)
             best[n - 1] = min(best[n - 1], time.perf_counter() - started)
             ctx.rollback(n_past)
+    # A pass over more tokens never costs less: a size measured above a larger one caught a
+    # slower moment (noise only adds time), so it takes the larger size's time.
+    for n in range(max_k - 1, -1, -1):
+        best[n] = min(best[n], best[n + 1])
     draft_token_s, observe_s = {}, {}
     for method, proposer in proposers.items():
         if method == observer:
@@ -346,7 +421,8 @@ def _observer_costs(engine, method: str, probe: list[int], max_k: int, pass_s: l
 
     from ..types import GenerationRequest, SpecConfig
 
-    request = GenerationRequest(tuple(probe[:-max_k]), max_tokens=6 * (max_k + 1), spec=SpecConfig(method=method, k=max_k),
+    # k = 2: the sizes at which a fed drafter pays or not; its catch-up does not depend on k.
+    request = GenerationRequest(tuple(probe[:-max_k]), max_tokens=36, spec=SpecConfig(method=method, k=min(2, max_k)),
                                 stop_at_eos=False)
     drafted = seconds = 0.0
     beyond = []
@@ -398,15 +474,21 @@ def make_auto_proposer(engine, spec, sampling: SamplingParams, rng: np.random.Ge
         proposers[method] = make_proposer(engine, dataclasses.replace(spec, method=method, auto_methods=()),
                                           sampling, rng)
     observer = "mtp" if "mtp" in proposers else None
-    costs = load_or_measure(engine, proposers, spec.k, spec.draft_path if "draft" in proposers else None, observer)
-    if observer is not None and not worth_feeding(costs, observer, spec.k):
+    draft_path = spec.draft_path if "draft" in proposers else None
+    costs = load_or_measure(engine, proposers, spec.k, draft_path, observer)
+    learned = _learned.setdefault(engine, {}).setdefault(cost_key(engine, list(proposers), spec.k, draft_path), {})
+    if observer is not None and not worth_feeding(costs, observer, spec.k, learned.get(observer)):
         del proposers[observer]  # never attached: its catch-up would cost more than it can save
         observer = None
-    return AutoProposer(proposers, costs, spec.k, observer)
+    return AutoProposer(proposers, costs, spec.k, observer, learned)
 
 
-def worth_feeding(costs: Costs, method: str, max_k: int) -> bool:
-    """Whether a hidden-state drafter could beat a plain pass even at OPTIMISTIC_ACCEPTANCE,
-    paying its catch-up on every pass."""
-    optimistic = [OPTIMISTIC_ACCEPTANCE] * max_k
-    return max(_speedups(costs, method, optimistic, 1.0, max_k, costs.observe_s.get(method, 0.0))) > 1.0
+def worth_feeding(costs: Costs, method: str, max_k: int, shown: Optional[AcceptanceEstimate] = None) -> bool:
+    """Whether a hidden-state drafter could beat a plain pass, paying its catch-up on every
+    pass: at the acceptance it has shown on this model in earlier runs (`shown`), else even at
+    OPTIMISTIC_ACCEPTANCE."""
+    if shown is not None and shown.drafted > 0:
+        per_position, share, _ = shown.summary()
+    else:
+        per_position, share = [OPTIMISTIC_ACCEPTANCE] * max_k, 1.0
+    return max(_speedups(costs, method, per_position, share, max_k, costs.observe_s.get(method, 0.0))) > 1.0
