@@ -178,7 +178,8 @@ def test_a_lookup_that_finds_nothing_hands_its_step_to_the_next_best_method():
     auto.begin([1, 2, 3])
     draft = auto.propose([1, 2, 3], 3)
     assert lookup.proposed == 1 and model.proposed == 1
-    assert auto.choice.method == "draft" and auto.choice.reason == f"ngram found nothing: draft, k = {auto.choice.k}"
+    assert auto.choice.method == "draft"
+    assert auto.choice.reason.startswith(f"ngram found nothing: draft, k = {auto.choice.k} (expected ")
     assert draft.tokens == (7,) * auto.choice.k
     auto.accept(1, [7, 9])
     assert model.accepted == [1] and lookup.accepted == [0]

@@ -289,7 +289,8 @@ class AutoProposer:
                 draft = self.proposers[fallback].propose(context, min(k, fallback_k))
                 self._pending = (fallback, min(k, fallback_k), len(draft.tokens))
                 self.choice = Choice(fallback, fallback_k, self.choice.expected_speedup,
-                                     f"{method} found nothing: {fallback}, k = {fallback_k}")
+                                     f"{method} found nothing: {fallback}, k = {fallback_k} "
+                                     f"(expected {self.choice.expected_speedup:.2f}x with {method})")
         self.counters.record_proposal(len(draft.tokens), time.perf_counter() - started)
         return draft
 
