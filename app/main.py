@@ -12,7 +12,7 @@ import json
 import sys
 import threading
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Iterator, Optional
 
 from specdesk.app.session import chat_tokens, open_engine as open_engine_process, prompt_tokenizer, resolve_demo
 from specdesk.app.settings import DEMO, DEMO_DFLASH, DEMO_HF
@@ -125,6 +125,21 @@ def next_user_line() -> Optional[str]:
     return line if line.strip() else None
 
 
+def user_turns(messages: list[dict], on_new: Callable[[], None] = lambda: None) -> Iterator[str]:
+    """The terminal chat's turns, for local and served chats: each message the user types,
+    already appended to `messages`; `/new` clears them (and calls on_new) and asks again."""
+    while True:
+        line = next_user_line()
+        if line is None:
+            return
+        if line.strip() == "/new":
+            messages.clear()
+            on_new()
+            continue
+        messages.append({"role": "user", "content": line})
+        yield line
+
+
 def compare_prompts(args) -> list[str]:
     """`--prompt`, or the prompts of `--prompts FILE`, or the first four benchmark prompts."""
     from specdesk.app.compare import load_prompts
@@ -199,15 +214,7 @@ def cmd_chat(args) -> int:
           + (f" (k={spec.k})" if spec.method != "none" else "")
           + " · empty line or Ctrl-D to quit, /new for a new chat", file=sys.stderr)
     try:
-        while True:
-            line = next_user_line()
-            if line is None:
-                break
-            if line.strip() == "/new":
-                messages.clear()
-                engine.reset_chat()
-                continue
-            messages.append({"role": "user", "content": line})
+        for _ in user_turns(messages, engine.reset_chat):
             cancel = threading.Event()
             try:
                 # The oldest turns go first when the conversation outgrows the context.

@@ -143,21 +143,14 @@ def describe_numbers(run: ServedRun) -> str:
 
 
 def cmd_served_chat(args) -> int:
-    from .main import next_user_line
+    from .main import user_turns
 
     endpoint = open_endpoint(args.endpoint, args.endpoint_model, args.endpoint_api_key)
     sampling = served_sampling(args)
     print(f"SpecDesk chat · {endpoint.target_label} · {endpoint.info.describe()}"
           " · empty line or Ctrl-D to quit, /new for a new chat", file=sys.stderr)
     messages: list[dict] = []
-    while True:
-        line = next_user_line()
-        if line is None:
-            break
-        if line.strip() == "/new":
-            messages.clear()
-            continue
-        messages.append({"role": "user", "content": line})
+    for _ in user_turns(messages):
         cancel = threading.Event()
         print("model> ", end="", flush=True)
         try:

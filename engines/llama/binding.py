@@ -96,7 +96,52 @@ class VocabInfo:
     add_bos: bool
 
 
-class GgufModel:
+class NativeHandle:
+    """A wrapper of a llama.cpp object that frees it once: on close(), or when collected.
+    `_handle` names the attribute holding the pointer; `_free` releases what it owns."""
+
+    _handle = "_ctx"
+
+    def _free(self) -> None:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        if getattr(self, self._handle, None):
+            self._free()
+            setattr(self, self._handle, None)
+
+    def __del__(self):  # pragma: no cover - finaliser
+        try:
+            self.close()
+        except Exception:
+            pass
+
+    def _open(self, n_ctx: int, n_threads: int, n_batch: int, what: str, **extra) -> None:
+        """(llama_context wrappers) create the context over self.model for sequence 0, with
+        `extra` context parameters."""
+        lib, model = self._lib, self.model
+        params = lib.llama_context_default_params()
+        params.n_ctx = n_ctx
+        params.n_batch = n_batch
+        params.n_ubatch = n_batch
+        params.n_seq_max = 1
+        params.n_threads = n_threads
+        params.n_threads_batch = n_threads
+        params.no_perf = True
+        for name, value in extra.items():
+            setattr(params, name, value)
+        self._ctx = lib.llama_init_from_model(model._model, params)
+        if not self._ctx:
+            raise SpecDeskError(f"{model.path}: could not create {what} of {n_ctx} tokens (out of memory?)")
+        self.n_batch = n_batch
+        self._memory = lib.llama_get_memory(self._ctx)
+
+    def set_threads(self, n_threads: int) -> None:
+        """(llama_context wrappers) the threads its decodes use."""
+        self._lib.llama_set_n_threads(self._ctx, n_threads, n_threads)
+
+
+class GgufModel(NativeHandle):
     """A loaded GGUF model: weights, vocabulary, tokenizer."""
 
     def __init__(self, path: str | os.PathLike, n_gpu_layers: int = 0, load_mtp: bool = False,
@@ -141,16 +186,10 @@ class GgufModel:
         )
         self._piece_cache: dict[int, bytes] = {}
 
-    def close(self) -> None:
-        if getattr(self, "_model", None):
-            self._lib.llama_model_free(self._model)
-            self._model = None
+    _handle = "_model"
 
-    def __del__(self):  # pragma: no cover - finaliser
-        try:
-            self.close()
-        except Exception:
-            pass
+    def _free(self) -> None:
+        self._lib.llama_model_free(self._model)
 
     def __enter__(self) -> "GgufModel":
         return self
@@ -232,7 +271,7 @@ DECODE_ERRORS = {  # llama_decode's documented return codes
 }
 
 
-class GgufContext:
+class GgufContext(NativeHandle):
     """One inference context (its own KV cache) over a GgufModel, for sequence 0.
 
     The KV cache is sized once (n_ctx); rolling back a rejected draft removes positions
@@ -242,39 +281,16 @@ class GgufContext:
     def __init__(self, model: GgufModel, n_ctx: int, n_threads: int, n_batch: int = 512):
         lib = model._lib
         self._lib, self.model = lib, model
-        params = lib.llama_context_default_params()
-        params.n_ctx = n_ctx
-        params.n_batch = n_batch
-        params.n_ubatch = n_batch
-        params.n_seq_max = 1
-        params.n_threads = n_threads
-        params.n_threads_batch = n_threads
-        params.no_perf = True
-        self._ctx = lib.llama_init_from_model(model._model, params)
-        if not self._ctx:
-            raise SpecDeskError(f"{model.path}: could not create a context of {n_ctx} tokens (out of memory?)")
+        self._open(n_ctx, n_threads, n_batch, "a context")
         self.n_ctx = lib.llama_n_ctx(self._ctx)
-        self.n_batch = n_batch
-        self._memory = lib.llama_get_memory(self._ctx)
         self._batch = lib.llama_batch_init(n_batch, 0, 1)
         self.n_past = 0  # tokens whose keys and values are in the cache
         self.cached: list[int] = []  # those tokens, for prefix reuse
         self.n_last = 0  # tokens in the newest llama_decode (its hidden-state rows: ext.HiddenRows)
 
-    def close(self) -> None:
-        if getattr(self, "_ctx", None):
-            self._lib.llama_batch_free(self._batch)
-            self._lib.llama_free(self._ctx)
-            self._ctx = None
-
-    def __del__(self):  # pragma: no cover - finaliser
-        try:
-            self.close()
-        except Exception:
-            pass
-
-    def set_threads(self, n_threads: int) -> None:
-        self._lib.llama_set_n_threads(self._ctx, n_threads, n_threads)
+    def _free(self) -> None:
+        self._lib.llama_batch_free(self._batch)
+        self._lib.llama_free(self._ctx)
 
     def rollback(self, n_keep: int) -> None:
         """Forget every position from n_keep on."""

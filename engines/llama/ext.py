@@ -20,7 +20,7 @@ import numpy as np
 
 from ..speculation.stats import ProposerCounters
 from ..types import Draft, SamplingParams, SpecDeskError
-from .binding import GgufContext, GgufModel, check_gguf_file, common_prefix, gguf_header, llama_lib
+from .binding import GgufContext, GgufModel, NativeHandle, check_gguf_file, common_prefix, gguf_header, llama_lib
 
 _c_ctx = ctypes.c_void_p
 _c_model = ctypes.c_void_p
@@ -147,7 +147,7 @@ class Entry:
     output: bool = False
 
 
-class NativeContext:
+class NativeContext(NativeHandle):
     """A llama_context with its own llama_batch_ext, for drafters that take hidden states.
 
     It holds sequence 0 only; positions are explicit, so rolling back is llama_memory_seq_rm.
@@ -157,25 +157,11 @@ class NativeContext:
                  ctx_type: int = 0, ctx_other=None, n_outputs_max: int = 0, n_outputs_max_per_seq: int = 0):
         lib = model._lib
         self._lib, self.model = lib, model
-        params = lib.llama_context_default_params()
-        params.n_ctx = n_ctx
-        params.n_batch = n_batch
-        params.n_ubatch = n_batch
-        params.n_seq_max = 1
-        params.n_threads = n_threads
-        params.n_threads_batch = n_threads
-        params.no_perf = True
-        params.ctx_type = ctx_type
-        params.n_rs_seq = 0
-        params.n_outputs_max = n_outputs_max
-        params.n_outputs_max_per_seq = n_outputs_max_per_seq
+        extra = dict(ctx_type=ctx_type, n_rs_seq=0, n_outputs_max=n_outputs_max,
+                     n_outputs_max_per_seq=n_outputs_max_per_seq)
         if ctx_other is not None:
-            params.ctx_other = ctx_other
-        self._ctx = lib.llama_init_from_model(model._model, params)
-        if not self._ctx:
-            raise SpecDeskError(f"{model.path}: could not create a drafter context of {n_ctx} tokens")
-        self.n_batch = n_batch
-        self._memory = lib.llama_get_memory(self._ctx)
+            extra["ctx_other"] = ctx_other
+        self._open(n_ctx, n_threads, n_batch, "a drafter context", **extra)
         self._batch = lib.llama_batch_ext_init(self._ctx)
         self._keep: list = []  # embedding buffers llama.cpp reads during llama_process
 
@@ -183,20 +169,9 @@ class NativeContext:
     def handle(self):
         return self._ctx
 
-    def close(self) -> None:
-        if getattr(self, "_ctx", None):
-            self._lib.llama_batch_ext_free(self._batch)
-            self._lib.llama_free(self._ctx)
-            self._ctx = None
-
-    def __del__(self):  # pragma: no cover - finaliser
-        try:
-            self.close()
-        except Exception:
-            pass
-
-    def set_threads(self, n_threads: int) -> None:
-        self._lib.llama_set_n_threads(self._ctx, n_threads, n_threads)
+    def _free(self) -> None:
+        self._lib.llama_batch_ext_free(self._batch)
+        self._lib.llama_free(self._ctx)
 
     def remove_from(self, pos: int) -> None:
         self._lib.llama_memory_seq_rm(self._memory, 0, pos, -1)

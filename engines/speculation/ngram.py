@@ -53,7 +53,24 @@ def _check_sizes(n_min: int, n_max: int) -> None:
         raise ValueError(f"n-gram sizes {n_min}..{n_max} are invalid: need 1 <= n_min <= n_max")
 
 
-class NgramProposer:
+class _Lookup:
+    """What the two lookups share: counters, and learning each step's committed tokens."""
+
+    counters: ProposerCounters
+
+    def _extend(self, new_tokens: Sequence[int]) -> None:
+        raise NotImplementedError
+
+    def _drafted(self, draft: list[int], started: float) -> Draft:
+        self.counters.record_proposal(len(draft), time.perf_counter() - started)
+        return Draft(tokens=tuple(draft))
+
+    def accept(self, n_accepted: int, committed: Sequence[int]) -> None:
+        self.counters.record_accepted(n_accepted)
+        self._extend(committed)
+
+
+class NgramProposer(_Lookup):
     """Prompt lookup decoding: copy what followed the latest earlier occurrence of the context's
     longest matching suffix (n_max down to n_min tokens). Cyclic copy past the end, as in
     `find_continuation`.
@@ -87,12 +104,7 @@ class NgramProposer:
                 if start is not None:
                     draft = _copy_continuation(tokens, start + n, k)
                     break
-        self.counters.record_proposal(len(draft), time.perf_counter() - started)
-        return Draft(tokens=tuple(draft))
-
-    def accept(self, n_accepted: int, committed: Sequence[int]) -> None:
-        self.counters.record_accepted(n_accepted)
-        self._extend(committed)
+        return self._drafted(draft, started)
 
     def stats(self) -> dict:
         return {"method": "ngram", "n_min": self.n_min, "n_max": self.n_max, **self.counters.as_dict()}
@@ -127,7 +139,7 @@ _EMPTY = -1
 _COUNT_CAP = 100
 
 
-class NgramPoolProposer:
+class NgramPoolProposer(_Lookup):
     """A fixed-size hash table {hash(last n tokens): the token that followed}, learned from
     every token seen (prompts and generated text) and kept across `begin()` calls (chat turns);
     `reset()` clears it. Levels n, n-1, ..., n_min share the table (default 8..2: on code
@@ -192,12 +204,7 @@ class NgramPoolProposer:
                 break
             draft.append(token)
             window = window[1:] + [token] if len(window) >= self.n else window + [token]
-        self.counters.record_proposal(len(draft), time.perf_counter() - started)
-        return Draft(tokens=tuple(draft))
-
-    def accept(self, n_accepted: int, committed: Sequence[int]) -> None:
-        self.counters.record_accepted(n_accepted)
-        self._extend(committed)
+        return self._drafted(draft, started)
 
     def stats(self) -> dict:
         return {

@@ -28,7 +28,7 @@ from ..speculation.drafting import confident_rows
 from ..speculation.stats import ProposerCounters
 from ..types import Draft, SamplingParams, SpecDeskError
 from .loader import Checkpoint, load_module, open_checkpoint
-from .model import FeedForward, KVCache, ModelConfig, RMSNorm, apply_rope, attend, rope_tables
+from .model import Attention, FeedForward, KVCache, ModelConfig, RMSNorm, apply_rope, attend, rope_tables
 
 ARCHITECTURE = "DFlashDraftModel"
 
@@ -95,18 +95,12 @@ def _mismatch(config: DFlashConfig, target: dict, folder: Path) -> Optional[str]
     return None
 
 
-class DFlashAttention(nn.Module):
+class DFlashAttention(Attention):
+    """The target's attention layout (o_proj with a bias, q/k norms always), attending to the
+    context rows' keys and values in its cache plus the block's own."""
+
     def __init__(self, config: ModelConfig, qk_eps: float):
-        super().__init__()
-        self.n_head, self.n_kv, self.head_dim = config.num_attention_heads, config.num_key_value_heads, config.head_dim
-        bias = config.attention_bias
-        self.q_proj = nn.Linear(config.hidden_size, self.n_head * self.head_dim, bias=bias)
-        self.k_proj = nn.Linear(config.hidden_size, self.n_kv * self.head_dim, bias=bias)
-        self.v_proj = nn.Linear(config.hidden_size, self.n_kv * self.head_dim, bias=bias)
-        self.o_proj = nn.Linear(self.n_head * self.head_dim, config.hidden_size, bias=bias)
-        self.q_norm = RMSNorm(self.head_dim, qk_eps)
-        self.k_norm = RMSNorm(self.head_dim, qk_eps)
-        self.cache: Optional[KVCache] = None
+        super().__init__(config, o_bias=config.attention_bias, qk_eps=qk_eps)
 
     def _keys_values(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
         B, T, _ = x.shape

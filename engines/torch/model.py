@@ -93,17 +93,20 @@ def causal_mask(start: int, rows: int, device) -> torch.Tensor:
 
 
 class Attention(nn.Module):
-    def __init__(self, config: ModelConfig):
+    def __init__(self, config: ModelConfig, o_bias: bool = False, qk_eps: Optional[float] = None):
+        """`o_bias`: o_proj has a bias (DFlash drafters); `qk_eps`: q/k norms with this epsilon
+        whatever config.qk_norm says."""
         super().__init__()
         self.n_head, self.n_kv, self.head_dim = config.num_attention_heads, config.num_key_value_heads, config.head_dim
         bias = config.attention_bias
         self.q_proj = nn.Linear(config.hidden_size, self.n_head * self.head_dim, bias=bias)
         self.k_proj = nn.Linear(config.hidden_size, self.n_kv * self.head_dim, bias=bias)
         self.v_proj = nn.Linear(config.hidden_size, self.n_kv * self.head_dim, bias=bias)
-        self.o_proj = nn.Linear(self.n_head * self.head_dim, config.hidden_size, bias=False)
-        if config.qk_norm:
-            self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
-            self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
+        self.o_proj = nn.Linear(self.n_head * self.head_dim, config.hidden_size, bias=o_bias)
+        if config.qk_norm or qk_eps is not None:
+            eps = config.rms_norm_eps if qk_eps is None else qk_eps
+            self.q_norm = RMSNorm(self.head_dim, eps)
+            self.k_norm = RMSNorm(self.head_dim, eps)
         self.cache: Optional[KVCache] = None
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, start: int,
