@@ -344,7 +344,7 @@ def test_screenshot_leaves_no_temporary_folders(demo_family, demo_cache_dir, tmp
     result = run_specdesk("screenshot", "--out", str(tmp_path / "shots"), "--threads", "1", "--size", "640x480",
                           timeout=600, env=env)
     assert result.returncode == 0, result.stderr
-    assert sorted(p.name for p in (tmp_path / "shots").iterdir()) == ["compare.png", "main-window.png"]
+    assert sorted(p.name for p in (tmp_path / "shots").iterdir()) == ["compare.png", "main-window.png", "pairing.png"]
     assert [p.name for p in scratch.iterdir() if p.name.startswith("specdesk-")] == []
 
 

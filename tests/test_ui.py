@@ -20,6 +20,7 @@ from specdesk.app.history import History  # noqa: E402
 from specdesk.app.settings import Settings, load_settings  # noqa: E402
 from specdesk.ui import markdown, theme  # noqa: E402
 from specdesk.ui.main_window import MainWindow  # noqa: E402
+from specdesk.ui.models_view import PairingDialog  # noqa: E402
 from specdesk.ui.worker import running_threads  # noqa: E402
 
 LOAD_TIMEOUT_MS = 120_000  # bounds on a broken run only: a loaded 2-core machine is slow
@@ -467,16 +468,27 @@ def test_no_display_is_detected(monkeypatch):
     assert display_available()
 
 
-def test_screenshot_command_saves_both_views(qtbot, demo_family, demo_cache_dir, monkeypatch, tmp_path):
+def test_screenshot_command_saves_both_views_and_the_pairing(qtbot, demo_family, demo_cache_dir, monkeypatch, tmp_path):
     from PySide6.QtGui import QImage
 
+    from specdesk.app import measurements
     from specdesk.ui.cli import main
 
     monkeypatch.setenv("SPECDESK_CACHE_DIR", str(demo_cache_dir))  # the small family the fixture built
+    pairings = []
+    monkeypatch.setattr("specdesk.ui.models_view.PairingDialog.show_report",
+                        lambda dialog, report, show=PairingDialog.show_report: (pairings.append(report), show(dialog, report)))
     assert main(["screenshot", "--out", str(tmp_path / "shots"), "--threads", "1"]) == 0
     for name in ("main-window.png", "compare.png"):
         image = QImage(str(tmp_path / "shots" / name))
         assert (image.width(), image.height()) == (1280, 800)
+    pairing = QImage(str(tmp_path / "shots" / "pairing.png"))
+    assert pairing.width() >= 1280 and pairing.height() >= 400
+    # the demo draft ranked by what the screenshot's own compare measured, the MTP target by an assumption
+    [report] = pairings
+    basis = {Path(v.path).name: v.basis for v in report.compatible}
+    assert basis == {Path(demo_family["draft_gguf"]).name: "measured", "specdesk-demo-target-mtp-F16.gguf": "assumed"}
+    assert measurements.read() == []  # the screenshot measured into its own scratch folder, not the user's
 
 
 CHILD_APP = r"""

@@ -54,8 +54,9 @@ def add_desktop_commands(parser: argparse.ArgumentParser, sub) -> None:
     p.add_argument("--dark", action="store_true", default=None, help="use a dark palette")
     p.set_defaults(func=cmd_gui)
 
-    p = sub.add_parser("screenshot", help="save PNGs of the main window and the compare view (offscreen)")
-    p.add_argument("--out", required=True, help="folder for main-window.png and compare.png")
+    p = sub.add_parser("screenshot", help="save PNGs of the main window, the compare view and the pairing dialog "
+                                          "(offscreen)")
+    p.add_argument("--out", required=True, help="folder for main-window.png, compare.png and pairing.png")
     p.add_argument("--size", default="1280x800", help="window size, WIDTHxHEIGHT (default 1280x800)")
     p.add_argument("--dark", action="store_true", help="use a dark palette")
     p.add_argument("--suffix", default="", help="added to the file names, e.g. -dark")

@@ -3,8 +3,11 @@
 
 Offscreen (no display needed): opens the main window, chats once with the draft model
 (sampled, so the tiny model writes something code-like), grabs the Chat tab; runs a greedy
-compare and a k sweep with prompt lookup (ngram), grabs the Compare tab. Settings and history go to a temporary folder, never the
-user's.
+compare and a k sweep with prompt lookup (ngram), grabs the Compare tab; compares with the
+draft model, so this machine has measured it, and grabs the Models tab's pairing dialog for
+the demo target (the draft ranked by that measurement, the demo's MTP target, when it can be
+built, by an assumption). Settings, history and measurements go to a temporary folder, never
+the user's.
 """
 
 from __future__ import annotations
@@ -81,6 +84,8 @@ def take_screenshots(out: Path, size: tuple[int, int] = (1280, 800), dark: bool 
     window.resize(*size)
     window.show()
     saved = []
+    data_dir = os.environ.get("SPECDESK_DATA_DIR")
+    os.environ["SPECDESK_DATA_DIR"] = str(scratch / "data")  # measurements: the pairing shows only this run's
     try:
         window.worker.progress.connect(say)
         window.load_models()
@@ -110,13 +115,53 @@ def take_screenshots(out: Path, size: tuple[int, int] = (1280, 800), dark: bool 
             raise SpecDeskError(errors[0])
         _settle(app)
         saved.append(_grab(window, out / f"compare{suffix}.png"))
+        saved.append(_pairing(app, window, out / f"pairing{suffix}.png", demo_size, say, errors))
     finally:
+        if data_dir is None:
+            os.environ.pop("SPECDESK_DATA_DIR", None)
+        else:
+            os.environ["SPECDESK_DATA_DIR"] = data_dir
         window.close()  # saves settings into the scratch folder and closes the history
         window.deleteLater()
         app.processEvents()
         app.setQuitOnLastWindowClosed(quit_on_close)
         scratch_folder.cleanup()
     return saved
+
+
+def _pairing(app, window, path: Path, demo_size: str, say: Callable[[str], None], errors: list) -> Path:
+    """Measure the demo draft (a greedy compare with it, recorded like every compare), then
+    grab the pairing dialog for the demo target over the demo's files: the draft ranked by
+    what was measured, the MTP target (a GGUF of the same vocabulary) by an assumption, the
+    DFlash drafter among the models that cannot draft."""
+    from specdesk.app.library import read_model
+    from specdesk.app.session import resolve_demo
+    from specdesk.app.settings import DEMO_DFLASH, DEMO_MTP
+
+    say("measuring the draft")
+    controls = window.controls
+    controls.method_combo.setCurrentIndex(controls.method_combo.findData("draft"))
+    controls.k_spin.setValue(4)
+    window.compare_view.run_button.click()
+    wait_signal(app, window.worker.finished, lambda r: r.kind == "compare", 300)
+    if errors:
+        raise SpecDeskError(errors[0])
+    say("pairing")
+    paths = [window.info.target_path, window.info.draft_path]
+    try:  # llama.cpp's exports of the demo: the target with its MTP layer, the DFlash drafter
+        paths += resolve_demo(DEMO_MTP, DEMO_DFLASH, demo_size, say)
+    except SpecDeskError as e:  # none here: the pairing shows the measured draft alone
+        say(f"no MTP target for the pairing: {e}")
+    models = window.models_view
+    models.entries = [read_model(p, "demo") for p in paths if p]  # the demo's files, not this machine's library
+    dialog = models.open_pairing(models.entries[0])
+    dialog.resize(1480, 440)  # every reason readable in one line
+    wait_signal(app, models.pairing_ready, lambda report: True, 120)
+    _settle(app)
+    try:
+        return _grab(dialog, path)
+    finally:
+        dialog.close()
 
 
 def _settle(app) -> None:
