@@ -129,8 +129,10 @@ def read_gguf(path: Path, source: str, name: Optional[str] = None, repo_id: Opti
     drafter = arch if arch in DRAFTER_ARCHITECTURES else None
     drafter_config = {}
     if drafter:
+        # scalars, and the target layers it reads (the one list a drafter's fit depends on)
         drafter_config = {key.split(".", 1)[1]: value for key, value in fields.items()
-                          if key.startswith(f"{arch}.") and not isinstance(value, list)}
+                          if key.startswith(f"{arch}.") and (not isinstance(value, list)
+                                                             or key == f"{arch}.target_layers")}
     problems = gguf_problems(header)
     return ModelEntry(
         path=str(path), format="gguf", source=source,

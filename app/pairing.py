@@ -132,14 +132,35 @@ def expected_speedup(acceptance: float, cost_ratio: float, k: int) -> float:
     return tokens / (1 + k * cost_ratio)
 
 
+_NOT_FAMILY = re.compile(r"i?q\d(_[a-z0-9]+)*|b?f\d\d|\d+(\.\d+)?[bmk]|draft|target|assistant|gguf|low|high|mtp")
+
+
+def _name_key(name: str) -> str:
+    """A name's words less sizes, quantizations and role words; a quantization keeps its
+    underscores (Q4_K_M), any other word is split at them (the zoo's draft_low)."""
+    words = []
+    for token in re.split(r"[-\s]+", re.sub(r"\.gguf$", "", name.lower())):
+        if not token or _NOT_FAMILY.fullmatch(token):
+            continue
+        words += [w for w in token.split("_") if w and not _NOT_FAMILY.fullmatch(w)]
+    return " ".join(words)
+
+
 def family_key(entry: ModelEntry) -> str:
-    """A file name with sizes, quantization and role words stripped: one family's models share it."""
-    name = Path(entry.path).name.lower()
-    if name.startswith("sha256-") or entry.format == "hf":  # Ollama blobs and checkpoint folders
-        name = (entry.repo_id or entry.name).lower().split("/")[-1]
-    name = re.sub(r"\.gguf$", "", name)
-    drop = re.compile(r"i?q\d(_[a-z0-9]+)*|b?f\d\d|\d+(\.\d+)?[bmk]|draft|target|assistant|gguf")
-    return " ".join(t for t in re.split(r"[-\s]+", name) if t and not drop.fullmatch(t))
+    """A file name with sizes, quantization and role words stripped: one family's models share it.
+    A file name that is nothing but those (the zoo's target-F16.gguf, draft_low-F16.gguf) is
+    keyed by its folder; "" when that says nothing either, and "" never matches (same_family)."""
+    path = Path(entry.path)
+    name = path.name
+    if name.lower().startswith("sha256-") or entry.format == "hf":  # Ollama blobs and checkpoint folders
+        return _name_key((entry.repo_id or entry.name).split("/")[-1])
+    return _name_key(name) or (_name_key(path.parent.name) if path.parent.name else "")
+
+
+def same_family(a: ModelEntry, b: ModelEntry) -> bool:
+    """Same architecture and the same non-empty family key."""
+    key = family_key(a)
+    return bool(key) and a.architecture == b.architecture and key == family_key(b)
 
 
 @dataclass(frozen=True)
@@ -169,12 +190,12 @@ def score_draft(target: ModelEntry, draft: ModelEntry, records: Optional[list] =
         note = (f"measured on this machine: {measured.speedup:.2f}x at k = {measured.k}, acceptance "
                 f"{measured.acceptance:.0%} ({measured.runs} run{'s' if measured.runs != 1 else ''})")
         return DraftVerdict(draft.path, draft.name, True, round(measured.speedup, 2), measured.k, (note,), "measured")
-    same_family = (target.architecture == draft.architecture and family_key(target) == family_key(draft))
-    acceptance = ACCEPTANCE_SAME_FAMILY if same_family else ACCEPTANCE_OTHER
+    family = same_family(target, draft)
+    acceptance = ACCEPTANCE_SAME_FAMILY if family else ACCEPTANCE_OTHER
     cost = draft.weights_bytes / max(1, target.weights_bytes)
     best_k = max(range(1, MAX_K + 1), key=lambda k: expected_speedup(acceptance, cost, k))
     speedup = expected_speedup(acceptance, cost, best_k)
-    notes = [f"assumed, not measured: {'same family' if same_family else 'same vocabulary, other family'}, "
+    notes = [f"assumed, not measured: {'same family' if family else 'same vocabulary, other family'}, "
              f"acceptance assumed {acceptance:.0%}",
              f"draft is {1 / cost:.1f}x smaller than the target" if cost < 1 else
              "draft is not smaller than the target: no gain expected"]
@@ -191,8 +212,11 @@ def check_draft(target: ModelEntry, draft: ModelEntry, target_vocab: Optional["G
     if not draft.ok:
         return DraftVerdict(draft.path, draft.name, False, reasons=(draft.error,))
     if draft.drafter:
+        label = DRAFTER_LABELS.get(draft.drafter, draft.drafter)
+        misfit = gguf_drafter_misfit(target, draft) if draft.format == "gguf" and target.format == "gguf" else None
         return DraftVerdict(draft.path, draft.name, False, reasons=(
-            f"a {draft.drafter} drafter checkpoint, not a draft model: see the native drafters",))
+            f"{article(label)} {label} drafter for another target: {misfit}" if misfit else
+            f"{article(label)} {label} drafter checkpoint, not a draft model: see the native drafters",))
     if draft.format != "gguf":
         return DraftVerdict(draft.path, draft.name, False, reasons=(
             "an HF checkpoint: the llama.cpp engine runs GGUF drafts (use a GGUF conversion of it)",))
@@ -233,18 +257,85 @@ def known_target(entry: ModelEntry, table: Optional[list] = None) -> Optional[di
     return None
 
 
+DRAFTER_LABELS = {"dflash": "DFlash", "eagle3": "EAGLE-3"}
+
+
+def article(word: str) -> str:
+    return "an" if word[:1].upper() in "AEIOU" else "a"
+
+
+def trunk_layers(entry: ModelEntry) -> int:
+    """The layers a target runs per token: its blocks less the MTP (nextn) ones llama.cpp counts among them."""
+    return entry.shape.n_layer - (entry.mtp_layers if entry.format == "gguf" else 0)
+
+
+def gguf_drafter_misfit(target: ModelEntry, drafter: ModelEntry) -> Optional[str]:
+    """Why a DFlash or EAGLE-3 drafter GGUF cannot run on this target (engines/llama/dflash.py and
+    eagle3.py check_drafter, from the header alone), or None when it fits."""
+    from specdesk.engines.llama.ext import LAYER_INPUT_ARCHS
+
+    config, kind = drafter.drafter_config, drafter.drafter
+    label = DRAFTER_LABELS.get(kind, kind)
+    layers = [int(i) for i in config.get("target_layers") or [] if isinstance(i, int)]
+    width = config.get("embedding_length" if kind == "dflash" else "target_hidden_size")
+    n_layer = trunk_layers(target)
+    if target.architecture not in LAYER_INPUT_ARCHS:
+        return (f"llama.cpp cannot hand out layer inputs of a {target.architecture!r} target, so {label} cannot "
+                f"run on it (it can on {', '.join(LAYER_INPUT_ARCHS)})")
+    if drafter.vocab_size != target.vocab_size:
+        return f"vocab size {target.vocab_size} vs {drafter.vocab_size} (target vs drafter)"
+    if width != target.shape.n_embd:
+        return f"made for a target with hidden size {width}, this one has {target.shape.n_embd}"
+    if not layers or (kind == "eagle3" and len(layers) != 3):
+        return f"reads target layers {layers or 'it does not name'}" + (" (three needed)" if kind == "eagle3" else "")
+    if not all(0 <= i < n_layer for i in layers):
+        return f"reads target layers {layers}, this target has {n_layer} (0..{n_layer - 1})"
+    return None
+
+
+def mtp_twin(target: ModelEntry, other: ModelEntry) -> bool:
+    """`other` is this target exported with its MTP (nextn) layers: the same trunk shape and
+    vocabulary, plus MTP layers the target lacks."""
+    if not (other.ok and other.format == "gguf" and other.mtp_layers and not other.drafter) or target.mtp_layers:
+        return False
+    a, b = target.shape, other.shape
+    return (target.vocab_size is not None and other.vocab_size == target.vocab_size and a.n_layer > 0
+            and trunk_layers(other) == a.n_layer and (a.n_embd, a.n_head, a.n_head_kv, a.key_length, a.value_length)
+            == (b.n_embd, b.n_head, b.n_head_kv, b.key_length, b.value_length))
+
+
 def native_drafters(target: ModelEntry, entries: Iterable[ModelEntry], table: Optional[list] = None) -> list[dict]:
-    """MTP layers in the file, drafter checkpoints found locally, and ones known by name."""
+    """MTP layers in the file, this target exported with MTP layers, drafter checkpoints found
+    locally (HF folders by their config, GGUF files by their header), and ones known by name."""
     found: list[dict] = []
     if target.mtp_layers:
         found.append({"method": "mtp", "source": "in-file", "path": target.path, "layers": target.mtp_layers})
     row = known_target(target, table)
     known_repos = {d.get("repo"): d for d in (row or {}).get("drafters", []) if d.get("repo")}
     local_repos = set()
+    target_real = os.path.realpath(target.path)
     for e in entries:
-        if not e.ok or not e.drafter:
+        if not e.ok or os.path.realpath(e.path) == target_real:
             continue
-        listed = e.repo_id in known_repos
+        if target.format == "gguf" and mtp_twin(target, e):
+            found.append({"method": "mtp", "source": "local", "path": e.path, "layers": e.mtp_layers,
+                          "why": f"the same model with {e.mtp_layers} MTP layer{'s' if e.mtp_layers != 1 else ''}: "
+                                 f"load it as the target and use method mtp"})
+            continue
+        if not e.drafter:
+            continue
+        listed = e.repo_id is not None and e.repo_id in known_repos
+        if e.format == "gguf" and target.format == "gguf":
+            fits = gguf_drafter_misfit(target, e) is None
+            if listed or fits:
+                local_repos.add(e.repo_id)
+                layers = ", ".join(str(i) for i in e.drafter_config.get("target_layers") or [])
+                found.append({"method": e.drafter, "source": "local", "path": e.path, "repo": e.repo_id,
+                              "why": "published for this target" if listed and not fits else
+                              f"{DRAFTER_LABELS.get(e.drafter, e.drafter)} drafter for this {trunk_layers(target)}-layer, "
+                              f"{target.shape.n_embd}-wide target and its vocabulary (reads layers {layers}): "
+                              f"use it as the draft with method {e.drafter}"})
+            continue
         target_layers = e.drafter_config.get("num_target_layers")
         shape_match = target_layers is not None and int(target_layers) == target.shape.n_layer and (
             e.vocab_size in (None, target.vocab_size))
@@ -299,10 +390,20 @@ def pair(target_path: str | os.PathLike, entries: Iterable[ModelEntry], n_ctx: i
     candidates = [e for e in entries if os.path.realpath(e.path) != os.path.realpath(target.path)]
     if draft_path and not find_entry(candidates, draft_path):
         candidates.append(read_model(draft_path))
+    native = native_drafters(target, entries, table)
+    # Native drafters found here (a DFlash or EAGLE-3 drafter for this target, the target with its
+    # MTP layers) are listed as such, not ranked as drafts, unless asked for as the draft.
+    chosen_real = os.path.realpath(draft_path) if draft_path else None
+    native_real = {os.path.realpath(d["path"]) for d in native if d["source"] == "local" and d.get("path")}
     compatible, incompatible = [], []
     with vocab_view(target.path) as target_vocab:
         for entry in candidates:
             verdict = check_draft(target, entry, target_vocab, records)
+            real = os.path.realpath(entry.path)
+            if real in native_real and real != chosen_real:
+                if verdict.compatible or entry.drafter:
+                    continue
+                native = [d for d in native if os.path.realpath(d.get("path") or "") != real]  # the engine refuses it
             (compatible if verdict.compatible else incompatible).append(verdict)
     compatible.sort(key=lambda v: (-v.score, v.path))
     chosen = draft_path or (compatible[0].path if compatible else None)
@@ -314,5 +415,5 @@ def pair(target_path: str | os.PathLike, entries: Iterable[ModelEntry], n_ctx: i
                                 + "; ".join(next((v.reasons for v in incompatible
                                                   if os.path.realpath(v.path) == os.path.realpath(draft_path)), ())))
     estimate = estimate_memory(target, draft_entry, n_ctx, memory)
-    return PairingReport(target, tuple(compatible), tuple(incompatible), tuple(native_drafters(target, entries, table)),
+    return PairingReport(target, tuple(compatible), tuple(incompatible), tuple(native),
                          estimate, draft_entry.path if draft_entry else None)

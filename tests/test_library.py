@@ -24,6 +24,8 @@ def tiny_gguf(path: Path, arch: str, keys: dict) -> Path:
             writer.add_bool(key, value)
         elif isinstance(value, int):
             writer.add_uint32(key, value)
+        elif isinstance(value, list):
+            writer.add_array(key, value)
         else:
             writer.add_string(key, value)
     writer.add_tensor("token_embd.weight", np.zeros((8, 4), dtype=np.float32))
@@ -81,6 +83,10 @@ def test_mtp_and_drafter_files_are_recognised(tmp_path):
     assert "glm4moe.block_count is missing" in mtp.error  # recognised, but a header this bare is not usable
     dflash = read_model(tiny_gguf(tmp_path / "dflash.gguf", "dflash", {"dflash.block_size": 16}))
     assert dflash.drafter == "dflash" and dflash.drafter_config == {"block_size": 16}
+    # the target layers a drafter reads are the one list kept: pairing checks them against a target
+    eagle_gguf = read_model(tiny_gguf(tmp_path / "eagle3.gguf", "eagle3", {
+        "eagle3.target_layers": [2, 4, 5], "eagle3.target_hidden_size": 768, "eagle3.extra_list": [1, 2]}))
+    assert eagle_gguf.drafter_config == {"target_layers": [2, 4, 5], "target_hidden_size": 768}
     folder = hf_folder(tmp_path / "qwen3-dflash", {
         "architectures": ["DFlashDraftModel"], "model_type": "qwen3", "block_size": 16, "num_target_layers": 36,
         "dflash_config": {"mask_token_id": 151669, "target_layer_ids": [1, 9, 17, 25, 33]}})

@@ -126,6 +126,88 @@ def test_family_key_strips_sizes_quantization_and_roles():
     assert key("Qwen3-8B-Q4_K_M.gguf") == key("Qwen3-0.6B-Q8_0.gguf") == "qwen3"
     assert key("specdesk-demo-target-F16.gguf") == key("specdesk-demo-draft-F16.gguf")
     assert key("Llama-3.1-8B-Instruct-IQ4_XS.gguf") != key("Qwen3-8B-Q4_K_M.gguf")
+    # the zoo's files are named by role only: their folder names the family, underscores split words
+    assert key("zoo/qwen2-small-1a2b/draft_low-F16.gguf") == key("zoo/qwen2-small-1a2b/target-Q4_K_M.gguf") != ""
+    assert key("zoo/qwen2-small-1a2b/draft_low-F16.gguf") != key("zoo/llama-small-3c4d/draft_low-F16.gguf")
+
+
+def test_an_empty_family_key_never_matches():
+    from specdesk.app.pairing import same_family
+
+    def entry(path):
+        return ModelEntry(path=path, format="gguf", source="user", name=path, architecture="llama")
+
+    assert family_key(entry("target-F16.gguf")) == family_key(entry("draft-F16.gguf")) == ""
+    assert not same_family(entry("target-F16.gguf"), entry("draft-F16.gguf"))
+    assert same_family(entry("Qwen3-8B-Q4_K_M.gguf"), entry("Qwen3-0.6B-Q8_0.gguf"))
+
+
+@pytest.fixture(scope="module")
+def native(demo_family, demo_cache_dir) -> dict[str, str]:
+    """The demo target exported with its MTP layer, its DFlash and EAGLE-3 drafters (GGUF)."""
+    from specdesk.app.demo.export_native_gguf import build_native
+
+    return build_native(demo_family, demo_cache_dir / "native")
+
+
+def test_gguf_native_drafters_and_the_mtp_export_are_listed_as_native(demo_family, native, tmp_path):
+    from gguf import GGUFReader
+
+    other = tmp_path / "dflash-for-a-wider-target.gguf"  # a drafter for another target: wider hidden size
+    shutil.copy(native["dflash_gguf"], other)
+    reader = GGUFReader(str(other), "r+")
+    field = reader.fields["dflash.embedding_length"]
+    field.parts[field.data[0]][0] = 2 * read_model(demo_family["target_gguf"]).shape.n_embd
+    reader.data.flush()
+    del reader
+    paths = [demo_family["target_gguf"], demo_family["draft_gguf"], native["mtp_gguf"], native["dflash_gguf"],
+             native["eagle3_gguf"], str(other)]
+    report = pair(demo_family["target_gguf"], [read_model(p, "demo") for p in paths], memory=PLENTY, records=[])
+    target = read_model(demo_family["target_gguf"])
+    found = {d["path"]: d for d in report.native}
+    assert set(found) == {native["mtp_gguf"], native["dflash_gguf"], native["eagle3_gguf"]}
+    shape = f"for this {target.shape.n_layer}-layer, {target.shape.n_embd}-wide target and its vocabulary"
+    assert found[native["dflash_gguf"]]["method"] == "dflash"
+    assert found[native["dflash_gguf"]]["why"].startswith(f"DFlash drafter {shape}")
+    assert found[native["dflash_gguf"]]["why"].endswith("use it as the draft with method dflash")
+    assert found[native["eagle3_gguf"]]["method"] == "eagle3"
+    assert found[native["eagle3_gguf"]]["why"].startswith(f"EAGLE-3 drafter {shape}")
+    assert found[native["mtp_gguf"]]["method"] == "mtp" and found[native["mtp_gguf"]]["layers"] == 1
+    assert found[native["mtp_gguf"]]["why"] == "the same model with 1 MTP layer: load it as the target and use method mtp"
+    # native drafters are not ranked as drafts, nor listed as models that cannot draft
+    assert [v.path for v in report.compatible] == [demo_family["draft_gguf"]]
+    assert [v.path for v in report.incompatible] == [str(other)]
+    assert report.incompatible[0].reasons[0].startswith("a DFlash drafter for another target: made for a target "
+                                                        f"with hidden size {2 * target.shape.n_embd}")
+    # the engine agrees: the listed drafters pass its own checks, the other one does not
+    from specdesk.engines.llama import dflash, eagle3
+    from specdesk.engines.llama.binding import GgufModel
+
+    with GgufModel(demo_family["target_gguf"]) as model:
+        dflash.check_drafter(native["dflash_gguf"], model)
+        eagle3.check_drafter(native["eagle3_gguf"], model)
+        with pytest.raises(SpecDeskError, match="different target"):
+            dflash.check_drafter(other, model)
+
+
+def test_a_drafter_for_another_target_is_not_native(demo_family, native):
+    from dataclasses import replace
+
+    from specdesk.app.pairing import gguf_drafter_misfit, mtp_twin
+
+    target = read_model(demo_family["target_gguf"])
+    dflash, eagle = read_model(native["dflash_gguf"]), read_model(native["eagle3_gguf"])
+    assert gguf_drafter_misfit(target, dflash) is None and gguf_drafter_misfit(target, eagle) is None
+    # a shallower target: the last layer the drafters read is out of its reach
+    deepest = max(dflash.drafter_config["target_layers"] + eagle.drafter_config["target_layers"])
+    fewer = replace(target, shape=replace(target.shape, n_layer=deepest))
+    assert f"this target has {deepest} (0..{deepest - 1})" in gguf_drafter_misfit(fewer, dflash)
+    assert f"this target has {deepest} (0..{deepest - 1})" in gguf_drafter_misfit(fewer, eagle)
+    other_vocab = replace(target, vocab_size=target.vocab_size + 1)
+    assert "vocab size" in gguf_drafter_misfit(other_vocab, eagle)
+    assert native_drafters(fewer, [dflash, eagle]) == []
+    mtp = read_model(native["mtp_gguf"])
+    assert mtp_twin(target, mtp) and not mtp_twin(fewer, mtp) and not mtp_twin(other_vocab, mtp)
 
 
 def test_a_chosen_incompatible_draft_is_refused_with_its_reason(demo_family, variants):

@@ -119,6 +119,8 @@ class PairingDialog(QDialog):
     """Compatible drafts (best first), every other model with the reasons it cannot draft,
     native drafters, and the memory verdict for a target."""
 
+    MAX_COLUMN_WIDTH = 420  # px: columns before "why" (names, paths) give it room to wrap in
+
     def __init__(self, target: ModelEntry, parent: Optional[QWidget] = None):
         super().__init__(parent)
         self.target = target
@@ -130,6 +132,12 @@ class PairingDialog(QDialog):
         self.compatible = _table(["draft", "expected speedup", "k", "why"], self)
         self.incompatible = _table(["model", "why not"], self)
         self.native = _table(["method", "where", "why"], self)
+        for table in (self.compatible, self.incompatible, self.native):
+            # the last column ("why") takes the width left and wraps its text; rows grow to fit it
+            table.setWordWrap(True)
+            table.setTextElideMode(Qt.ElideMiddle)  # a capped path column keeps the file name in view
+            table.horizontalHeader().setSectionResizeMode(table.columnCount() - 1, QHeaderView.Stretch)
+            table.verticalHeader().setSectionResizeMode(QHeaderView.ResizeToContents)
         self.memory = QLabel("", self)
         self.memory.setWordWrap(True)
         buttons = QDialogButtonBox(QDialogButtonBox.Close, self)
@@ -169,7 +177,9 @@ class PairingDialog(QDialog):
             self.native.setItem(row, 1, _item(d.get("path") or d.get("repo")))
             self.native.setItem(row, 2, _item(d.get("why") or d["source"]))
         for table in (self.compatible, self.incompatible, self.native):
-            table.resizeColumnsToContents()
+            for column in range(table.columnCount() - 1):
+                table.resizeColumnToContents(column)
+                table.setColumnWidth(column, min(table.columnWidth(column), self.MAX_COLUMN_WIDTH))
         self.summary.setText(f"{len(report.compatible)} compatible draft(s), {len(report.incompatible)} other "
                              f"model(s) cannot draft for {model_label(self.target.name, self.target.path)}")
         m = report.memory
