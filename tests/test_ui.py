@@ -483,11 +483,14 @@ def test_screenshot_command_saves_both_views_and_the_pairing(qtbot, demo_family,
         image = QImage(str(tmp_path / "shots" / name))
         assert (image.width(), image.height()) == (1280, 800)
     pairing = QImage(str(tmp_path / "shots" / "pairing.png"))
-    assert pairing.width() >= 1280 and pairing.height() >= 400
-    # the demo draft ranked by what the screenshot's own compare measured, the MTP target by an assumption
+    assert (pairing.width(), pairing.height()) == (960, 640)
+    # the demo draft ranked by what the screenshot's own compare measured; the target exported
+    # with its MTP layer and the DFlash drafter are native drafters, not drafts
     [report] = pairings
     basis = {Path(v.path).name: v.basis for v in report.compatible}
-    assert basis == {Path(demo_family["draft_gguf"]).name: "measured", "specdesk-demo-target-mtp-F16.gguf": "assumed"}
+    assert basis == {Path(demo_family["draft_gguf"]).name: "measured"}
+    native = {Path(d["path"]).name: d["method"] for d in report.native if d.get("path")}
+    assert native == {"specdesk-demo-target-mtp-F16.gguf": "mtp", "specdesk-demo-dflash-F16.gguf": "dflash"}
     assert measurements.read() == []  # the screenshot measured into its own scratch folder, not the user's
 
 

@@ -155,7 +155,7 @@ def _pairing(app, window, path: Path, demo_size: str, say: Callable[[str], None]
     models = window.models_view
     models.entries = [read_model(p, "demo") for p in paths if p]  # the demo's files, not this machine's library
     dialog = models.open_pairing(models.entries[0])
-    dialog.resize(1480, 440)  # every reason readable in one line
+    dialog.resize(960, 640)  # long reasons wrap
     wait_signal(app, models.pairing_ready, lambda report: True, 120)
     _settle(app)
     try:
