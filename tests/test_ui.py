@@ -484,11 +484,12 @@ def test_screenshot_command_saves_both_views_and_the_pairing(qtbot, demo_family,
         assert (image.width(), image.height()) == (1280, 800)
     pairing = QImage(str(tmp_path / "shots" / "pairing.png"))
     assert (pairing.width(), pairing.height()) == (960, 640)
-    # the demo draft ranked by what the screenshot's own compare measured; the target exported
-    # with its MTP layer and the DFlash drafter are native drafters, not drafts
+    # the demo draft ranked by what the screenshot's own compare measured, its unmeasured Q8_0
+    # copy by an assumption; the target exported with its MTP layer and the DFlash drafter are
+    # native drafters, not drafts
     [report] = pairings
     basis = {Path(v.path).name: v.basis for v in report.compatible}
-    assert basis == {Path(demo_family["draft_gguf"]).name: "measured"}
+    assert basis == {Path(demo_family["draft_gguf"]).name: "measured", "specdesk-demo-draft-Q8_0.gguf": "assumed"}
     native = {Path(d["path"]).name: d["method"] for d in report.native if d.get("path")}
     assert native == {"specdesk-demo-target-mtp-F16.gguf": "mtp", "specdesk-demo-dflash-F16.gguf": "dflash"}
     assert measurements.read() == []  # the screenshot measured into its own scratch folder, not the user's

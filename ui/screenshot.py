@@ -115,7 +115,7 @@ def take_screenshots(out: Path, size: tuple[int, int] = (1280, 800), dark: bool 
             raise SpecDeskError(errors[0])
         _settle(app)
         saved.append(_grab(window, out / f"compare{suffix}.png"))
-        saved.append(_pairing(app, window, out / f"pairing{suffix}.png", demo_size, say, errors))
+        saved.append(_pairing(app, window, out / f"pairing{suffix}.png", demo_size, say, errors, scratch))
     finally:
         if data_dir is None:
             os.environ.pop("SPECDESK_DATA_DIR", None)
@@ -129,11 +129,12 @@ def take_screenshots(out: Path, size: tuple[int, int] = (1280, 800), dark: bool 
     return saved
 
 
-def _pairing(app, window, path: Path, demo_size: str, say: Callable[[str], None], errors: list) -> Path:
+def _pairing(app, window, path: Path, demo_size: str, say: Callable[[str], None], errors: list,
+             scratch: Path) -> Path:
     """Measure the demo draft (a greedy compare with it, recorded like every compare), then
-    grab the pairing dialog for the demo target over the demo's files: the draft ranked by
-    what was measured, the MTP target (a GGUF of the same vocabulary) by an assumption, the
-    DFlash drafter among the models that cannot draft."""
+    grab the pairing dialog for the demo target over the demo's files and a Q8_0 copy of the
+    draft made in `scratch`: the draft ranked by what was measured, the copy by an assumption,
+    the target exported with its MTP layer and the DFlash drafter among the native drafters."""
     from specdesk.app.library import read_model
     from specdesk.app.session import resolve_demo
     from specdesk.app.settings import DEMO_DFLASH, DEMO_MTP
@@ -152,6 +153,12 @@ def _pairing(app, window, path: Path, demo_size: str, say: Callable[[str], None]
         paths += resolve_demo(DEMO_MTP, DEMO_DFLASH, demo_size, say)
     except SpecDeskError as e:  # none here: the pairing shows the measured draft alone
         say(f"no MTP target for the pairing: {e}")
+    # A second quantization of the draft that nothing has measured: ranked on an assumption.
+    from specdesk.engines.llama.binding import quantize_gguf
+
+    say("quantizing the draft to Q8_0")
+    unmeasured = quantize_gguf(window.info.draft_path, scratch / "specdesk-demo-draft-Q8_0.gguf", "Q8_0")
+    paths.insert(2, str(unmeasured))
     models = window.models_view
     models.entries = [read_model(p, "demo") for p in paths if p]  # the demo's files, not this machine's library
     dialog = models.open_pairing(models.entries[0])

@@ -253,6 +253,27 @@ class GgufModel(NativeHandle):
         return buf.value.decode("utf-8", "replace") if n >= 0 else None
 
 
+QUANT_TYPES = {"F16": 1, "Q8_0": 7, "Q4_K_M": 15}  # llama_ftype values
+
+
+def quantize_gguf(src: str | os.PathLike, dst: str | os.PathLike, quant: str, n_threads: int = 2) -> Path:
+    """llama.cpp's own quantizer (llama_model_quantize) from an F16 GGUF to `quant`; the file
+    appears whole or not at all."""
+    if quant not in QUANT_TYPES:
+        raise SpecDeskError(f"quantization {quant!r} is not one of {', '.join(QUANT_TYPES)}")
+    lib = llama_lib()
+    params = lib.llama_model_quantize_default_params()
+    params.ftype = QUANT_TYPES[quant]
+    params.nthread = n_threads
+    dst = Path(dst)
+    tmp = dst.with_name(dst.name + f".tmp-{os.getpid()}")
+    if lib.llama_model_quantize(str(src).encode(), str(tmp).encode(), params) != 0:
+        tmp.unlink(missing_ok=True)
+        raise SpecDeskError(f"{src}: llama.cpp could not quantize it to {quant}")
+    os.replace(tmp, dst)
+    return dst
+
+
 def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
     """Length of the longest common prefix of two token sequences."""
     limit = min(len(a), len(b))
