@@ -106,6 +106,15 @@ FAMILIES = {
                         logit_scale=0.0625,
                         hf_note="command-r: the HF folder holds the tokenizer only (the PyTorch engine does not "
                                 "run CohereForCausalLM's LayerNorm and parallel blocks)"),
+    # Gemma 4's vocabulary (262,144 tokens, tokenizer model "gemma4") and chat template on
+    # llama.cpp's gemma3 architecture at Gemma-3-1B's shapes: q/k norms, post-norms on both
+    # branches, GELU FFN, the input embedding scaled by sqrt(hidden). No sliding-window key is
+    # written, so every layer attends globally (Gemma 3 has 5 of 6 layers on a 512-token window:
+    # the same compute at the benchmarks' contexts, which are shorter than the window).
+    "gemma-4": Family("gemma-4", "gemma3", "google-gemma-4-31B-it.jinja",
+                      Shape(1152, 26, 4, 1, 256, 6912, 2, 32768), _small(4, 1), 1e6, 1e-6, tied=True,
+                      hf_note="gemma-4: the HF folder holds the tokenizer only (the PyTorch engine does not "
+                              "run Gemma's post-norms, q/k norms and scaled embeddings)"),
 }
 
 
@@ -146,6 +155,9 @@ def hf_tensors(family: Family, shape: Shape, vocab: int, n_layers: int, seed: in
     if not family.tied:
         yield "lm_head.weight", _normal(seed, "lm_head", (vocab, d), embed_std)
     yield "model.norm.weight", np.ones(d, np.float32)
+    if family.arch == "gemma3":
+        yield from _gemma_layers(shape, n_layers, seed, embed_std)
+        return
     for i in range(n_layers):
         p, s = f"model.layers.{i}.", layer_scale(shape, i)
         yield p + "input_layernorm.weight", np.ones(d, np.float32)
@@ -159,6 +171,29 @@ def hf_tensors(family: Family, shape: Shape, vocab: int, n_layers: int, seed: in
         yield p + "mlp.gate_proj.weight", _normal(seed, p + "gate", (shape.ffn, d), 1 / np.sqrt(d))
         yield p + "mlp.up_proj.weight", _normal(seed, p + "up", (shape.ffn, d), 1 / np.sqrt(d))
         yield p + "mlp.down_proj.weight", _normal(seed, p + "down", (d, shape.ffn), s * gain / np.sqrt(shape.ffn))
+
+
+def _gemma_layers(shape: Shape, n_layers: int, seed: int, embed_std: float) -> Iterator[tuple[str, np.ndarray]]:
+    """Gemma 3's layers (HF names; norm weights as llama.cpp multiplies by them, not HF's 1 + w).
+    Each branch's output is RMS-normalised by its post-norm, so the residual scale lives in the
+    post-norm weights: a branch adds rms s * LAYER_GAIN * (the scaled input embedding's rms,
+    embed_std * sqrt(hidden)), the llama-style families' ratio to the embedding."""
+    d, q, kv = shape.hidden, shape.heads * shape.head_dim, shape.kv_heads * shape.head_dim
+    gain = LAYER_GAIN * embed_std * np.sqrt(d)
+    for i in range(n_layers):
+        p, s = f"model.layers.{i}.", layer_scale(shape, i)
+        yield p + "input_layernorm.weight", np.ones(d, np.float32)
+        for proj, rows in (("q", q), ("k", kv), ("v", kv)):
+            yield p + f"self_attn.{proj}_proj.weight", _normal(seed, p + proj, (rows, d), 1 / np.sqrt(d))
+        yield p + "self_attn.q_norm.weight", np.ones(shape.head_dim, np.float32)
+        yield p + "self_attn.k_norm.weight", np.ones(shape.head_dim, np.float32)
+        yield p + "self_attn.o_proj.weight", _normal(seed, p + "o", (d, q), 1 / np.sqrt(q))
+        yield p + "post_attention_layernorm.weight", np.full(d, s * gain, np.float32)
+        yield p + "pre_feedforward_layernorm.weight", np.ones(d, np.float32)
+        yield p + "mlp.gate_proj.weight", _normal(seed, p + "gate", (shape.ffn, d), 1 / np.sqrt(d))
+        yield p + "mlp.up_proj.weight", _normal(seed, p + "up", (shape.ffn, d), 1 / np.sqrt(d))
+        yield p + "mlp.down_proj.weight", _normal(seed, p + "down", (d, shape.ffn), 1 / np.sqrt(shape.ffn))
+        yield p + "post_feedforward_layernorm.weight", np.full(d, s * gain, np.float32)
 
 
 @functools.lru_cache(maxsize=4)
@@ -187,6 +222,11 @@ def _gguf_tensors(family: Family, shape: Shape, tensors: Iterator[tuple[str, np.
              "post_attention_layernorm.weight": "ffn_norm.weight", "self_attn.o_proj.weight": "attn_output.weight",
              "mlp.gate_proj.weight": "ffn_gate.weight", "mlp.up_proj.weight": "ffn_up.weight",
              "mlp.down_proj.weight": "ffn_down.weight"}
+    if family.arch == "gemma3":
+        names.update({"post_attention_layernorm.weight": "post_attention_norm.weight",
+                      "pre_feedforward_layernorm.weight": "ffn_norm.weight",
+                      "post_feedforward_layernorm.weight": "post_ffw_norm.weight",
+                      "self_attn.q_norm.weight": "attn_q_norm.weight", "self_attn.k_norm.weight": "attn_k_norm.weight"})
     gate: Optional[np.ndarray] = None
     for name, data in tensors:
         if name.startswith("model.layers."):
@@ -321,6 +361,16 @@ def tokenizer_json(family: Family, vocab_path: Path) -> str:
         if family.name == "qwen2":
             tokenizer.normalizer = normalizers.NFC()
         tokenizer.decoder = decoders.ByteLevel()
+    elif kind == "gemma4":
+        # SentencePiece-style BPE over the whole text (spaces as U+2581, no space prefix), split
+        # only into runs of newlines and runs of anything else, with byte fallback (llama.cpp's
+        # LLAMA_VOCAB_PRE_TYPE_GEMMA4).
+        merges = [tuple(m.split(" ", 1)) for m in fields["tokenizer.ggml.merges"]]
+        tokenizer = Tokenizer(models.BPE(vocab, merges, unk_token="<unk>", byte_fallback=True))
+        tokenizer.normalizer = normalizers.Replace(" ", "\u2581")
+        tokenizer.pre_tokenizer = pre_tokenizers.Split(Regex(r"[^\n]+|[\n]+"), behavior="isolated")
+        tokenizer.decoder = decoders.Sequence([decoders.Replace("\u2581", " "), decoders.ByteFallback(),
+                                               decoders.Fuse()])
     elif kind == "llama":
         scores = list(fields["tokenizer.ggml.scores"])
         tokenizer = Tokenizer(models.BPE(vocab, _spm_merges(tokens, scores, types), unk_token="<unk>",

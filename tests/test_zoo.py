@@ -27,7 +27,8 @@ TORCH_FAMILIES = [name for name in FAMILIES if zoo.FAMILIES[name].hf_arch]
 # What each vocabulary declares to end a generation (llama.cpp finds them by text). The
 # llama-bpe vocabulary is Llama 3.0's: its id 128008 is a reserved token, not 3.1's <|eom_id|>.
 EOG_TEXTS = {"qwen2": ["<|im_end|>", "<|endoftext|>"], "llama-bpe": ["<|eot_id|>", "<|end_of_text|>"],
-             "phi-3": ["<|end|>", "<|endoftext|>"], "command-r": ["<|END_OF_TURN_TOKEN|>"]}
+             "phi-3": ["<|end|>", "<|endoftext|>"], "command-r": ["<|END_OF_TURN_TOKEN|>"],
+             "gemma-4": ["<turn|>", "<eos>"]}
 CONVERSATION = [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Name a prime."},
                 {"role": "assistant", "content": "Seven."}, {"role": "user", "content": "Another one?"}]
 UNHURRIED = TemplateLimits(max_seconds=60.0)  # the test checks what renders, not how fast on a busy machine
