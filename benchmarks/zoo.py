@@ -50,7 +50,7 @@ BETA = 0.07  # residual scale of the one layer draft_gguf has and draft_low_gguf
 LAYER_GAIN = 40.0  # a layer's residual output in units of an embedding's rms: the stream is then
 # mostly the layers' work, not the input token's embedding (which, tied to the output head,
 # would otherwise make every model repeat its last token)
-QUANTS = {"F16": 1, "Q8_0": 7, "Q4_K_M": 15}  # llama_ftype values
+from specdesk.engines.llama.binding import QUANT_TYPES as QUANTS  # noqa: E402 - name -> llama_ftype
 
 
 @dataclass(frozen=True)
@@ -294,18 +294,9 @@ def write_gguf(family: Family, shape: Shape, n_layers: int, seed: int, vocab_pat
 
 def quantize(src: Path, dst: Path, quant: str) -> Path:
     """llama.cpp's own quantizer (llama_model_quantize) on an F16 GGUF."""
-    from specdesk.engines.llama.binding import llama_lib
+    from specdesk.engines.llama.binding import quantize_gguf
 
-    lib = llama_lib()
-    params = lib.llama_model_quantize_default_params()
-    params.ftype = QUANTS[quant]
-    params.nthread = 2
-    tmp = dst.with_name(dst.name + f".tmp-{os.getpid()}")
-    if lib.llama_model_quantize(str(src).encode(), str(tmp).encode(), params) != 0:
-        tmp.unlink(missing_ok=True)
-        raise RuntimeError(f"{src}: llama_model_quantize to {quant} failed")
-    os.replace(tmp, dst)
-    return dst
+    return quantize_gguf(src, dst, quant)
 
 
 # --- Hugging Face folders ----------------------------------------------------------------
