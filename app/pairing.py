@@ -193,15 +193,50 @@ def score_draft(target: ModelEntry, draft: ModelEntry, records: Optional[list] =
     family = same_family(target, draft)
     acceptance = ACCEPTANCE_SAME_FAMILY if family else ACCEPTANCE_OTHER
     cost = draft.weights_bytes / max(1, target.weights_bytes)
-    best_k = max(range(1, MAX_K + 1), key=lambda k: expected_speedup(acceptance, cost, k))
-    speedup = expected_speedup(acceptance, cost, best_k)
     notes = [f"assumed, not measured: {'same family' if family else 'same vocabulary, other family'}, "
              f"acceptance assumed {acceptance:.0%}",
              f"draft is {1 / cost:.1f}x smaller than the target" if cost < 1 else
              "draft is not smaller than the target: no gain expected"]
+    scale = 1.0
+    reference = _measured_sibling(target, draft, records)
+    if reference is not None:  # another draft measured for this target: what this machine does
+        name, measured, model = reference
+        if _name_key(name) and _name_key(name) == _name_key(Path(draft.path).name):
+            acceptance = measured.acceptance
+            notes[0] = (f"assumed, not measured: acceptance {acceptance:.0%} as measured for {name} "
+                        "(the same draft in another file)")
+        scale = measured.speedup / model
+        notes.append(f"scaled by {scale:.2f}: this machine measured {measured.speedup:.2f}x for {name} where "
+                     f"the model expects {model:.2f}x")
+    best_k = max(range(1, MAX_K + 1), key=lambda k: expected_speedup(acceptance, cost, k))
+    speedup = expected_speedup(acceptance, cost, best_k) * scale
     if speedup <= 1.0:
         best_k, speedup = 0, 1.0
     return DraftVerdict(draft.path, draft.name, True, round(speedup, 2), best_k, tuple(notes))
+
+
+def _measured_sibling(target: ModelEntry, draft: ModelEntry, records: Optional[list]):
+    """(file name, Measured, the speedup model's figure for it) of another draft this machine
+    measured for `target`, the most measured runs first; None when there is none."""
+    from .measurements import measured_for
+
+    if records is None:
+        from .measurements import read
+
+        records = read()
+    here, found = os.path.realpath(draft.path), None
+    for other in {r.get("draft") for r in records if r.get("kind") != "chat" and r.get("method") == "draft"
+                  and r.get("target") == os.path.realpath(target.path) and r.get("draft")}:
+        if other == here or not os.path.isfile(other):
+            continue
+        measured = measured_for(target.path, other, "draft", records)
+        if measured is None or (found is not None and measured.runs <= found[1].runs):
+            continue
+        cost = os.path.getsize(other) / max(1, target.weights_bytes)
+        model = expected_speedup(measured.acceptance, cost, measured.k)
+        if model > 1.0:
+            found = (Path(other).name, measured, model)
+    return found
 
 
 def check_draft(target: ModelEntry, draft: ModelEntry, target_vocab: Optional["GgufModel"] = None,

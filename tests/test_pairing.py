@@ -342,3 +342,22 @@ def test_a_missing_drafter_table_means_no_suggestions(tmp_path, monkeypatch):
     assert load_drafter_table() == []
     qwen = ModelEntry(path="Qwen3-8B-Q4_K_M.gguf", format="gguf", source="user", name="x")
     assert native_drafters(qwen, []) == []
+
+
+def test_an_unmeasured_draft_is_scaled_to_what_this_machine_measured_for_another(demo_family, tmp_path):
+    """A second file of a measured draft borrows its measured acceptance, and every assumed
+    figure is scaled by how far this machine's measurement fell from the speedup model's."""
+    from specdesk.app.pairing import score_draft
+
+    target = read_model(demo_family["target_gguf"], "demo")
+    measured_path = demo_family["draft_gguf"]
+    copy = Path(shutil.copy(measured_path, tmp_path / "specdesk-demo-draft-Q8_0.gguf"))
+    records = [{"target": os.path.realpath(target.path), "draft": os.path.realpath(measured_path), "engine": "llama.cpp",
+                "method": "draft", "k": 4, "speedup": 1.1, "acceptance": 0.8, "tokens": 640, "temperature": 0.0}]
+    alone = score_draft(target, read_model(str(copy), "demo"), [])
+    scaled = score_draft(target, read_model(str(copy), "demo"), records)
+    assert alone.basis == scaled.basis == "assumed"
+    assert "acceptance 80% as measured for " + Path(measured_path).name in scaled.reasons[0]
+    assert any(r.startswith("scaled by ") for r in scaled.reasons)
+    assert scaled.score < alone.score  # the model promised more than this machine measured
+    assert score_draft(target, read_model(measured_path, "demo"), records).basis == "measured"
