@@ -57,9 +57,7 @@ def sampling_probs(logits: np.ndarray, sampling: SamplingParams) -> np.ndarray:
     towards the lower token id. Temperature 0 gives a one-hot argmax (callers use argmax
     directly for greedy; this keeps the function total).
     """
-    x = np.asarray(logits)
-    if x.ndim not in (1, 2) or x.shape[-1] == 0:
-        raise ValueError(f"logits must be (V,) or (n, V) with V > 0, got shape {x.shape}")
+    x = _checked(logits)
     if sampling.greedy or not _truncates(sampling, x.shape[-1]):
         return _reference_probs(x, sampling)
     rows = x.reshape(-1, x.shape[-1])  # (n, V)
@@ -68,6 +66,13 @@ def sampling_probs(logits: np.ndarray, sampling: SamplingParams) -> np.ndarray:
         transformed = _row_probs(row, sampling)
         out[transformed.ids] = transformed.probs
     return probs.reshape(x.shape)
+
+
+def _checked(logits: np.ndarray) -> np.ndarray:
+    x = np.asarray(logits)
+    if x.ndim not in (1, 2) or x.shape[-1] == 0:
+        raise ValueError(f"logits must be (V,) or (n, V) with V > 0, got shape {x.shape}")
+    return x
 
 
 def _truncates(sampling: SamplingParams, vocab: int) -> bool:
@@ -253,17 +258,10 @@ def _nucleus_full(logits: np.ndarray, sampling: SamplingParams) -> _Row:
 
 
 def _reference_probs(logits: np.ndarray, sampling: SamplingParams) -> np.ndarray:
-    """`sampling_probs` computed over the whole vocabulary, row by row as written: the definition
-    the fast paths of `_row_probs` are held to (tests/test_verify_fast.py), and their fallback.
-
-    `logits` is (V,) or (n, V); the result has the same shape. Top-p keeps the smallest set of
-    highest-probability tokens whose mass is >= top_p (at least one token); ties are broken
-    towards the lower token id. Temperature 0 gives a one-hot argmax (callers use argmax
-    directly for greedy; this keeps the function total).
-    """
-    x = np.asarray(logits)
-    if x.ndim not in (1, 2) or x.shape[-1] == 0:
-        raise ValueError(f"logits must be (V,) or (n, V) with V > 0, got shape {x.shape}")
+    """`sampling_probs` computed over the whole vocabulary, row by row as written (same
+    arguments, same result): the definition the fast paths of `_row_probs` are held to
+    (tests/test_verify_fast.py), and their fallback."""
+    x = _checked(logits)
     rows = x.reshape(-1, x.shape[-1])  # (n, V)
     n_rows, vocab = rows.shape
 
