@@ -180,8 +180,10 @@ def chat_measured_for(target: str, draft: Optional[str], method: str,
     if not items:
         return None
     tokens = sum(int(i.get("tokens", 0)) for i in items)
-    seconds = sum(int(i.get("tokens", 0)) / i["tok_per_s"] for i in items if i["tok_per_s"] > 0)
+    timed = [i for i in items if i["tok_per_s"] > 0]  # the rate counts only replies that were timed
+    seconds = sum(int(i.get("tokens", 0)) / i["tok_per_s"] for i in timed)
+    timed_tokens = sum(int(i.get("tokens", 0)) for i in timed)
     drafted = sum(int(i.get("drafted", 0)) for i in items)
     accepted = sum(float(i["acceptance"]) * int(i.get("drafted", 0)) for i in items)
-    return ChatMeasured(len(items), tokens, tokens / seconds if seconds > 0 else 0.0,
+    return ChatMeasured(len(items), tokens, timed_tokens / seconds if seconds > 0 else 0.0,
                         accepted / drafted if drafted else None)

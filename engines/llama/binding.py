@@ -116,9 +116,12 @@ class NativeHandle:
         except Exception:
             pass
 
+
+class ContextHandle(NativeHandle):
+    """A llama_context wrapper over `self.model`: creating it, its threads."""
+
     def _open(self, n_ctx: int, n_threads: int, n_batch: int, what: str, **extra) -> None:
-        """(llama_context wrappers) create the context over self.model for sequence 0, with
-        `extra` context parameters."""
+        """Create the context over self.model for sequence 0, with `extra` context parameters."""
         lib, model = self._lib, self.model
         params = lib.llama_context_default_params()
         params.n_ctx = n_ctx
@@ -137,7 +140,7 @@ class NativeHandle:
         self._memory = lib.llama_get_memory(self._ctx)
 
     def set_threads(self, n_threads: int) -> None:
-        """(llama_context wrappers) the threads its decodes use."""
+        """The threads its decodes use."""
         self._lib.llama_set_n_threads(self._ctx, n_threads, n_threads)
 
 
@@ -175,6 +178,7 @@ class GgufModel(NativeHandle):
         self.n_vocab = lib.llama_vocab_n_tokens(self._vocab)
         self.n_ctx_train = lib.llama_model_n_ctx_train(self._model)
         self.n_embd = lib.llama_model_n_embd(self._model)
+        self.n_embd_out = lib.llama_model_n_embd_out(self._model)  # the width of its final-normed rows
         self.size_bytes = lib.llama_model_size(self._model)
         self.n_params = lib.llama_model_n_params(self._model)
         self.vocab = VocabInfo(
@@ -292,7 +296,7 @@ DECODE_ERRORS = {  # llama_decode's documented return codes
 }
 
 
-class GgufContext(NativeHandle):
+class GgufContext(ContextHandle):
     """One inference context (its own KV cache) over a GgufModel, for sequence 0.
 
     The KV cache is sized once (n_ctx); rolling back a rejected draft removes positions

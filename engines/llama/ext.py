@@ -20,7 +20,7 @@ import numpy as np
 
 from ..speculation.stats import ProposerCounters
 from ..types import Draft, SamplingParams, SpecDeskError
-from .binding import GgufContext, GgufModel, NativeHandle, check_gguf_file, common_prefix, gguf_header, llama_lib
+from .binding import ContextHandle, GgufContext, GgufModel, check_gguf_file, common_prefix, gguf_header, llama_lib
 
 _c_ctx = ctypes.c_void_p
 _c_model = ctypes.c_void_p
@@ -147,7 +147,7 @@ class Entry:
     output: bool = False
 
 
-class NativeContext(NativeHandle):
+class NativeContext(ContextHandle):
     """A llama_context with its own llama_batch_ext, for drafters that take hidden states.
 
     It holds sequence 0 only; positions are explicit, so rolling back is llama_memory_seq_rm.
@@ -246,7 +246,7 @@ class HiddenRows:
         self._ctx, self._n = target_ctx._ctx, target_ctx.n_last
         model = target_ctx.model
         self._width = model.n_embd
-        self._width_out = model._lib.llama_model_n_embd_out(model._model)
+        self._width_out = model.n_embd_out
         self.taps = _LayerInputs(self)
 
     @property

@@ -47,7 +47,7 @@ class MtpDrafter(CachedPositions):
         if n_nextn <= 0:
             raise SpecDeskError(f"{target.path}: this GGUF has no MTP (NextN) layers, so method 'mtp' cannot run")
         self.target, self.target_ctx = target, target_ctx
-        self.n_embd = target._lib.llama_model_n_embd_out(target._model)
+        self.n_embd = target.n_embd_out
         self.n_vocab = target.n_vocab
         self.context = NativeContext(target, target_ctx.n_ctx, n_threads, target_ctx.n_batch,
                                      ctx_type=LLAMA_CONTEXT_TYPE_MTP, ctx_other=target_ctx._ctx,

@@ -328,8 +328,9 @@ class AutoProposer:
 
 # --- measuring costs ----------------------------------------------------------------
 _memory: dict[str, Costs] = {}
-# engine -> cost key -> method -> its acceptance estimate, carried from one run to the next
-_learned: "weakref.WeakKeyDictionary[object, dict[str, dict[str, AcceptanceEstimate]]]" = weakref.WeakKeyDictionary()
+# engine -> (cost key, greedy) -> method -> its acceptance estimate, carried from one run to the next
+_learned: "weakref.WeakKeyDictionary[object, dict[tuple[str, bool], dict[str, AcceptanceEstimate]]]" = \
+    weakref.WeakKeyDictionary()
 
 
 def cost_key(engine, methods: Sequence[str], max_k: int, draft_path: Optional[str]) -> str:
@@ -477,7 +478,9 @@ def make_auto_proposer(engine, spec, sampling: SamplingParams, rng: np.random.Ge
     observer = "mtp" if "mtp" in proposers else None
     draft_path = spec.draft_path if "draft" in proposers else None
     costs = load_or_measure(engine, proposers, spec.k, draft_path, observer)
-    learned = _learned.setdefault(engine, {}).setdefault(cost_key(engine, list(proposers), spec.k, draft_path), {})
+    # Greedy and sampled runs accept differently: each learns apart.
+    learned = _learned.setdefault(engine, {}).setdefault(
+        (cost_key(engine, list(proposers), spec.k, draft_path), sampling.greedy), {})
     if observer is not None and not worth_feeding(costs, observer, spec.k, learned.get(observer)):
         del proposers[observer]  # never attached: its catch-up would cost more than it can save
         observer = None
