@@ -248,9 +248,9 @@ class ChartPanel(QWidget):
         y_max = nice_ceiling(self.legend_room * float(finite.max()) if len(finite) else 0.0, minimum=10.0)
         self._set_range("rate", self.rate_plot, (0, self._grown("rate_t", t_max)), (0, self._grown("rate_y", y_max)))
         self._set_range("acceptance", self.acceptance_plot, (0, self._grown("rate_t", t_max)), (0, 1.05))
-        self._draw_methods(final or self._ticks % BAR_EVERY == 0)
+        slow = final or self._ticks % BAR_EVERY == 0  # the bars' and bands' slower redraw
+        self._draw_methods(slow)
         stats = self.current_stats()
-        slow = final or self._ticks % BAR_EVERY == 0
         if stats is not None and slow:
             positions = np.arange(1, len(stats.per_position_drafted) + 1)
             self.position_bars.setOpts(x=positions, height=np.array(stats.per_position_acceptance), width=0.6)
