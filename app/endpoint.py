@@ -28,8 +28,12 @@ RunStats use the server's count of tokens. Every failure (unreachable, 401, a dr
 a model that vanished, metrics that are not Prometheus text) is an EndpointError of one line
 that keeps the text received so far in `partial`.
 
-Only the standard library speaks HTTP here (urllib): one request at a time, streamed line by
-line, cancelled between lines.
+One HTTP client (httpx2, the httpx line that huggingface_hub and openai already bring) speaks
+to the server, with bounds a hostile or broken server cannot lift (docs/security.md): connect, first-byte and idle timeouts and a total deadline from
+max_tokens; SSE lines of at most MAX_LINE_BYTES and replies of at most MAX_REPLY_BYTES; the
+stream stopped here once it carries more than max_tokens tokens; the API key dropped on a
+redirect to another host, port or scheme, and no redirect from https to http. The server's
+text is stripped of control characters (`printable`) before a terminal shows it.
 """
 
 from __future__ import annotations
@@ -40,12 +44,12 @@ import re
 import socket
 import threading
 import time
-import urllib.error
 import urllib.parse
-import urllib.request
+from contextlib import contextmanager
 from dataclasses import dataclass, field
-from http.client import HTTPException
 from typing import Callable, Iterator, Optional
+
+import httpx2
 
 from specdesk.engines.types import RunStats, SamplingParams, SpecDeskError, StepEvent
 
@@ -56,15 +60,35 @@ METRIC_PREFIXES = {"specdesk": "specdesk", "llama-server": "llamacpp", "vllm": "
 GENERATED_COUNTER = {"specdesk": "generation_tokens_total", "llama-server": "tokens_predicted_total",
                      "vllm": "generation_tokens_total"}
 UNKNOWN_TOKEN = -1  # a streamed token whose id the server did not send
-MAX_METRICS_BYTES = 8 * 2**20
+MAX_METRICS_BYTES = 8 * 2**20  # /metrics and /v1/models answers
+MAX_ERROR_BYTES = 64 * 1024  # the body of an HTTP error answer
+MAX_LINE_BYTES = 2**20  # one server-sent-events line
+MAX_REPLY_BYTES = 64 * 2**20  # a whole reply (streamed, or one JSON answer)
+CONNECT_TIMEOUT_S = 10.0
+IDLE_TIMEOUT_S = 60.0  # silence allowed mid-reply
+SECONDS_PER_TOKEN = 2.0  # the total deadline: the first-byte timeout plus this per max token
+MAX_REDIRECTS = 5
 METRICS_SETTLE_S = 2.0  # how long to wait for a server to count a finished reply in /metrics
+
+# ANSI escape sequences (CSI, OSC, and two-character ones), then any other control character
+# but tab and newline: a server's text must not move the cursor, retitle or recolour a terminal.
+_ESCAPES = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)?|\x1b[@-_]|\x9b[0-?]*[ -/]*[@-~]")
+_CONTROLS = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
+
+
+def printable(text: str, one_line: bool = False) -> str:
+    """`text` without terminal escape sequences and control characters (tab and newline stay,
+    unless `one_line`, which turns them into spaces)."""
+    text = _CONTROLS.sub("", _ESCAPES.sub("", text))
+    return re.sub(r"[\t\n]+", " ", text) if one_line else text
 
 
 class EndpointError(SpecDeskError):
-    """One line for the user; `partial` is the reply text received before the failure."""
+    """One line for the user (control characters from the server stripped); `partial` is the
+    reply text received before the failure."""
 
     def __init__(self, message: str, partial: str = ""):
-        super().__init__(message)
+        super().__init__(printable(message, one_line=True))
         self.partial = partial
 
 
@@ -192,6 +216,50 @@ class ServedRun:
 
 
 # --- the client -------------------------------------------------------------------
+class Watchdog:
+    """Ends a reply whose server goes quiet or runs past its deadline. A read blocked on the
+    socket cannot be interrupted from another thread by closing it, so the socket is shut
+    down, which ends the read at once; `reason` then says which bound it was."""
+
+    def __init__(self, first_byte_s: float, idle_s: float, total_s: float):
+        self.first_byte_s, self.idle_s, self.total_s = first_byte_s, idle_s, total_s
+        self.started = time.monotonic()
+        self.last: Optional[float] = None
+        self.reason: Optional[str] = None
+        self._socket: Optional[socket.socket] = None
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._watch, name="endpoint-watchdog", daemon=True)
+
+    def watch(self, response: httpx2.Response) -> "Watchdog":
+        stream = response.extensions.get("network_stream")
+        self._socket = stream.get_extra_info("socket") if stream is not None else None
+        self._thread.start()
+        return self
+
+    def progress(self) -> None:
+        self.last = time.monotonic()
+
+    def stop(self) -> None:
+        self._done.set()
+
+    def _watch(self) -> None:
+        while not self._done.wait(min(0.25, self.idle_s / 4)):
+            now = time.monotonic()
+            if self.last is None and now - self.started > self.first_byte_s:
+                self.reason = f"sent nothing within {self.first_byte_s:g} s"
+            elif self.last is not None and now - self.last > self.idle_s:
+                self.reason = f"sent nothing for {self.idle_s:g} s mid-reply"
+            elif now - self.started > self.total_s:
+                self.reason = f"did not finish the reply within its deadline of {self.total_s:g} s"
+            if self.reason is not None:
+                try:
+                    if self._socket is not None:
+                        self._socket.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+                return
+
+
 class Endpoint:
     """An OpenAI-compatible server, spoken to over HTTP."""
 
@@ -200,53 +268,102 @@ class Endpoint:
         self.url = base_url(url)
         self.api_key = api_key or None
         self.model = model
-        self.timeout = timeout
+        self.timeout = timeout  # first byte: a server may take this long over a long prompt
+        self.connect_timeout = CONNECT_TIMEOUT_S
+        self.idle_timeout = IDLE_TIMEOUT_S
+        self.seconds_per_token = SECONDS_PER_TOKEN
         self._info: Optional[ServerInfo] = None
+        self._client = httpx2.Client(follow_redirects=True, max_redirects=MAX_REDIRECTS, trust_env=False,
+                                    event_hooks={"response": [self._refuse_downgrade]})
 
     @property
     def name(self) -> str:
         return "endpoint"
 
-    def _open(self, path: str, body: Optional[dict] = None, timeout: Optional[float] = None):
-        request = urllib.request.Request(self.url + path, method="POST" if body is not None else "GET",
-                                         data=None if body is None else json.dumps(body).encode())
-        request.add_header("Accept", "application/json, text/event-stream, text/plain")
-        if body is not None:
-            request.add_header("Content-Type", "application/json")
-        if self.api_key:
-            request.add_header("Authorization", f"Bearer {self.api_key}")
-        try:
-            return urllib.request.urlopen(request, timeout=timeout or self.timeout)
-        except urllib.error.HTTPError as e:
-            raise self._http_error(path, e) from None
-        except (urllib.error.URLError, OSError, HTTPException) as e:
-            reason = getattr(e, "reason", None) or e
-            if isinstance(reason, (socket.timeout, TimeoutError)):
-                raise EndpointError(f"{self.url} did not answer within {timeout or self.timeout:g} s") from None
-            raise EndpointError(f"cannot reach {self.url}: {getattr(reason, 'strerror', None) or reason}") from None
+    def close(self) -> None:
+        self._client.close()
 
-    def _http_error(self, path: str, error: urllib.error.HTTPError) -> EndpointError:
+    def _refuse_downgrade(self, response: httpx2.Response) -> None:
+        """httpx2 drops the Authorization header on a redirect to another origin; a redirect
+        from https to http is refused outright (the request and its reply would travel in the clear)."""
+        if response.has_redirect_location and response.url.scheme == "https":
+            target = response.url.join(response.headers["location"])
+            if target.scheme != "https":
+                raise EndpointError(f"{self.url} redirected to {target.scheme}://{target.host}: a redirect from "
+                                    "https to http is refused; give the server's https address")
+
+    @contextmanager
+    def _open(self, path: str, body: Optional[dict] = None, timeout: Optional[float] = None):
+        """The response to GET (or POST `body` to) `path`, headers read, body not yet; HTTP errors raised."""
+        headers = {"Accept": "application/json, text/event-stream, text/plain",
+                   "Accept-Encoding": "identity"}  # a compressed reply could unpack past the byte limits
+        if self.api_key:
+            headers["Authorization"] = f"Bearer {self.api_key}"
+        wait = timeout or self.timeout
+        request = self._client.build_request(
+            "POST" if body is not None else "GET", self.url + path, headers=headers,
+            content=None if body is None else json.dumps(body).encode(),
+            timeout=httpx2.Timeout(wait, connect=min(self.connect_timeout, wait)))
+        if body is not None:
+            request.headers["Content-Type"] = "application/json"
         try:
-            payload = json.loads(error.read(64 * 1024) or b"{}")
+            response = self._client.send(request, stream=True)
+        except httpx2.TimeoutException as e:
+            if isinstance(e, httpx2.ConnectTimeout):
+                raise EndpointError(f"cannot reach {self.url}: no connection within "
+                                    f"{min(self.connect_timeout, wait):g} s") from None
+            raise EndpointError(f"{self.url} did not answer within {wait:g} s") from None
+        except httpx2.TooManyRedirects:
+            raise EndpointError(f"{self.url}{path} redirected more than {MAX_REDIRECTS} times") from None
+        except httpx2.HTTPError as e:
+            cause = e.__context__ if isinstance(e.__context__, OSError) else None
+            reason = getattr(cause, "strerror", None) or str(e) or type(e).__name__
+            raise EndpointError(f"cannot reach {self.url}: {reason}") from None
+        try:
+            if response.status_code >= 400:
+                raise self._http_error(path, response)
+            yield response
+        finally:
+            response.close()
+
+    def _read(self, response: httpx2.Response, limit: int, what: str) -> bytes:
+        """The whole body, refused past `limit` bytes."""
+        data = bytearray()
+        try:
+            for chunk in response.iter_raw():
+                data += chunk
+                if len(data) > limit:
+                    raise EndpointError(f"{what} is over {limit // 1024:,} KiB: not what an OpenAI-compatible server "
+                                        "sends")
+        except httpx2.TimeoutException:
+            raise EndpointError(f"{self.url} did not answer within {self.timeout:g} s") from None
+        except httpx2.HTTPError as e:
+            raise EndpointError(f"{self.url} dropped the connection ({type(e).__name__})") from None
+        return bytes(data)
+
+    def _http_error(self, path: str, response: httpx2.Response) -> EndpointError:
+        try:
+            payload = json.loads(self._read(response, MAX_ERROR_BYTES, "the error answer") or b"{}")
             message = (payload.get("error") or {}).get("message") if isinstance(payload.get("error"), dict) \
                 else payload.get("error") or payload.get("message") or payload.get("detail")
-        except (ValueError, OSError, AttributeError):
+        except (ValueError, EndpointError, AttributeError):
             message = None
-        said = f": {str(message).splitlines()[0][:200]}" if message else ""
-        if error.code in (401, 403):
-            return EndpointError(f"{self.url} refused the API key (HTTP {error.code}{said}): "
+        said = f": {str(message).splitlines()[0][:200]}" if message and str(message).strip() else ""
+        code = response.status_code
+        if code in (401, 403):
+            return EndpointError(f"{self.url} refused the API key (HTTP {code}{said}): "
                                  "give the server's key (--api-key, or the key field of Add server)")
-        if error.code == 404 and path.endswith("/completions"):
+        if code == 404 and path.endswith("/completions"):
             return EndpointError(f"{self.url} does not serve model {self.model!r} now (HTTP 404{said}): "
                                  "list its models again and choose one")
-        return EndpointError(f"{self.url}{path}: HTTP {error.code}{said}")
+        return EndpointError(f"{self.url}{path}: HTTP {code}{said}")
 
     def _get_json(self, path: str, timeout: Optional[float] = None) -> dict:
         with self._open(path, timeout=timeout) as response:
-            data = response.read(MAX_METRICS_BYTES)
+            data = self._read(response, MAX_METRICS_BYTES, f"{self.url}{path}")
         try:
             payload = json.loads(data)
-        except ValueError:
+        except (ValueError, RecursionError):
             raise EndpointError(f"{self.url}{path} did not answer with JSON: is this an OpenAI-compatible "
                                 "server?") from None
         if not isinstance(payload, dict):
@@ -265,7 +382,7 @@ class Endpoint:
         """/metrics now; None when the server has none (404, or refused)."""
         try:
             with self._open("/metrics", timeout=min(self.timeout, 15.0)) as response:
-                text = response.read(MAX_METRICS_BYTES).decode("utf-8", "replace")
+                text = self._read(response, MAX_METRICS_BYTES, f"{self.url}/metrics").decode("utf-8", "replace")
         except EndpointError as e:
             if "HTTP 404" in str(e) or "HTTP 501" in str(e) or "HTTP 405" in str(e):
                 return None
@@ -340,36 +457,60 @@ class Endpoint:
         sent = time.perf_counter()
         reader = StreamReader(self.url)
         first_at = last_at = None
-        with self._open("/v1/chat/completions", body) as response:
-            whole = response.headers.get_content_type() == "application/json"  # a server that does not stream
-            try:
-                lines = json_reply_lines(response.read(MAX_METRICS_BYTES)) if whole else iter_lines(response, cancel)
-                for line in lines:
-                    chunk = reader.feed(line)
-                    if chunk is None:
-                        continue
-                    text, count, drafted, accepted = chunk
-                    now = time.perf_counter()
-                    if first_at is None:
-                        first_at = now
-                    last_at = now
-                    yield StepEvent(tokens=(UNKNOWN_TOKEN,) * count, text=text, drafted=drafted, accepted=accepted,
-                                    position_accepted=(), from_draft=(False,) * count, draft_s=0.0, verify_s=0.0)
-            except (OSError, HTTPException) as e:
-                reason = "timed out" if isinstance(e, (socket.timeout, TimeoutError)) else "dropped the connection"
-                raise EndpointError(f"{self.url} {reason} mid-reply after {len(reader.text)} characters",
-                                    reader.text) from None
-            if reader.error is not None:
-                raise EndpointError(f"{self.url} ended the reply with an error: {reader.error}", reader.text)
-            if not cancel.is_set() and not reader.done:
-                raise EndpointError(f"{self.url} closed the stream mid-reply after {len(reader.text)} characters",
-                                    reader.text)
+        over = False  # the server sent more tokens than max_tokens: the rest is not read
+        watchdog = Watchdog(self.timeout, self.idle_timeout, self.timeout + max_tokens * self.seconds_per_token)
+        try:
+            with self._open("/v1/chat/completions", body) as response:
+                watchdog.watch(response)
+                # a server that does not stream answers with one JSON reply
+                whole = response.headers.get("content-type", "").split(";")[0].strip() == "application/json"
+                try:
+                    chunks = watched(response.iter_raw(), watchdog)
+                    lines = json_reply_lines(bounded(chunks, MAX_REPLY_BYTES, self.url, reader)) if whole \
+                        else iter_lines(chunks, cancel, self.url, reader)
+                    for line in lines:
+                        kept = reader.tokens_seen
+                        chunk = reader.feed(line)
+                        if chunk is None:
+                            continue
+                        if reader.tokens_seen > max_tokens:  # more than was asked for: not shown, not kept
+                            reader.cut(kept)
+                            over = True
+                            break
+                        text, count, drafted, accepted = chunk
+                        now = time.perf_counter()
+                        if first_at is None:
+                            first_at = now
+                        last_at = now
+                        yield StepEvent(tokens=(UNKNOWN_TOKEN,) * count, text=text, drafted=drafted,
+                                        accepted=accepted, position_accepted=(), from_draft=(False,) * count,
+                                        draft_s=0.0, verify_s=0.0)
+                except httpx2.HTTPError as e:
+                    if watchdog.reason is not None:
+                        raise EndpointError(f"{self.url} {watchdog.reason}, after {len(reader.text)} characters",
+                                            reader.text) from None
+                    reason = "timed out" if isinstance(e, httpx2.TimeoutException) else "dropped the connection"
+                    raise EndpointError(f"{self.url} {reason} mid-reply after {len(reader.text)} characters",
+                                        reader.text) from None
+                if watchdog.reason is not None and not reader.done:
+                    raise EndpointError(f"{self.url} {watchdog.reason}, after {len(reader.text)} characters",
+                                        reader.text)
+                if reader.error is not None:
+                    raise EndpointError(f"{self.url} ended the reply with an error: {reader.error}", reader.text)
+                if not cancel.is_set() and not reader.done and not over:
+                    raise EndpointError(f"{self.url} closed the stream mid-reply after {len(reader.text)} "
+                                        "characters", reader.text)
+        finally:
+            watchdog.stop()
+        if over:
+            reader.finish_reason = "length"
         finish = "cancelled" if cancel.is_set() else reader.finish_reason
         tokens = reader.completion_tokens()
         seconds = decode_seconds(sent, first_at, last_at, tokens)
-        note = None
+        note = f"{self.url} sent more than the {max_tokens} tokens asked for: the reply was cut there" if over \
+            else None
         numbers = reader.per_request_numbers()
-        if info.metrics and finish != "cancelled" and not numbers.per_position_accepted:
+        if info.metrics and finish != "cancelled" and not over and not numbers.per_position_accepted:
             try:
                 numbers, note = self._with_metric_deltas(numbers, before, tokens)
             except EndpointError as e:
@@ -465,19 +606,56 @@ def served_stats(tokens: int, seconds: float, numbers: ServedNumbers) -> RunStat
 
 
 # --- the stream ---------------------------------------------------------------------
-def iter_lines(response, cancel: threading.Event) -> Iterator[str]:
-    while not cancel.is_set():
-        line = response.readline()
-        if not line:
+def watched(chunks: Iterator[bytes], watchdog: Watchdog) -> Iterator[bytes]:
+    for chunk in chunks:
+        watchdog.progress()
+        yield chunk
+
+
+def bounded(chunks: Iterator[bytes], limit: int, url: str, reader: "StreamReader") -> bytes:
+    """All of `chunks`, refused past `limit` bytes."""
+    data = bytearray()
+    for chunk in chunks:
+        data += chunk
+        if len(data) > limit:
+            raise EndpointError(f"{url} sent a reply over {limit // 2**20} MiB: stopped reading it", reader.text)
+    return bytes(data)
+
+
+def iter_lines(chunks: Iterator[bytes], cancel: threading.Event, url: str, reader: "StreamReader",
+               max_line: int = MAX_LINE_BYTES, max_reply: int = MAX_REPLY_BYTES) -> Iterator[str]:
+    """Server-sent-event lines from raw bytes: a line over `max_line` bytes or a reply over
+    `max_reply` bytes ends the reply with an EndpointError; `cancel` is seen between lines."""
+    buffer = bytearray()
+    total = 0
+    for chunk in chunks:
+        total += len(chunk)
+        if total > max_reply:
+            raise EndpointError(f"{url} sent a reply over {max_reply // 2**20} MiB: stopped reading it", reader.text)
+        buffer += chunk
+        while True:
+            end = buffer.find(b"\n")
+            if end < 0:
+                break
+            line = bytes(buffer[:end])
+            del buffer[:end + 1]
+            yield line.decode("utf-8", "replace").rstrip("\r")
+            if cancel.is_set():
+                return
+        if len(buffer) > max_line:
+            raise EndpointError(f"{url} sent a line over {max_line // 1024} KiB: not server-sent events; "
+                                "stopped reading", reader.text)
+        if cancel.is_set():
             return
-        yield line.decode("utf-8", "replace").rstrip("\r\n")
+    if buffer:
+        yield buffer.decode("utf-8", "replace").rstrip("\r")
 
 
 def json_reply_lines(data: bytes) -> Iterator[str]:
     """A whole (not streamed) chat completion as the stream lines it stands for."""
     try:
         reply = json.loads(data)
-    except ValueError:
+    except (ValueError, RecursionError):
         reply = None
     if not isinstance(reply, dict):
         return
@@ -525,7 +703,7 @@ class StreamReader:
             return None
         try:
             chunk = json.loads(data)
-        except ValueError:
+        except (ValueError, RecursionError):
             raise EndpointError(f"{self.url} sent a chunk that is not JSON ({data[:60]!r})", self.text) from None
         if not isinstance(chunk, dict):
             return None
@@ -568,6 +746,17 @@ class StreamReader:
             self._drafted += drafted
             self._accepted += accepted
         return text, count, drafted, accepted
+
+    def cut(self, tokens: int) -> None:
+        """Forget the last chunk with text: the reply ends with the `tokens` tokens before it."""
+        self.pieces.pop()
+        self.chunks -= 1
+        self._counted = self.usage_tokens = tokens
+
+    @property
+    def tokens_seen(self) -> int:
+        """Tokens the reply has carried so far (at least one per chunk with text)."""
+        return self._counted
 
     def _running_count(self) -> Optional[int]:
         if self.timings is not None and "predicted_n" in self.timings:

@@ -22,7 +22,7 @@ from specdesk.engines.types import SamplingParams, SpecDeskError, StepEvent
 
 from .compare import CompareReport, PromptResult
 from .credentials import load_key
-from .endpoint import Endpoint, EndpointError, ServedRun
+from .endpoint import Endpoint, EndpointError, ServedRun, printable
 
 BASELINE = {"method": "none"}  # specdesk serve's per-request switch
 
@@ -147,15 +147,15 @@ def cmd_served_chat(args) -> int:
 
     endpoint = open_endpoint(args.endpoint, args.endpoint_model, args.endpoint_api_key)
     sampling = served_sampling(args)
-    print(f"SpecDesk chat · {endpoint.target_label} · {endpoint.info.describe()}"
-          " · empty line or Ctrl-D to quit, /new for a new chat", file=sys.stderr)
+    print(printable(f"SpecDesk chat · {endpoint.target_label} · {endpoint.info.describe()}", one_line=True)
+          + " · empty line or Ctrl-D to quit, /new for a new chat", file=sys.stderr)
     messages: list[dict] = []
     for _ in user_turns(messages):
         cancel = threading.Event()
         print("model> ", end="", flush=True)
         try:
             run = endpoint.chat(messages, sampling, args.max_tokens, cancel,
-                                on_event=lambda e: print(e.text, end="", flush=True))
+                                on_event=lambda e: print(printable(e.text), end="", flush=True))
         except KeyboardInterrupt:
             cancel.set()
             print("\n[stopped]")
@@ -170,7 +170,8 @@ def cmd_served_chat(args) -> int:
                 messages.pop()
             continue
         messages.append({"role": "assistant", "content": run.result.text})
-        print(f"\n[{describe_numbers(run)}]" + (f"\n[{run.note}]" if run.note else ""), file=sys.stderr)
+        print(f"\n[{describe_numbers(run)}]" + (f"\n[{printable(run.note, one_line=True)}]" if run.note else ""),
+              file=sys.stderr)
     return 0
 
 
@@ -189,9 +190,9 @@ def cmd_served_compare(args) -> int:
     if args.json == "-":
         print(json.dumps(payload))
         return 0
-    print(f"speculative: {speculative.target_label} ({speculative.info.kind}) · baseline: "
-          + (f"{baseline.target_label} ({baseline.info.kind})" if baseline is not None
-             else "the same server, speculation off per request"))
+    print(printable(f"speculative: {speculative.target_label} ({speculative.info.kind}) · baseline: "
+                    + (f"{baseline.target_label} ({baseline.info.kind})" if baseline is not None
+                       else "the same server, speculation off per request"), one_line=True))
     # a server does not say how long drafting took: leave out the local table's time split
     print("\n".join(line for line in format_table(report).splitlines() if not line.startswith("time drafting")))
     for i, result in enumerate(report.results):

@@ -9,6 +9,7 @@ import json
 import socket
 import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -203,17 +204,212 @@ def test_cancel_ends_the_stream(serve):
 def test_cli_compare_and_chat_on_endpoints(capsys, monkeypatch):
     from specdesk.app.main import main
 
+    # the recordings reply with 53 tokens, whatever max tokens says: asking for fewer would cut them
     with Replay(load("vllm_per_request.json")) as speculative, Replay(load("vllm_counters.json")) as baseline:
-        assert main(["compare", "--endpoint", speculative.url, "--prompt", "def f(", "--max-tokens", "16"]) == 2
+        assert main(["compare", "--endpoint", speculative.url, "--prompt", "def f(", "--max-tokens", "64"]) == 2
         assert "cannot switch speculation off per request" in capsys.readouterr().err
         assert main(["compare", "--endpoint", speculative.url, "--baseline-endpoint", baseline.url,
-                     "--prompt", "def f(", "--max-tokens", "16", "--json", "-"]) == 0
+                     "--prompt", "def f(", "--max-tokens", "64", "--json", "-"]) == 0
         payload = json.loads(capsys.readouterr().out)
         assert payload["identical_outputs"] is True and payload["speculative"]["drafted"] == 129
         assert payload["endpoint"]["kind"] == "vllm" and payload["baseline_endpoint"]["url"] == baseline.url
         assert {"baseline", "speculative", "speedup", "prompts", "temperature", "k"} <= set(payload)
         monkeypatch.setattr("sys.stdin", __import__("io").StringIO("hello\n\n"))
-        assert main(["chat", "--endpoint", speculative.url, "--max-tokens", "16"]) == 0
+        assert main(["chat", "--endpoint", speculative.url, "--max-tokens", "64"]) == 0
         out = capsys.readouterr()
         assert "def parse_args" in out.out and "acceptance 0.08 · 1.23 tok/pass" in out.err
         assert "numbers: per request" in out.err
+
+
+# --- hostile servers ---------------------------------------------------------------------------
+MODELS = {"object": "list", "data": [{"id": "m", "object": "model", "owned_by": "someone"}]}
+
+
+class Hostile:
+    """A loopback server that answers /v1/models with a model list, /metrics with 404, and
+    chat completions with whatever `chat(conn)` writes on the raw socket. It keeps each
+    request's headers and counts the bytes it managed to send."""
+
+    def __init__(self, chat=None, models: dict = MODELS, redirect_to: str | None = None):
+        self.chat, self.models, self.redirect_to = chat, models, redirect_to
+        self.requests: list[tuple[str, dict]] = []
+        self.sent = 0
+        self.server = socket.create_server(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self.server.getsockname()[1]}"
+        self.stop = threading.Event()
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while not self.stop.is_set():
+            try:
+                conn, _ = self.server.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
+
+    def _serve(self, conn: socket.socket) -> None:
+        with conn:
+            data = b""
+            while b"\r\n\r\n" not in data:
+                more = conn.recv(65536)
+                if not more:
+                    return
+                data += more
+            head, _, body = data.partition(b"\r\n\r\n")
+            lines = head.decode("latin-1").split("\r\n")
+            path = lines[0].split()[1]
+            headers = {k.strip().lower(): v.strip() for k, v in (line.split(":", 1) for line in lines[1:])}
+            while len(body) < int(headers.get("content-length", 0)):
+                body += conn.recv(65536)
+            self.requests.append((path, headers))
+            try:
+                if self.redirect_to is not None:
+                    self.send(conn, f"HTTP/1.1 302 Found\r\nLocation: {self.redirect_to}{path}\r\n"
+                                    "Content-Length: 0\r\nConnection: close\r\n\r\n".encode())
+                elif path == "/v1/models":
+                    self.send_json(conn, self.models)
+                elif path == "/metrics" or self.chat is None:
+                    self.send(conn, b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
+                else:
+                    self.chat(self, conn)
+            except OSError:  # the client hung up: what these tests want
+                pass
+
+    def send(self, conn: socket.socket, data: bytes) -> None:
+        conn.sendall(data)
+        self.sent += len(data)
+
+    def send_json(self, conn: socket.socket, payload: dict) -> None:
+        body = json.dumps(payload).encode()
+        self.send(conn, b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nConnection: close\r\n"
+                  + f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
+
+    def stream_head(self, conn: socket.socket) -> None:
+        self.send(conn, b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nConnection: close\r\n\r\n")
+
+    def __enter__(self) -> "Hostile":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop.set()
+        self.server.close()
+
+
+def chunk(text: str) -> bytes:
+    return f"data: {json.dumps({'choices': [{'index': 0, 'delta': {'content': text}}]})}\n\n".encode()
+
+
+def test_the_api_key_never_reaches_another_host_and_https_never_falls_back_to_http():
+    import httpx2
+
+    with Hostile() as elsewhere, Hostile(redirect_to=None) as origin:
+        origin.redirect_to = elsewhere.url  # another port is another origin
+        endpoint = Endpoint(origin.url, api_key="sk-secret")
+        assert endpoint.list_models()[0]["id"] == "m"
+        assert origin.requests[0][1]["authorization"] == "Bearer sk-secret"
+        assert elsewhere.requests and all("authorization" not in headers for _, headers in elsewhere.requests)
+    endpoint = Endpoint("https://gpu-box.example", api_key="sk-secret")
+    downgrade = httpx2.Response(302, headers={"location": "http://gpu-box.example/v1/models"},
+                               request=httpx2.Request("GET", "https://gpu-box.example/v1/models"))
+    with pytest.raises(EndpointError, match="from https to http is refused"):
+        endpoint._refuse_downgrade(downgrade)
+    upgrade = httpx2.Response(302, headers={"location": "https://gpu-box.example/v2"},
+                             request=httpx2.Request("GET", "https://gpu-box.example/v1/models"))
+    endpoint._refuse_downgrade(upgrade)  # https to https is fine
+
+
+def test_a_line_without_end_is_refused_at_its_limit():
+    def one_line_forever(server, conn):
+        server.stream_head(conn)
+        server.send(conn, b"data: ")
+        piece = b"x" * 65536
+        while server.sent < 2**30:
+            server.send(conn, piece)
+
+    with Hostile(one_line_forever) as server:
+        with pytest.raises(EndpointError, match="sent a line over 1024 KiB"):
+            Endpoint(server.url).chat(CHAT, max_tokens=8)
+        time.sleep(0.5)
+        assert server.sent < 64 * 2**20  # the client stopped reading at 1 MiB (socket buffers hold the rest)
+
+
+def test_a_reply_longer_than_max_tokens_is_cut_there():
+    with Replay(load("vllm_per_request.json")) as replay:  # its reply has 53 tokens, counted on every chunk
+        run = Endpoint(replay.url).chat(CHAT, SamplingParams(), 16)
+    assert run.result.finish_reason == "length" and run.result.stats.tokens <= 16 and run.result.text
+
+
+def test_an_endless_stream_is_cut_at_max_tokens():
+    def endless(server, conn):
+        server.stream_head(conn)
+        while server.sent < 2**30:
+            server.send(conn, chunk("y" * 65536))
+
+    with Hostile(endless) as server:
+        run = Endpoint(server.url).chat(CHAT, max_tokens=8)
+        assert run.result.finish_reason == "length" and run.result.text == "y" * 65536 * 8
+        time.sleep(0.5)
+        assert server.sent < 64 * 2**20
+
+
+def test_slow_or_silent_servers_end_in_one_line_within_their_timeouts():
+    def trickle(server, conn):  # one byte at a time, never a whole line
+        server.stream_head(conn)
+        while True:
+            server.send(conn, b"x")
+            time.sleep(0.1)
+
+    def one_chunk_then_silence(server, conn):
+        server.stream_head(conn)
+        server.send(conn, chunk("hello"))
+        time.sleep(60)
+
+    def never_answers(server, conn):
+        time.sleep(60)
+
+    with Hostile(trickle) as server:
+        endpoint = Endpoint(server.url, timeout=2)
+        endpoint.seconds_per_token = 0.25
+        with pytest.raises(EndpointError, match=r"did not finish the reply within its deadline of 3 s"):
+            endpoint.chat(CHAT, max_tokens=4)
+    with Hostile(one_chunk_then_silence) as server:
+        endpoint = Endpoint(server.url)
+        endpoint.idle_timeout = 1
+        with pytest.raises(EndpointError, match=r"sent nothing for 1 s mid-reply") as caught:
+            endpoint.chat(CHAT, max_tokens=4)
+        assert caught.value.partial == "hello"
+    with Hostile(never_answers) as server:
+        with pytest.raises(EndpointError, match=r"did not answer within 1 s"):
+            Endpoint(server.url, timeout=1).chat(CHAT, max_tokens=4)
+
+
+def test_terminal_escapes_from_a_server_are_never_printed(capsys, monkeypatch):
+    from specdesk.app.endpoint import printable
+    from specdesk.app.main import main
+
+    assert printable("a\x1b[31mred\x1b[0m\x1b]0;title\x07 b\rc\x9b2Jd\u202eе\n\tok") == "ared bcdе\n\tok"
+    assert printable("one\ntwo", one_line=True) == "one two"
+    evil = "\x1b]0;pwned\x07m\x1b[2J"
+
+    def reply(server, conn):
+        server.stream_head(conn)
+        server.send(conn, chunk("\x1b[31mred\x1b[0m text") + b"data: [DONE]\n\n")
+
+    with Hostile(reply, models={"data": [{"id": evil}]}) as server:
+        monkeypatch.setattr("sys.stdin", __import__("io").StringIO("hello\n\n"))
+        assert main(["chat", "--endpoint", server.url, "--max-tokens", "16"]) == 0
+        out = capsys.readouterr()
+        assert "red text" in out.out and "\x1b" not in out.out + out.err and " · m · " in out.err
+        with pytest.raises(EndpointError) as caught:
+            Endpoint(server.url, model="\x1b[2Jgone").probe()
+        assert "\x1b" not in str(caught.value)
+
+
+def test_lines_are_split_within_their_limits():
+    from specdesk.app.endpoint import iter_lines
+
+    reader = StreamReader("srv")
+    assert list(iter_lines(iter([b"data: a\r\n", b"\ndata", b": b\n"]), threading.Event(), "srv", reader)) == \
+        ["data: a", "", "data: b"]
+    with pytest.raises(EndpointError, match="sent a reply over 1 MiB"):
+        list(iter_lines(iter([b"x" * 65535 + b"\n"] * 20), threading.Event(), "srv", reader, max_reply=2**20))
