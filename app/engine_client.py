@@ -5,7 +5,9 @@ compare, sweep and charts do not know the difference. What the process cannot su
 abort in llama.cpp, an out-of-memory kill) ends the host, not the app: the client raises
 EngineHostDied with one sentence and the host's last output lines. A step or a chat template
 that never returns is ended by Stop: after STOP_GRACE_S (longer for a model whose steps
-take longer) the client ends the host and says so.
+take longer) the client ends the host and says so. A client with `watchdog` (the CLI and
+`specdesk serve`, which have no Stop button) also ends a host that sends nothing, not even
+its heartbeat, for that same grace while it works: a stopped or stuck process.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from .engine_host import HostSpec, host_main
 STOP_GRACE_S = 2.0  # how long Stop waits for a step to end before it ends the host
 SLOW_STEP_FACTOR = 2.0  # ... or this many times the slowest step this host has taken, if longer
 CLOSE_GRACE_S = 1.0  # how long close() waits for the host to unload before ending it
+LOAD_SILENCE_S = 30.0  # the watchdog's patience while a model (or a drafter) loads
 POLL_S = 0.05  # how often a waiting client looks at its cancel event
 DETAIL_LINES = 30  # host output lines kept behind "Details"
 
@@ -96,9 +99,13 @@ class EngineClient:
 
     def __init__(self, target: str | os.PathLike, kind: str = "llama", n_ctx: int = 0,
                  n_threads: Optional[int] = None, device: str = "auto",
-                 progress: Optional[Callable[[float], None]] = None, cancel: Optional[threading.Event] = None):
-        """Start the host and wait until it has loaded `target`; `cancel` ends a load at once."""
+                 progress: Optional[Callable[[float], None]] = None, cancel: Optional[threading.Event] = None,
+                 watchdog: bool = False):
+        """Start the host and wait until it has loaded `target`; `cancel` ends a load at once.
+        `watchdog`: end a host that sends nothing for stop_grace_s() while it works."""
         self.spec = HostSpec(str(target), kind, n_ctx, n_threads, device)
+        self.watchdog = watchdog
+        self._heard = False  # whether the host has sent anything yet (it starts a fresh interpreter first)
         self._lock = threading.Lock()
         self._owner: Optional[int] = None  # the thread holding _lock
         self._watched: Optional[threading.Event] = None
@@ -120,6 +127,7 @@ class EngineClient:
         self.n_ctx: int = facts["n_ctx"]
         self.n_threads: int = facts["n_threads"]
         self.pid: int = facts["pid"]
+        self.notes: list[str] = facts.get("notes", [])  # one line each: what loaded otherwise than asked
         self.target = RemoteTarget(self, facts)
 
     # --- state ---------------------------------------------------------------
@@ -181,7 +189,7 @@ class EngineClient:
             activity = name.replace("_", " ").replace("target.", "")
             self._send(("call", name, args, kwargs), activity)
             cancel = self._watched
-            for message in self._replies(activity, cancel, None, progress):
+            for message in self._replies(activity, cancel, None, progress, loading=name.startswith("load")):
                 if message[0] == "result":
                     return message[1]
                 raise self._error(message)
@@ -281,11 +289,15 @@ class EngineClient:
             raise self._died(activity) from None
 
     def _replies(self, activity: str, cancel: Optional[threading.Event], on_cancel: Optional[Callable[[], None]],
-                 progress: Optional[Callable[[float], None]] = None) -> Iterator[tuple]:
+                 progress: Optional[Callable[[float], None]] = None, loading: bool = False) -> Iterator[tuple]:
         """Messages from the host until the caller stops reading; ends a host that does not
-        answer within stop_grace_s() of `cancel` being set."""
+        answer within stop_grace_s() of `cancel` being set, and with the watchdog one that
+        sends nothing for as long (LOAD_SILENCE_S while `loading`: a library's import can hold
+        the interpreter for seconds; and not before the host's first message, while it starts)."""
         cancelled_at = None
         grace = self.stop_grace_s()
+        silence = max(grace, LOAD_SILENCE_S) if loading else grace
+        heard_at = time.monotonic()
         while True:
             if cancel is not None and cancel.is_set() and cancelled_at is None:
                 cancelled_at = time.monotonic()
@@ -297,12 +309,21 @@ class EngineClient:
                     f"the engine process did not answer within {grace:.0f} s of Stop while {activity} "
                     f"and was ended: reload the model to continue")
                 raise self._dead
+            if self.watchdog and self._heard and time.monotonic() - heard_at > silence:
+                self._end()
+                self._dead = EngineHostDied(
+                    f"the engine process for {Path(self.spec.target).name} sent nothing for {silence:.0f} s while "
+                    f"{activity} (it is stopped or stuck) and was ended", "", self._process.exitcode)
+                raise self._dead
             try:
                 ready = self._conn.poll(POLL_S)
                 message = self._conn.recv() if ready else None
             except (EOFError, OSError):
                 raise self._died(activity) from None
             if message is None:
+                continue
+            heard_at, self._heard = time.monotonic(), True
+            if message[0] == "alive":  # the host's heartbeat (engine_host.HEARTBEAT_S)
                 continue
             if message[0] == "progress":
                 if progress is not None:
@@ -316,7 +337,7 @@ class EngineClient:
             raise SpecDeskError(f"{activity} was stopped")
 
         try:
-            for message in self._replies(activity, cancel, stop_loading, progress):
+            for message in self._replies(activity, cancel, stop_loading, progress, loading=True):
                 if message[0] == "ready":
                     return message[1]
                 raise self._error(message)

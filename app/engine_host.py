@@ -9,9 +9,13 @@ over a multiprocessing Connection; StepEvents travel in small batches (SEND_INTE
                      ("call", name, args, kwargs)                ("close",)
     host -> client   ("ready", facts) ("progress", fraction) ("events", [StepEvent, ...])
                      ("done", [StepEvent, ...]) ("result", value) ("error", kind, message)
+                     ("alive",)  every HEARTBEAT_S while loading, generating or in a call
 
 The host reads cancel messages between steps, where the in-process engine checks its
-cancel event, so a stopped generation ends after the step in progress as before.
+cancel event, so a stopped generation ends after the step in progress as before. The
+heartbeat comes from its own thread (llama.cpp's calls release the GIL): a host that sends
+nothing for a while is stopped (SIGSTOP, a debugger) or stuck in native code, however long
+its steps take, and a client with a watchdog ends it (app/engine_client.py).
 Everything here runs in the child except `engine_facts`, which the client side never needs.
 """
 
@@ -33,6 +37,37 @@ from specdesk.engines.types import SpecDeskError
 # message wakes the client, and on a machine whose cores all run the model's threads that
 # wake-up takes a core from them; the GUI shows events no more often than this anyway.
 SEND_INTERVAL_S = float(os.environ.get("SPECDESK_HOST_SEND_INTERVAL_S", 1 / 60))
+HEARTBEAT_S = 0.5  # while busy; sent only then, so an idle client's pipe never fills with them
+
+
+class _Connection:
+    """The host's end of the pipe: sends from the heartbeat thread and the main thread one at
+    a time; `busy` says whether heartbeats go out now."""
+
+    def __init__(self, conn):
+        self._conn = conn
+        self._lock = threading.Lock()
+        self.busy = True  # loading
+        threading.Thread(target=self._beat, name="specdesk-heartbeat", daemon=True).start()
+
+    def send(self, message) -> None:
+        with self._lock:
+            self._conn.send(message)
+
+    def recv(self):
+        return self._conn.recv()
+
+    def poll(self, timeout: float = 0.0) -> bool:
+        return self._conn.poll(timeout)
+
+    def _beat(self) -> None:
+        while True:
+            time.sleep(HEARTBEAT_S)
+            if self.busy:
+                try:
+                    self.send(("alive",))
+                except (OSError, EOFError, ValueError):  # the client went away
+                    return
 
 
 @dataclass(frozen=True)
@@ -111,6 +146,12 @@ def token_table(engine) -> list[bytes]:
     return [model.token_bytes(token) for token in range(model.n_vocab)]
 
 
+def max_token_chars(model, special: bool) -> int:
+    from specdesk.engines.speculation.loop import max_token_chars as longest
+
+    return longest(model, special)
+
+
 def _target_call(method: str):
     return lambda engine, *args, **kwargs: getattr(engine.target, method)(*args, **kwargs)
 
@@ -137,6 +178,7 @@ CALLS: dict[str, Callable[..., Any]] = {
     "target.detokenize": _target_call("detokenize"),
     "target.is_eog": _target_call("is_eog"),
     "token_table": token_table,
+    "max_token_chars": lambda engine, special=True: max_token_chars(engine.target, special),
     "chat_prompt": chat_prompt,
     "facts": engine_facts,
 }
@@ -154,6 +196,7 @@ def ready_facts(engine) -> dict[str, Any]:
         "n_vocab": int(model.n_vocab),
         "chat_template": model.chat_template(),
         "pid": os.getpid(),
+        "notes": list(getattr(engine, "notes", ())),
     }
 
 
@@ -222,6 +265,7 @@ def host_main(conn, spec: HostSpec, log_path: str) -> None:
     # ggml answers an assert by attaching gdb and dumping every thread's stack: seconds of
     # waiting and hundreds of lines that bury its one-line reason under "Details".
     os.environ.setdefault("GGML_NO_BACKTRACE", "1")
+    conn = _Connection(conn)
     try:
         engine = open_engine(spec, progress=lambda fraction: conn.send(("progress", fraction)))
     except BaseException as e:  # noqa: BLE001
@@ -230,7 +274,9 @@ def host_main(conn, spec: HostSpec, log_path: str) -> None:
     try:
         conn.send(("ready", ready_facts(engine)))
         while True:
+            conn.busy = False
             message = conn.recv()
+            conn.busy = True
             if message[0] == "generate":
                 _generate(conn, engine, message[1], message[2])
             elif message[0] == "call":

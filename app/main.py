@@ -84,9 +84,13 @@ def build_configs(args, draft: Optional[str]) -> tuple[SpecConfig, SamplingParam
 
 def open_engine(target: str, args):
     """The engine the options ask for, in its own process (app/session.open_engine): a crash in
-    a model ends that, not the CLI."""
-    return open_engine_process(target, args.ctx, args.threads, kind=getattr(args, "engine", "llama"),
-                               device=getattr(args, "device", "auto"))
+    a model ends that, not the CLI; so does a process that stops answering (the watchdog: a
+    terminal has no Stop button)."""
+    engine = open_engine_process(target, args.ctx, args.threads, kind=getattr(args, "engine", "llama"),
+                                 device=getattr(args, "device", "auto"), watchdog=True)
+    for note in getattr(engine, "notes", ()):
+        print(f"specdesk: {note}", file=sys.stderr, flush=True)
+    return engine
 
 
 # --- compare ---------------------------------------------------------------

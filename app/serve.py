@@ -13,14 +13,25 @@ Two fields beyond OpenAI's:
   drafted_per_position / accepted_per_position / acceptance_per_position,
   accepted_length_histogram (index n: passes that accepted n drafts), passes, tokens,
   seconds, tok_per_s, draft_s, verify_s, method, k. Streamed, it is in the last chunk.
+
+What a client can make the server hold or do is bounded (docs/security.md): the body's size
+and nesting, every numeric field's range, a prompt's length (refused before it is sent to the
+engine), how long headers and a body may take, how many connections stay open, how many
+requests wait. A client that goes away stops its run; an engine that stops answering is ended
+(503) and replaced; an error is one line for the client, with any traceback in the server log.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import errno
 import hmac
+import ipaddress
 import json
+import logging
+import re
 import secrets
 import socket
 import sys
@@ -30,14 +41,30 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, AsyncIterator, Optional
 
+import numpy as np
+
+from specdesk.engines.speculation.loop import check_prompt_text
 from specdesk.engines.types import (MAX_DRAFT_TOKENS, METHODS, GenerationRequest, RunStats, SamplingParams,
                                     SpecConfig, SpecDeskError)
 
 from .compare import RunResult, run_once
 from .engine_client import EngineClient, EngineHostDied
+from .main import MAX_SEED
 from .session import load_drafter
 
+log = logging.getLogger("specdesk.serve")
+
 MAX_STOP_SEQUENCES = 4
+# Bounds on what one client can make the server hold or do (docs/security.md).
+MAX_BODY_BYTES = 8 * 2**20  # a request body: far above a prompt that fills a 128k-token context
+MAX_JSON_DEPTH = 64  # nesting of arrays and objects in a request body; OpenAI's requests use under 8
+MAX_INT_FIELD = 2**31 - 1  # top_k, max_tokens: llama.cpp reads them as 32-bit ints
+REQUEST_TIMEOUT_S = 30.0  # a client's request headers and body must arrive within this
+ENGINE_TIMEOUT_S = 120.0  # an engine that sends nothing for this long is ended and restarted
+MAX_WAITING = 64  # requests queued for the engine; more are refused with 503
+FD_RESERVE = 64  # descriptors kept for the engine process, its pipes, logs and model files
+MAX_CONNECTIONS = 1000  # open connections; over it the oldest one without a whole request is closed
+ACCEPT_ERROR_EVERY_S = 60.0  # "Too many open files" is said once per this long, not per attempt
 NATIVE_METHODS = ("dflash", "eagle3")  # read a drafter file given as --draft
 
 
@@ -78,24 +105,34 @@ def _field(body: dict, name: str, kind: type, default: Any) -> Any:
     return value
 
 
+def _bounded(body: dict, name: str, kind: type, default: Any, low: float, high: float) -> Any:
+    """A numeric field within [low, high] (both allowed); out of range is a 400 naming the range."""
+    value = _field(body, name, kind, default)
+    if value is not None and not (low <= value <= high):  # NaN is refused too: it compares false
+        raise RequestError(400, f"'{name}' {json.dumps(value)[:40]} is out of range: use {low} to {high}", name)
+    return value
+
+
 def parse_params(body: dict, defaults: SamplingParams, server_spec: SpecConfig, draft_path: Optional[str]) -> Params:
     """The sampling, speculation and stopping fields of a request; out-of-range values are 400s."""
     if _field(body, "n", int, 1) != 1:
         raise RequestError(400, "'n' must be 1: one engine serves one completion per request", "n")
-    seed = _field(body, "seed", int, None)
+    seed = _bounded(body, "seed", int, None, 0, MAX_SEED)
+    # Accepted for OpenAI clients and not used: still numbers in OpenAI's ranges, or a 400.
+    for name in ("presence_penalty", "frequency_penalty"):
+        _bounded(body, name, float, None, -2.0, 2.0)
+    _bounded(body, "top_logprobs", int, None, 0, 20)
     try:
         sampling = SamplingParams(
             temperature=_field(body, "temperature", float, defaults.temperature),
             top_p=_field(body, "top_p", float, defaults.top_p),
-            top_k=_field(body, "top_k", int, defaults.top_k),
+            top_k=_bounded(body, "top_k", int, defaults.top_k, 0, MAX_INT_FIELD),
             seed=secrets.randbits(31) if seed is None else seed,  # as OpenAI's: no seed, no repeatability
         )
     except SpecDeskError as e:
         raise RequestError(400, str(e)) from None
-    max_tokens = _field(body, "max_completion_tokens", int, None)
-    max_tokens = _field(body, "max_tokens", int, max_tokens)
-    if max_tokens is not None and max_tokens < 1:
-        raise RequestError(400, f"'max_tokens' {max_tokens} is out of range: use at least 1", "max_tokens")
+    max_tokens = _bounded(body, "max_completion_tokens", int, None, 1, MAX_INT_FIELD)
+    max_tokens = _bounded(body, "max_tokens", int, max_tokens, 1, MAX_INT_FIELD)
     stop = body.get("stop")
     stops = (stop,) if isinstance(stop, str) else stop or ()
     if not isinstance(stops, (list, tuple)) or not all(isinstance(s, str) and s for s in stops):
@@ -268,28 +305,59 @@ class Service:
     """The engine host, its configuration and counters; one generation at a time, FIFO."""
 
     def __init__(self, engine: EngineClient, model_id: str, spec: SpecConfig, sampling: SamplingParams,
-                 draft_path: Optional[str] = None):
+                 draft_path: Optional[str] = None, engine_timeout_s: float = ENGINE_TIMEOUT_S,
+                 request_timeout_s: float = REQUEST_TIMEOUT_S, max_waiting: int = MAX_WAITING):
         self.engine = engine
         self.model_id = model_id
         self.spec = spec
         self.sampling = sampling
         self.draft_path = draft_path
+        self.engine_timeout_s = engine_timeout_s
+        self.request_timeout_s = request_timeout_s
+        self.max_waiting = max_waiting
         self.metrics = Metrics()
         self.created = int(time.time())
         self._lock = asyncio.Lock()
+        self.n_ctx = engine.n_ctx
+        # The most characters one token stands for (raw text, and text with special tokens as a
+        # chat template's is), read once in the engine: prompts are refused by length before
+        # they reach it (as the CLI does), so a 50 MB prompt is never sent or tokenized.
+        self.longest_token = {special: engine.call("max_token_chars", special) for special in (False, True)}
 
-    def _ensure_engine(self) -> None:
-        """After the engine process died, the next request starts a fresh one."""
+    def check_prompt(self, prompt: list[dict] | str | list[int]) -> None:
+        """Refuse a prompt that cannot fit the context, before it is sent to the engine."""
+        try:
+            if isinstance(prompt, str):
+                check_prompt_text(prompt, self.n_ctx, None, special=False, longest=self.longest_token[False])
+            elif prompt and isinstance(prompt[0], dict):
+                check_prompt_text("".join(m["content"] for m in prompt), self.n_ctx, None,
+                                  longest=self.longest_token[True])
+            elif len(prompt) >= self.n_ctx:
+                raise SpecDeskError(f"the prompt is {len(prompt)} tokens but the context holds {self.n_ctx}: "
+                                    "shorten it")
+        except SpecDeskError as e:
+            raise RequestError(400, str(e), "messages" if prompt and isinstance(prompt[0], dict) else "prompt") \
+                from None
+
+    def _ensure_engine(self, cancel: threading.Event) -> None:
+        """After the engine process died (or was ended), the next request starts a fresh one."""
         if self.engine.alive:
             return
         old = self.engine
         old.close()
-        self.engine = EngineClient(old.spec.target, old.spec.kind, old.spec.n_ctx, old.spec.n_threads, old.spec.device)
+        self.engine = EngineClient(old.spec.target, old.spec.kind, old.spec.n_ctx, old.spec.n_threads, old.spec.device,
+                                   cancel=cancel, watchdog=old.watchdog)
         if self.draft_path is not None:
-            load_drafter(self.engine, self.draft_path)
+            with self.engine.watching(cancel):
+                load_drafter(self.engine, self.draft_path)
 
     async def generate(self, prompt: list[dict] | str | list[int], params: Params) -> AsyncIterator[str | Outcome]:
-        """Text pieces as they come, then one Outcome."""
+        """Text pieces as they come, then one Outcome. An engine that sends nothing for
+        engine_timeout_s is stopped (and ended by the client after its grace, like Stop in the
+        app): the request gets a 503 and the next one a fresh engine process."""
+        if self.metrics.waiting >= self.max_waiting:
+            raise RequestError(503, f"the server is busy: {self.metrics.waiting} requests are waiting for the "
+                               "engine; try again later", kind="server_error")
         self.metrics.waiting += 1
         try:
             await self._lock.acquire()
@@ -308,28 +376,47 @@ class Service:
 
         def work() -> None:
             try:
-                self._ensure_engine()
+                self._ensure_engine(cancel)
                 engine = self.engine
-                if isinstance(prompt, str):
-                    tokens = engine.tokenize(prompt)
-                elif prompt and isinstance(prompt[0], dict):
-                    tokens = engine.chat_prompt(prompt)
-                else:
-                    tokens = list(prompt)
-                room = engine.n_ctx - len(tokens)
-                max_tokens = params.max_tokens if params.max_tokens is not None else max(1, room)
-                request = GenerationRequest(tuple(tokens), max_tokens=max_tokens, sampling=params.sampling,
-                                            spec=params.spec)
-                result = run_once(engine, request, cancel, on_event)
+                with engine.watching(cancel):  # a tokenizer or template that hangs is ended too
+                    if isinstance(prompt, str):
+                        tokens = engine.tokenize(prompt)
+                    elif prompt and isinstance(prompt[0], dict):
+                        tokens = engine.chat_prompt(prompt)
+                    else:
+                        tokens = list(prompt)
+                    room = engine.n_ctx - len(tokens)
+                    max_tokens = params.max_tokens if params.max_tokens is not None else max(1, room)
+                    request = GenerationRequest(tuple(tokens), max_tokens=max_tokens, sampling=params.sampling,
+                                                spec=params.spec)
+                    result = run_once(engine, request, cancel, on_event)
                 loop.call_soon_threadsafe(queue.put_nowait, ("result", (result, len(tokens))))
             except BaseException as e:  # noqa: BLE001 - handed to the request, which answers with it
                 loop.call_soon_threadsafe(queue.put_nowait, ("error", e))
 
         worker = loop.run_in_executor(None, work)
+        stalled = False
         try:
             pending = None
             while True:
-                kind, value = pending or await queue.get()
+                if pending is None:
+                    try:
+                        kind, value = await asyncio.wait_for(queue.get(), self.engine_timeout_s)
+                    except asyncio.TimeoutError:
+                        if stalled:  # the client ends the engine within its grace: wait for that
+                            continue
+                        stalled = True
+                        log.warning("the engine sent nothing for %.0f s: ending it", self.engine_timeout_s)
+                        cancel.set()
+                        continue
+                    if stalled and kind != "text":
+                        raise RequestError(503, f"the engine did not answer within {self.engine_timeout_s:g} s: "
+                                           "this request was stopped (a stuck engine is replaced for the next "
+                                           "one); try again", kind="server_error")
+                    if stalled:
+                        continue
+                else:
+                    kind, value = pending
                 pending = None
                 if kind == "text":
                     # Steps that arrived together leave as one chunk: each chunk costs the
@@ -362,12 +449,54 @@ class Service:
 
                 with anyio.CancelScope(shield=True):  # the engine's run ends before the next request's starts
                     await worker
+                while not queue.empty():  # the run of a client that went away counts as vLLM's "abort"
+                    kind, value = queue.get_nowait()
+                    if kind == "result":
+                        result, n_prompt = value
+                        self.metrics.record(speculation_summary(result.stats, drafts[0], params.spec), n_prompt,
+                                            "abort")
             finally:
                 self.metrics.running -= 1
                 self._lock.release()
 
 
 # --- HTTP ----------------------------------------------------------------------------
+STRING_LITERAL = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"')
+SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")  # paired or lone: only then is the slower check made
+
+
+def json_depth(data: bytes) -> int:
+    """How deep arrays and objects nest in JSON text, counted outside its strings, without
+    parsing it (json.loads recurses once per level, so depth is checked first)."""
+    bare = np.frombuffer(STRING_LITERAL.sub(b'""', data), np.uint8)
+    step = (bare == ord("[")).astype(np.int32) + (bare == ord("{")) - (bare == ord("]")) - (bare == ord("}"))
+    return int(np.cumsum(step).max(initial=0))
+
+
+def _refuse_constant(name: str) -> None:
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def parse_body(data: bytes) -> Any:
+    """A request body as JSON, within MAX_BODY_BYTES and MAX_JSON_DEPTH, with no NaN or
+    Infinity and no lone surrogate in its strings (text that cannot be encoded)."""
+    if len(data) > MAX_BODY_BYTES:
+        raise RequestError(413, f"the request body is over {MAX_BODY_BYTES // 2**20} MiB: send a shorter prompt")
+    if json_depth(data) > MAX_JSON_DEPTH:
+        raise RequestError(400, f"the request body nests arrays and objects more than {MAX_JSON_DEPTH} levels deep")
+    try:
+        body = json.loads(data, parse_constant=_refuse_constant)
+    except (ValueError, UnicodeDecodeError, RecursionError) as e:
+        raise RequestError(400, f"the request body is not valid JSON: {str(e).splitlines()[0][:200]}") from None
+    if SURROGATE_ESCAPE.search(data):
+        try:
+            json.dumps(body, ensure_ascii=False).encode("utf-8")
+        except UnicodeEncodeError:
+            raise RequestError(400, "the request body has a lone surrogate escape (\\ud800 to \\udfff without its "
+                               "pair): it is not valid text") from None
+    return body
+
+
 def build_app(service: Service, api_key: Optional[str] = None):
     from starlette.applications import Starlette
     from starlette.requests import Request
@@ -377,11 +506,26 @@ def build_app(service: Service, api_key: Optional[str] = None):
     def refuse(error: RequestError) -> Response:
         return JSONResponse(error_body(error), status_code=error.status)
 
+    async def receive_body(request: Request) -> bytes:
+        declared = request.headers.get("content-length", "")
+        if declared.isdigit() and int(declared) > MAX_BODY_BYTES:
+            raise RequestError(413, f"the request body is over {MAX_BODY_BYTES // 2**20} MiB: send a shorter prompt")
+        chunks, size = [], 0
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > MAX_BODY_BYTES:
+                raise RequestError(413, f"the request body is over {MAX_BODY_BYTES // 2**20} MiB: "
+                                   "send a shorter prompt")
+            chunks.append(chunk)
+        return b"".join(chunks)
+
     async def read_body(request: Request) -> dict:
         try:
-            body = json.loads(await request.body())
-        except (ValueError, UnicodeDecodeError) as e:
-            raise RequestError(400, f"the request body is not valid JSON: {e}") from None
+            data = await asyncio.wait_for(receive_body(request), service.request_timeout_s)
+        except asyncio.TimeoutError:
+            raise RequestError(408, f"the request body did not arrive within {service.request_timeout_s:g} s") \
+                from None
+        body = parse_body(data)
         if not isinstance(body, dict):
             raise RequestError(400, "the request body must be a JSON object")
         model = body.get("model")
@@ -425,18 +569,37 @@ def build_app(service: Service, api_key: Optional[str] = None):
             return {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
                     "finish_reason": finish}
 
+        try:
+            service.check_prompt(prompt)
+        except RequestError as e:
+            return refuse(e)
         if params.stream:
             return StreamingResponse(stream_events(prompt, params, ident, obj + ("" if not chat else ".chunk"),
                                                    choice, usage, chat),
                                      media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
         pieces: list[str] = []
-        try:
+
+        async def collect() -> Outcome:
             async for item in service.generate(prompt, params):
                 if isinstance(item, Outcome):
                     pieces.append(item.text)
-                    outcome = item
-                else:
-                    pieces.append(item)
+                    return item
+                pieces.append(item)
+            raise RuntimeError("the generation ended without its outcome")
+
+        outcome_task = asyncio.ensure_future(collect())
+        gone_task = asyncio.ensure_future(client_gone(request))
+        try:
+            await asyncio.wait({outcome_task, gone_task}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in (outcome_task, gone_task):
+                if not task.done():
+                    task.cancel()  # a client that went away stops its run, as a streamed one does
+            await asyncio.wait({outcome_task, gone_task})
+        if outcome_task.cancelled():
+            return Response(status_code=499)  # nobody reads it: the connection is closed
+        try:
+            outcome = outcome_task.result()
         except (RequestError, SpecDeskError, MemoryError, RuntimeError) as e:
             return refuse(as_request_error(e))
         return JSONResponse({"id": ident, "object": obj, "created": int(time.time()), "model": service.model_id,
@@ -469,9 +632,14 @@ def build_app(service: Service, api_key: Optional[str] = None):
                 else:
                     yield chunk([choice(item, None, first)])
                     first = False
-        except (RequestError, SpecDeskError, MemoryError, RuntimeError) as e:
+        except Exception as e:  # noqa: BLE001 - the stream has started: the error is its last chunk
             yield f"data: {json.dumps(error_body(as_request_error(e)))}\n\n"
         yield "data: [DONE]\n\n"
+
+    async def client_gone(request: Request) -> None:
+        """Returns when the client closes its connection (the body has been read by then)."""
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
 
     async def chat_completions(request: Request) -> Response:
         return await complete(request, chat=True)
@@ -479,24 +647,159 @@ def build_app(service: Service, api_key: Optional[str] = None):
     async def completions(request: Request) -> Response:
         return await complete(request, chat=False)
 
+    def contained(endpoint):
+        """A failure nobody expected is a one-line 500 for the client; its traceback goes to the server log."""
+        async def run(request: Request) -> Response:
+            try:
+                return await endpoint(request)
+            except Exception as e:  # noqa: BLE001 - logged with its traceback, answered in one line
+                return refuse(as_request_error(e))
+        return run
+
     routes = [
-        Route("/v1/models", models, methods=["GET"]),
-        Route("/v1/chat/completions", chat_completions, methods=["POST"]),
-        Route("/v1/completions", completions, methods=["POST"]),
-        Route("/metrics", metrics, methods=["GET"]),
+        Route("/v1/models", contained(models), methods=["GET"]),
+        Route("/v1/chat/completions", contained(chat_completions), methods=["POST"]),
+        Route("/v1/completions", contained(completions), methods=["POST"]),
+        Route("/metrics", contained(metrics), methods=["GET"]),
     ]
-    app = Starlette(routes=routes)
+    app = Starlette(routes=routes, lifespan=quiet_accept_errors)
     return BearerAuth(app, api_key) if api_key else app
 
 
-def as_request_error(error: Exception) -> RequestError:
+def as_request_error(error: BaseException) -> RequestError:
+    """The answer for an error: what a client can act on in one line; anything else is an
+    internal error whose details (and traceback) go to the server log under an id."""
     if isinstance(error, RequestError):
         return error
     if isinstance(error, EngineHostDied):  # the next request starts a fresh engine process
-        return RequestError(503, str(error), kind="server_error")
+        log.warning("%s\n%s", error, error.details)
+        return RequestError(503, str(error).splitlines()[0], kind="server_error")
     if isinstance(error, SpecDeskError):
-        return RequestError(400, str(error))
-    return RequestError(500, f"{type(error).__name__}: {error}", kind="server_error")
+        return RequestError(400, str(error).splitlines()[0])
+    if isinstance(error, MemoryError):
+        return RequestError(503, "the engine ran out of memory: send a shorter prompt or fewer max_tokens",
+                            kind="server_error")
+    ident = secrets.token_hex(4)
+    log.error("internal error %s", ident, exc_info=error)
+    return RequestError(500, f"internal error {ident}: the details are in the server log", kind="server_error")
+
+
+ACCEPT_ERRNOS = {errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM}
+
+
+@contextlib.asynccontextmanager
+async def quiet_accept_errors(app):
+    """asyncio logs a traceback each time accept() fails for want of descriptors (and retries
+    a second later): one line per ACCEPT_ERROR_EVERY_S says it instead."""
+    loop = asyncio.get_running_loop()
+    previous = loop.get_exception_handler()
+    said_at = [-ACCEPT_ERROR_EVERY_S]
+
+    def handler(loop, context: dict) -> None:
+        error = context.get("exception")
+        if isinstance(error, OSError) and error.errno in ACCEPT_ERRNOS:
+            now = time.monotonic()
+            if now - said_at[0] >= ACCEPT_ERROR_EVERY_S:
+                said_at[0] = now
+                print(f"specdesk serve: cannot accept more connections ({error.strerror}); new ones wait until "
+                      "others close. Raise the limit (ulimit -n) if these are real clients", file=sys.stderr,
+                      flush=True)
+            return
+        if previous is not None:
+            previous(loop, context)
+        else:
+            loop.default_exception_handler(context)
+
+    loop.set_exception_handler(handler)
+    try:
+        yield
+    finally:
+        loop.set_exception_handler(previous)
+
+
+def guarded_protocol(request_timeout_s: float, max_connections: int):
+    """uvicorn's h11 protocol with two guards against clients that hold connections without
+    finishing a request (uvicorn times out only idle keep-alive connections): a connection
+    whose request headers have not all arrived within request_timeout_s is closed, and past
+    max_connections open ones the oldest such connection is closed for the new one, so
+    descriptors never run out and a real client always gets in."""
+    from uvicorn.protocols.http.h11_impl import H11Protocol
+
+    class GuardedH11Protocol(H11Protocol):
+        def connection_made(self, transport) -> None:
+            super().connection_made(transport)
+            self.opened_at = self.loop.time()
+            self.request_timer = None
+            self._arm_request_timer()
+            if len(self.connections) > max_connections:
+                self._close_oldest_waiting()
+
+        def waiting(self) -> bool:
+            """No request in progress: before a request's headers are complete, or between requests."""
+            return self.cycle is None or self.cycle.response_complete
+
+        def _arm_request_timer(self) -> None:
+            if self.request_timer is not None:
+                self.request_timer.cancel()
+            self.request_timer = self.loop.call_later(request_timeout_s, self._request_timed_out)
+
+        def _request_timed_out(self) -> None:
+            self.request_timer = None
+            if self.waiting() and not self.transport.is_closing():
+                self.transport.close()
+
+        def _close_oldest_waiting(self) -> None:
+            waiting = [p for p in self.connections if p is not self and getattr(p, "opened_at", None) is not None
+                       and p.waiting() and not p.transport.is_closing()]
+            victim = min(waiting, key=lambda p: p.opened_at) if waiting else self
+            victim.transport.close()
+
+        def handle_events(self) -> None:
+            super().handle_events()
+            if not self.waiting() and self.request_timer is not None:  # headers complete: the app times the body
+                self.request_timer.cancel()
+                self.request_timer = None
+
+        def on_response_complete(self) -> None:
+            super().on_response_complete()
+            if not self.transport.is_closing():
+                self._arm_request_timer()  # a next request on this connection gets the same time
+
+        def connection_lost(self, exc) -> None:
+            if self.request_timer is not None:
+                self.request_timer.cancel()
+                self.request_timer = None
+            super().connection_lost(exc)
+
+    return GuardedH11Protocol
+
+
+def descriptor_budget() -> int:
+    """Open connections to allow: the descriptor limit (its soft value raised to the hard one)
+    less a reserve for the engine process, its pipes and files; at most MAX_CONNECTIONS."""
+    try:
+        import resource
+
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        wanted = hard if hard != resource.RLIM_INFINITY else max(soft, 65536)
+        if soft != resource.RLIM_INFINITY and soft < wanted:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
+            soft = wanted
+    except (ImportError, ValueError, OSError):  # Windows, or a limit this process may not raise
+        return MAX_CONNECTIONS
+    return max(16, min(MAX_CONNECTIONS, int(soft) - FD_RESERVE))
+
+
+def is_loopback(host: str) -> bool:
+    """Whether every address `host` stands for is this machine only."""
+    try:
+        addresses = {info[4][0] for info in socket.getaddrinfo(host, None)}
+    except (OSError, UnicodeError):
+        return False
+    try:
+        return bool(addresses) and all(ipaddress.ip_address(a.split("%")[0]).is_loopback for a in addresses)
+    except ValueError:
+        return False
 
 
 class BearerAuth:
@@ -535,6 +838,14 @@ def add_serve_parser(sub) -> None:
                    help="address to listen on (default 127.0.0.1: this machine only; 0.0.0.0 for every network)")
     p.add_argument("--port", type=int, default=8080, help="port (default 8080; 0 picks a free one)")
     p.add_argument("--api-key", help="require 'Authorization: Bearer KEY' on every request")
+    p.add_argument("--insecure-no-key", action="store_true",
+                   help="serve an address other machines reach without --api-key (refused otherwise)")
+    p.add_argument("--request-timeout", type=float, default=REQUEST_TIMEOUT_S, metavar="S",
+                   help=f"seconds a client has to send a request's headers, and again its body "
+                        f"(default {REQUEST_TIMEOUT_S:g})")
+    p.add_argument("--engine-timeout", type=float, default=ENGINE_TIMEOUT_S, metavar="S",
+                   help=f"seconds the engine may send nothing (a long prompt's first token included) before "
+                        f"the request gets a 503 and the engine is replaced (default {ENGINE_TIMEOUT_S:g})")
     p.set_defaults(func=cmd_serve)
 
 
@@ -545,13 +856,21 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     if not (0 <= args.port <= 65535):
         raise SpecDeskError(f"--port {args.port} is out of range: use 0 to 65535")
+    for option, value in (("--request-timeout", args.request_timeout), ("--engine-timeout", args.engine_timeout)):
+        if not (0 < value <= 86400):
+            raise SpecDeskError(f"{option} {value:g} is out of range: use more than 0 and at most 86400 seconds")
+    if not args.api_key and not args.insecure_no_key and not is_loopback(args.host):
+        raise SpecDeskError(f"--host {args.host} lets other machines reach the server, and there is no API key: "
+                            "give --api-key KEY, or --insecure-no-key to serve that address without one")
     target, draft = resolve_models(args)
     spec, sampling = build_configs(args, draft)
     try:
         sock = socket.create_server((args.host, args.port))
     except OSError as e:
         raise SpecDeskError(f"cannot listen on {args.host}:{args.port} ({e.strerror}): choose another --port") from None
-    service = Service(open_engine(target, args), model_id_for(target), spec, sampling, spec.draft_path)
+    max_connections = descriptor_budget()
+    service = Service(open_engine(target, args), model_id_for(target), spec, sampling, spec.draft_path,
+                      engine_timeout_s=args.engine_timeout, request_timeout_s=args.request_timeout)
     try:
         if spec.draft_path is not None:
             load_drafter(service.engine, spec.draft_path)
@@ -560,7 +879,15 @@ def cmd_serve(args: argparse.Namespace) -> int:
         print(f"specdesk serve: model {service.model_id!r} at http://{host}:{port}/v1 "
               f"(method {spec.method}{f', k = {spec.k}' if spec.method != 'none' else ''})"
               + ("" if args.api_key else " · no API key"), file=sys.stderr, flush=True)
-        server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False))
+        logging.basicConfig(format="specdesk serve: %(levelname)s %(message)s", level=logging.WARNING)
+        server = uvicorn.Server(uvicorn.Config(
+            app, log_level="warning", access_log=False, loop="asyncio",
+            http=guarded_protocol(args.request_timeout, max_connections),
+            # uvicorn counts open connections here too: the guard above keeps them under it,
+            # so this refuses (503) only when that many requests are in progress
+            limit_concurrency=max_connections + 1,
+            timeout_keep_alive=5,  # seconds an idle connection stays open between requests
+            h11_max_incomplete_event_size=16 * 1024))  # a request line and headers: at most 16 KiB
         server.run(sockets=[sock])
     finally:
         service.engine.close()  # the one running now (a crashed one is replaced on the next request)

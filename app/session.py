@@ -43,13 +43,14 @@ def engine_kind(target: str) -> str:
 
 def open_engine(target: str, n_ctx: int = 0, threads: Optional[int] = None, *, kind: Optional[str] = None,
                 device: str = "auto", progress: Optional[Callable[[float], None]] = None,
-                cancel: Optional[threading.Event] = None):
+                cancel: Optional[threading.Event] = None, watchdog: bool = False):
     """The engine in its own process (app/engine_host.py): a model that aborts or hangs there
-    never takes the caller down. `kind` defaults to what the target's format runs on."""
+    never takes the caller down. `kind` defaults to what the target's format runs on;
+    `watchdog` ends a process that stops answering (see EngineClient)."""
     from specdesk.app.engine_client import EngineClient
 
     return EngineClient(target, kind=kind or engine_kind(target), n_ctx=n_ctx, n_threads=threads, device=device,
-                        progress=progress, cancel=cancel)
+                        progress=progress, cancel=cancel, watchdog=watchdog)
 
 
 def resolve_demo(target: str, draft: Optional[str], demo_size: str,

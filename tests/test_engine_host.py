@@ -336,3 +336,36 @@ def test_the_cli_says_what_happened_in_one_line(demo_family):
     assert "Traceback" not in run.stderr
     if "engine process" in lines[0]:  # llama.cpp aborted: the process's last output follows the sentence
         assert "(SIGABRT)" in lines[0] and len(lines) > 1
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="finds the engine process through /proc")
+def test_the_cli_ends_an_engine_that_stops_answering_in_one_line(demo_family):
+    """A terminal has no Stop button: a step that does not return within Stop's grace ends
+    the engine process, with one line and exit status 2."""
+    import subprocess
+    import sys
+
+    from test_serve import engine_processes
+
+    child = subprocess.Popen([sys.executable, "-m", "specdesk.app.main", "chat", "--target", demo_family["target_gguf"],
+                              "--method", "none", "--threads", "1", "--ctx", "4096", "--max-tokens", "4000"],
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        child.stdin.write("import os\n")
+        child.stdin.flush()
+        shown = ""
+        while not shown.endswith("model> "):  # generating now
+            more = child.stdout.read(1)
+            assert more, shown
+            shown += more
+        (host,) = engine_processes(child.pid)
+        os.kill(host, signal.SIGSTOP)
+        _, err = child.communicate(timeout=60)
+    finally:
+        if child.poll() is None:
+            child.kill()
+    errors = [line for line in err.splitlines() if line.startswith("specdesk")]
+    assert child.returncode == 2 and len(errors) == 1 and "Traceback" not in err, err
+    assert re.match(r"specdesk: error: the engine process for specdesk-demo-target-F16\.gguf sent nothing for \d+ s "
+                    r"while [a-z ]+ \(it is stopped or stuck\) and was ended$", errors[0]), errors[0]
+    assert not Path(f"/proc/{host}").exists() or "Z" in Path(f"/proc/{host}/stat").read_text().split()[2]

@@ -271,3 +271,175 @@ def test_an_engine_that_aborts_mid_request_gets_an_error_and_the_next_request_a_
         assert len(engine_processes(child.pid)) == 1  # the dead one was reaped, a new one serves
     finally:
         stop_server(child)
+
+
+# --- hostile clients ----------------------------------------------------------------------
+def raw_post(server: str, path: str, body: bytes, key: str | None = API_KEY, timeout: float = 60) -> tuple[int, str]:
+    """POST bytes as they are (urllib would not send some of these) and read the answer."""
+    request = urllib.request.Request(server.removesuffix("/v1") + path, data=body, method="POST",
+                                     headers={"Content-Type": "application/json"})
+    if key:
+        request.add_header("Authorization", f"Bearer {key}")
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            return response.status, response.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode()
+
+
+def test_bodies_that_would_hurt_the_server_are_refused_before_the_engine_sees_them(server):
+    before = read_metrics(server)
+    deep = b'{"model": "' + MODEL.encode() + b'", "prompt": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"
+    cases = [
+        (deep, 400, "more than 64 levels deep"),
+        (json.dumps({"model": MODEL, "prompt": "a\ud800b"}).encode(), 400, "lone surrogate"),
+        (json.dumps({"model": MODEL, "prompt": "x" * 7_000_000}).encode(), 400, "the prompt is too long"),
+        (json.dumps({"model": MODEL, "prompt": list(range(100_000))}).encode(), 400, "the context holds"),
+        (b'{"model": "' + MODEL.encode() + b'", "prompt": "x", "temperature": NaN}', 400, "not a JSON number"),
+    ]
+    for field, value in (("seed", -1), ("seed", 2**40), ("top_k", 2**40), ("max_tokens", 2**40),
+                         ("presence_penalty", 5.5), ("top_logprobs", -3)):
+        cases.append((json.dumps({"model": MODEL, "prompt": "x", field: value}).encode(), 400,
+                      f"'{field}' {value} is out of range"))
+    for body, status, words in cases:
+        got, text = raw_post(server, "/v1/completions", body)
+        assert got == status and words in json.loads(text)["error"]["message"], (words, text[:300])
+        assert "Traceback" not in text and len(text) < 2000
+    # a body over the limit is refused from its Content-Length, before it is read
+    import socket
+
+    host, port = server.removeprefix("http://").removesuffix("/v1").split(":")
+    with socket.create_connection((host, int(port)), timeout=30) as s:
+        s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                  + f"Authorization: Bearer {API_KEY}\r\nContent-Length: {9 * 2**20}\r\n\r\n".encode() + b"{")
+        answer = ""
+        while "}}" not in answer:  # the end of the JSON error
+            more = s.recv(65536).decode()
+            assert more, answer
+            answer += more
+    assert answer.startswith("HTTP/1.1 413 ") and "over 8 MiB" in answer, answer
+    after = read_metrics(server)
+    assert after["specdesk:prompt_tokens_total"] == before["specdesk:prompt_tokens_total"]  # nothing was tokenized
+    status, body = http(server, "/v1/models")
+    assert status == 200 and body["data"][0]["id"] == MODEL  # and the server is still there
+
+
+def test_a_client_that_goes_away_stops_its_generation(server):
+    import socket
+
+    before = read_metrics(server)
+    host, port = server.removeprefix("http://").removesuffix("/v1").split(":")
+    body = json.dumps({"model": MODEL, "prompt": "import os\n", "max_tokens": 100_000, "temperature": 0}).encode()
+    with socket.create_connection((host, int(port)), timeout=30) as s:
+        s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                  + f"Authorization: Bearer {API_KEY}\r\nContent-Length: {len(body)}\r\n\r\n".encode() + body)
+        time.sleep(1.0)  # the run has started; a non-streamed client hears nothing until it ends
+    aborted = 'specdesk:request_success_total{finished_reason="abort"}'
+    deadline = time.monotonic() + 60
+    while read_metrics(server).get(aborted, 0) == before.get(aborted, 0):
+        assert time.monotonic() < deadline, "the abandoned request was never stopped"
+        time.sleep(0.2)
+    after = read_metrics(server)
+    assert after["specdesk:num_requests_running"] == 0
+    # it ran for a moment, not to its 100,000 tokens (the context holds far fewer: it would end at the context)
+    assert after["specdesk:generation_tokens_total"] > before["specdesk:generation_tokens_total"]
+
+
+def test_an_open_address_without_a_key_is_refused_unless_asked_for(demo_family):
+    from specdesk.app.serve import is_loopback
+
+    assert is_loopback("127.0.0.1") and is_loopback("localhost") and is_loopback("::1")
+    assert not is_loopback("0.0.0.0") and not is_loopback("no-such-host.invalid")
+    run = subprocess.run([sys.executable, "-m", "specdesk.app.main", "serve", "--host", "0.0.0.0", "--port", "0",
+                          "--target", demo_family["target_gguf"]], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 2 and run.stderr.count("\n") == 1, run.stderr
+    assert "--host 0.0.0.0 lets other machines reach the server" in run.stderr and "--insecure-no-key" in run.stderr
+
+
+def test_pure_body_checks():
+    from specdesk.app.serve import RequestError, json_depth, parse_body
+
+    assert json_depth(b'{"a": [1, {"b": "[[[[{{{"}], "c": "\\"]"}') == 3
+    assert json_depth(b"[]" * 1000) == 1 and json_depth(b"") == 0
+    assert parse_body(b'{"a": "\\ud83d\\ude00"}') == {"a": "\U0001F600"}  # a surrogate pair is text
+    for data, words in ((b'{"a": "\\udc00"}', "lone surrogate"), (b"[" * 65 + b"]" * 65, "64 levels"),
+                        (b'{"a": Infinity}', "not a JSON number"), (b'{"a": 1' + b"0" * 5000 + b"}", "not valid JSON"),
+                        (b"\xff\xfe{}", "not valid JSON")):
+        with pytest.raises(RequestError, match=words):
+            parse_body(data)
+
+
+def start_limited_server(target: str, *options: str, open_files: int | None = None):
+    """start_server, with this many open files allowed (both limits: as `ulimit -n` sets them)."""
+    import resource
+
+    def limit() -> None:
+        if open_files:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (open_files, open_files))
+
+    child = subprocess.Popen([sys.executable, "-m", "specdesk.app.main", "serve", "--port", "0", "--target", target,
+                              "--method", "none", "--threads", "1", *options],
+                             stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, preexec_fn=limit)
+    url, lines = None, []
+    deadline = time.monotonic() + 120
+    while url is None and time.monotonic() < deadline and child.poll() is None:
+        if select.select([child.stderr], [], [], 1.0)[0]:
+            line = child.stderr.readline()
+            lines.append(line)
+            match = re.search(r"at (http://\S+/v1)", line)
+            url = match.group(1) if match else None
+    assert url is not None, "".join(lines)
+    return child, url
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="sets the open-files limit with resource")
+def test_half_open_connections_never_keep_a_client_out(demo_family):
+    import socket
+
+    child, url = start_limited_server(demo_family["target_gguf"], "--request-timeout", "5", open_files=256)
+    held = []
+    try:
+        host, port = url.removeprefix("http://").removesuffix("/v1").split(":")
+        for _ in range(300):  # more than the server has descriptors for
+            s = socket.create_connection((host, int(port)), timeout=30)
+            s.sendall(b"GET /v1/models HTTP/1.1\r\nHost: x\r\n")  # ... and the rest never comes
+            held.append(s)
+        status, body = http(url, "/v1/models", key=None)
+        assert status == 200 and body["data"][0]["id"] == MODEL
+        # the oldest were closed for newer ones, and every one that stays silent is closed in time
+        held[0].settimeout(60)
+        assert held[0].recv(1024) == b""
+        held[-1].settimeout(60)
+        assert held[-1].recv(1024) == b""
+        # headers that came, and a body that does not: 408 once the same time has passed
+        with socket.create_connection((host, int(port)), timeout=60) as s:
+            s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{")
+            assert s.recv(65536).startswith(b"HTTP/1.1 408 ")
+    finally:
+        for s in held:
+            s.close()
+        child.send_signal(signal.SIGINT)
+        try:
+            _, err = child.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            child.kill()
+            _, err = child.communicate()
+    assert "Traceback" not in err and len(err.splitlines()) < 20, err[-3000:]
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="finds the engine process through /proc")
+def test_a_stopped_engine_times_out_the_request_and_is_replaced(demo_family, local):
+    child, url = start_limited_server(demo_family["target_gguf"], "--ctx", "4096", "--engine-timeout", "20")
+    try:
+        client = openai.OpenAI(base_url=url, api_key="none", max_retries=0, timeout=120)
+        (host,) = engine_processes(child.pid)
+        os.kill(host, signal.SIGSTOP)  # a step that never returns looks exactly like this
+        with pytest.raises(openai.APIStatusError) as caught:
+            client.completions.create(model=MODEL, prompt="import os\n", max_tokens=16, temperature=0)
+        assert caught.value.status_code == 503 and "stopped or stuck" in caught.value.message
+        expected = reference(local, demo_family, local.tokenize("import os\n"), 16, method="none")
+        reply = client.completions.create(model=MODEL, prompt="import os\n", max_tokens=16, temperature=0)
+        assert reply.choices[0].text == expected.text
+        assert engine_processes(child.pid) != [host]  # the stopped one was ended; a new one serves
+    finally:
+        stop_server(child)

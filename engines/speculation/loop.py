@@ -67,17 +67,18 @@ def max_token_chars(model, special: bool = True) -> int:
     return longest
 
 
-def check_prompt_text(text: str, n_ctx: int, model, special: bool = True) -> None:
+def check_prompt_text(text: str, n_ctx: int, model, special: bool = True, longest: Optional[int] = None) -> None:
     """Refuse text that cannot be a prompt before tokenizing it: text longer than the context
     can hold whatever the tokens (so a 50 MB paste is refused at once, not after seconds of
     tokenizing), and text that is not valid Unicode (a lone surrogate). `special`: whether
-    the tokenizer will recognise special-token text (see max_token_chars).
+    the tokenizer will recognise special-token text (see max_token_chars); `longest`: that
+    figure when the caller has it already (an engine process's, read there once).
 
     The bound assumes a token stands for at most its own text (times NORMALIZATION_SLACK);
     a tokenizer that fuses a whole run of unknown characters into one token (a Hugging Face
     Unigram or BPE model with fuse_unk and no byte fallback) is outside it."""
     if len(text) >= n_ctx:  # shorter text cannot be proven too long: a token covers at least one character
-        longest = max_token_chars(model, special) * NORMALIZATION_SLACK
+        longest = (longest or max_token_chars(model, special)) * NORMALIZATION_SLACK
         # Some tokenizers drop whitespace (WordPiece, collapsed runs): only the rest counts.
         if len(text) > n_ctx * longest and len(text) - sum(map(text.count, _WHITESPACE)) > n_ctx * longest:
             raise PromptTooLong(f"{TOO_LONG}{len(text):,} characters, more than the context of {n_ctx} tokens "
