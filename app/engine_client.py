@@ -100,10 +100,11 @@ class EngineClient:
     def __init__(self, target: str | os.PathLike, kind: str = "llama", n_ctx: int = 0,
                  n_threads: Optional[int] = None, device: str = "auto",
                  progress: Optional[Callable[[float], None]] = None, cancel: Optional[threading.Event] = None,
-                 watchdog: bool = False):
+                 watchdog: bool = False, **placement):
         """Start the host and wait until it has loaded `target`; `cancel` ends a load at once.
-        `watchdog`: end a host that sends nothing for stop_grace_s() while it works."""
-        self.spec = HostSpec(str(target), kind, n_ctx, n_threads, device)
+        `watchdog`: end a host that sends nothing for stop_grace_s() while it works.
+        `placement`: HostSpec's gpu_layers, draft_device, draft_gpu_layers and rpc (llama.cpp)."""
+        self.spec = HostSpec(str(target), kind, n_ctx, n_threads, device, **placement)
         self.watchdog = watchdog
         self._heard = False  # whether the host has sent anything yet (it starts a fresh interpreter first)
         self._lock = threading.Lock()
@@ -127,6 +128,7 @@ class EngineClient:
         self.n_ctx: int = facts["n_ctx"]
         self.n_threads: int = facts["n_threads"]
         self.pid: int = facts["pid"]
+        self.placement: dict = facts.get("placement", {})  # where the models sit: placement_report()
         self.notes: list[str] = facts.get("notes", [])  # one line each: what loaded otherwise than asked
         self.target = RemoteTarget(self, facts)
 
@@ -231,6 +233,11 @@ class EngineClient:
     @property
     def device_description(self) -> str:
         return self.call("device_description")
+
+    def placement_report(self) -> dict:
+        """Where each loaded model sits and what llama.cpp allocated on each device (engine.py)."""
+        self.placement = self.call("placement")
+        return self.placement
 
     # --- ending ------------------------------------------------------------------
     def close(self, timeout_s: float = CLOSE_GRACE_S) -> None:

@@ -78,7 +78,16 @@ class HostSpec:
     kind: str = "llama"  # "llama" or "torch"
     n_ctx: int = 0
     n_threads: Optional[int] = None
-    device: str = "auto"  # torch engine only
+    device: str = "auto"  # torch: auto, cpu, cuda, mps; llama.cpp: auto, CPU or a device `specdesk devices` lists
+    gpu_layers: str = "auto"  # llama.cpp: the target's layers on `device` (auto, all or a number)
+    draft_device: str = "auto"  # llama.cpp: where a draft model or drafter GGUF sits ...
+    draft_gpu_layers: str = "auto"  # ... and how many of its layers
+    rpc: tuple[str, ...] = ()  # llama.cpp: RPC servers (HOST:PORT) whose devices are added first
+
+    def placement_options(self) -> dict:
+        """The placement fields, for starting the same engine again."""
+        return {"gpu_layers": self.gpu_layers, "draft_device": self.draft_device,
+                "draft_gpu_layers": self.draft_gpu_layers, "rpc": self.rpc}
 
 
 def open_engine(spec: HostSpec, progress: Optional[Callable[[float], None]] = None):
@@ -91,7 +100,13 @@ def open_engine(spec: HostSpec, progress: Optional[Callable[[float], None]] = No
     else:
         from specdesk.engines.llama.engine import LlamaEngine
 
-        engine = LlamaEngine(spec.target, n_ctx=spec.n_ctx, n_threads=spec.n_threads, progress=progress)
+        from specdesk.engines.llama.placement import Placement
+
+        engine = LlamaEngine(spec.target, n_ctx=spec.n_ctx, n_threads=spec.n_threads, progress=progress,
+                             placement=Placement.parse(spec.device, spec.gpu_layers, "--gpu-layers"),
+                             draft_placement=Placement.parse(spec.draft_device, spec.draft_gpu_layers,
+                                                             "--draft-gpu-layers"),
+                             rpc=spec.rpc)
     engine.cost_cache_dir = cache_dir() / "costs"  # method auto's measured pass and drafting costs
     return engine
 
@@ -131,6 +146,7 @@ def engine_facts(engine, draft_path: Optional[str] = None, draft_kind: str = "dr
         "threads": engine.n_threads,
         "has_chat_template": model.chat_template() is not None,
         "verdicts": draft_verdicts(engine, verdict_paths or {}),
+        "placement": engine.placement_report() if hasattr(engine, "placement_report") else {},
     }
 
 
@@ -172,6 +188,7 @@ CALLS: dict[str, Callable[..., Any]] = {
     "tokenize": lambda engine, text, add_bos=True: engine.tokenize(text, add_bos=add_bos),
     "detokenize": lambda engine, tokens: engine.detokenize(tokens),
     "device_description": lambda engine: getattr(engine, "device_description", "CPU"),
+    "placement": lambda engine: engine.placement_report() if hasattr(engine, "placement_report") else {},
     "top_logits": lambda engine, tokens, n=2: engine.top_logits(list(tokens), n),
     "target.tokenize": _target_call("tokenize"),
     "target.token_text": _target_call("token_text"),
@@ -196,6 +213,7 @@ def ready_facts(engine) -> dict[str, Any]:
         "n_vocab": int(model.n_vocab),
         "chat_template": model.chat_template(),
         "pid": os.getpid(),
+        "placement": engine.placement_report() if hasattr(engine, "placement_report") else {},
         "notes": list(getattr(engine, "notes", ())),
     }
 

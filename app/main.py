@@ -29,8 +29,9 @@ def _progress(message: str) -> None:
 def add_model_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--engine", choices=["llama", "torch"], default="llama",
                         help="llama: GGUF files on llama.cpp (default); torch: Hugging Face folders on PyTorch")
-    parser.add_argument("--device", choices=["auto", "cpu", "cuda", "mps"], default="auto",
-                        help="torch engine device (default: CUDA/ROCm, else Metal, else CPU)")
+    parser.add_argument("--device", default="auto",
+                        help="torch engine: auto (CUDA/ROCm, else Metal, else CPU), cpu, cuda or mps; "
+                             "llama.cpp: auto (the first GPU or RPC device), CPU, or a device `specdesk devices` lists")
     parser.add_argument("--target", help="target model: a GGUF file, or an HF folder with --engine torch "
                                          "(default: the demo target)")
     parser.add_argument("--draft", help="draft model for --method draft, DFlash drafter folder for --method dflash "
@@ -49,6 +50,9 @@ def add_model_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--draft-p-min", type=float, default=0.0,
                         help="stop drafting when the draft's top probability falls below this (default 0: off)")
     parser.add_argument("--small-demo", action="store_true", help="use the small (test) demo family")
+    from specdesk.app.placement import add_placement_options
+
+    add_placement_options(parser)
 
 
 def resolve_models(args) -> tuple[str, Optional[str]]:
@@ -86,8 +90,11 @@ def open_engine(target: str, args):
     """The engine the options ask for, in its own process (app/session.open_engine): a crash in
     a model ends that, not the CLI; so does a process that stops answering (the watchdog: a
     terminal has no Stop button)."""
-    engine = open_engine_process(target, args.ctx, args.threads, kind=getattr(args, "engine", "llama"),
-                                 device=getattr(args, "device", "auto"), watchdog=True)
+    from specdesk.app.placement import placement_options
+
+    kind = getattr(args, "engine", "llama")
+    engine = open_engine_process(target, args.ctx, args.threads, kind=kind, device=getattr(args, "device", "auto"),
+                                 watchdog=True, **placement_options(args, kind))
     for note in getattr(engine, "notes", ()):
         print(f"specdesk: {note}", file=sys.stderr, flush=True)
     return engine
@@ -184,12 +191,15 @@ def cmd_compare(args) -> int:
         report = compare(engine, prompts, spec, sampling, args.max_tokens, tokenize, on_event=on_event)
         if live:
             print("\r" + " " * 40 + "\r", end="", file=sys.stderr)
+        placement = engine.placement_report() if hasattr(engine, "placement_report") else {}
     finally:
         engine.close()
     from specdesk.app.measurements import record_compare
 
     record_compare(report)  # pairing ranks drafts by what this machine measured
     payload = report.to_json()
+    if placement:  # where each model sat, and what llama.cpp allocated on each device
+        payload["placement"] = placement
     if args.json == "-":
         print(json.dumps(payload))
     else:

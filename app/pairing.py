@@ -124,6 +124,88 @@ def estimate_memory(target: ModelEntry, draft: Optional[ModelEntry] = None, n_ct
                           memory.ram_total, memory.vram_free, required <= memory.ram_available)
 
 
+@dataclass(frozen=True)
+class DeviceUse:
+    """What the loaded models would take on one device."""
+
+    device: str  # ggml's name ("CUDA0", "RPC0", ...), or "RAM"
+    description: str
+    required_bytes: int
+    free_bytes: int
+
+    @property
+    def fits(self) -> bool:
+        return self.required_bytes <= self.free_bytes
+
+    def to_json(self) -> dict:
+        return {**asdict(self), "fits": self.fits}
+
+
+@dataclass(frozen=True)
+class PlacementEstimate:
+    """Where the target and the draft would sit (engines/llama/placement.py) and what each
+    device, and the RAM, would hold."""
+
+    target: dict  # ResolvedPlacement.as_dict()
+    draft: Optional[dict]
+    devices: tuple[DeviceUse, ...]  # RAM first
+
+    @property
+    def fits(self) -> bool:
+        return all(d.fits for d in self.devices)
+
+    def describe(self) -> str:
+        """"target 9/9 layers on CUDA0 (…) · draft CPU; CUDA0 needs 1.2 GB of 8.0 GB free: fits"."""
+        from specdesk.engines.llama.placement import ResolvedPlacement
+
+        where = [f"target {ResolvedPlacement(**self.target).describe()}"]
+        if self.draft is not None:
+            where.append(f"draft {ResolvedPlacement(**self.draft).describe()}")
+        needs = [f"{d.device} needs {human_size(d.required_bytes)} of {human_size(d.free_bytes)} free"
+                 for d in self.devices]
+        return f"{' · '.join(where)}; {', '.join(needs)}: {'fits' if self.fits else 'does NOT fit'}"
+
+    def to_json(self) -> dict:
+        return {"target": self.target, "draft": self.draft, "devices": [d.to_json() for d in self.devices],
+                "fits": self.fits}
+
+
+def human_size(n: int) -> str:
+    return f"{n / 1e9:.1f} GB" if n >= 1e8 else f"{n / 1e6:.1f} MB"
+
+
+def estimate_placement(memory: MemoryEstimate, target_path: str, draft_path: Optional[str] = None,
+                       devices: Optional[list] = None, placement=None, draft_placement=None) -> PlacementEstimate:
+    """Per device: the layers engines/llama/placement.resolve would put on a device (its weights,
+    their KV cache and the device's compute buffer: placement.offload_bytes), and what stays in
+    RAM (`memory`, the CPU-only estimate, less what moved to a device)."""
+    from specdesk.engines.llama.binding import validated_header
+    from specdesk.engines.llama.placement import Placement, model_layout, offload_bytes, resolve
+
+    if devices is None:
+        from specdesk.engines.llama.devices import llama_devices
+
+        devices = llama_devices()
+    by_name = {d.name: d for d in devices}
+    use: dict[str, int] = {}
+    moved = 0
+    placed = []
+    for path, asked in ((target_path, placement), (draft_path, draft_placement)):
+        if path is None:
+            placed.append(None)
+            continue
+        header = validated_header(path)
+        where = resolve(asked or Placement(), header, memory.n_ctx, devices)
+        placed.append(where.as_dict())
+        if not where.on_cpu:
+            on_device = offload_bytes(model_layout(header), memory.n_ctx, where.n_gpu_layers)
+            use[where.device] = use.get(where.device, 0) + on_device.total
+            moved += on_device.weights + on_device.kv_cache
+    rows = [DeviceUse("RAM", "system memory", max(0, memory.required_bytes - moved), memory.available_bytes)]
+    rows += [DeviceUse(name, by_name[name].description, need, by_name[name].free_bytes) for name, need in use.items()]
+    return PlacementEstimate(placed[0], placed[1], tuple(rows))
+
+
 # --- expected benefit ------------------------------------------------------------------
 def expected_speedup(acceptance: float, cost_ratio: float, k: int) -> float:
     """Tokens per unit of target time with k drafts (Leviathan et al. 2023, eq. for E[tokens]
@@ -398,10 +480,13 @@ class PairingReport:
     native: tuple[dict, ...]
     memory: MemoryEstimate
     memory_draft: Optional[str] = None  # the draft counted in the memory estimate
+    placement: Optional[PlacementEstimate] = None  # where the target and that draft would sit
 
     def to_json(self) -> dict:
         memory = self.memory.to_json()
         memory["draft"] = self.memory_draft
+        if self.placement is not None:
+            memory["placement"] = self.placement.to_json()
         return {"target": self.target.path, "compatible": [v.to_json() for v in self.compatible],
                 "incompatible": [v.to_json() for v in self.incompatible], "native": list(self.native),
                 "memory": memory}
@@ -409,10 +494,12 @@ class PairingReport:
 
 def pair(target_path: str | os.PathLike, entries: Iterable[ModelEntry], n_ctx: int = 0,
          draft_path: Optional[str] = None, memory: Optional[MemoryInfo] = None,
-         table: Optional[list] = None, records: Optional[list] = None) -> PairingReport:
+         table: Optional[list] = None, records: Optional[list] = None,
+         placement=None, draft_placement=None) -> PairingReport:
     """Rank the library's drafts for a target, by this machine's measurements where it has
     them (`records`: app/measurements.read() by default); the memory estimate counts the
-    chosen draft (draft_path), else the best compatible one."""
+    chosen draft (draft_path), else the best compatible one, and says per device where each
+    would sit (`placement`, `draft_placement`: engines/llama/placement.Placement; default auto)."""
     from .measurements import read
 
     entries = list(entries)
@@ -450,5 +537,11 @@ def pair(target_path: str | os.PathLike, entries: Iterable[ModelEntry], n_ctx: i
                                 + "; ".join(next((v.reasons for v in incompatible
                                                   if os.path.realpath(v.path) == os.path.realpath(draft_path)), ())))
     estimate = estimate_memory(target, draft_entry, n_ctx, memory)
+    try:
+        placed = estimate_placement(estimate, target.path, draft_entry.path if draft_entry else None,
+                                    placement=placement, draft_placement=draft_placement)
+    except SpecDeskError as e:  # a placement that cannot be (a device that is not here): said, not fatal
+        log.info("no placement estimate: %s", e)
+        placed = None
     return PairingReport(target, tuple(compatible), tuple(incompatible), tuple(native),
-                         estimate, draft_entry.path if draft_entry else None)
+                         estimate, draft_entry.path if draft_entry else None, placed)

@@ -346,7 +346,7 @@ class Service:
         old = self.engine
         old.close()
         self.engine = EngineClient(old.spec.target, old.spec.kind, old.spec.n_ctx, old.spec.n_threads, old.spec.device,
-                                   cancel=cancel, watchdog=old.watchdog)
+                                   cancel=cancel, watchdog=old.watchdog, **old.spec.placement_options())
         if self.draft_path is not None:
             with self.engine.watching(cancel):
                 load_drafter(self.engine, self.draft_path)

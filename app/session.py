@@ -43,14 +43,15 @@ def engine_kind(target: str) -> str:
 
 def open_engine(target: str, n_ctx: int = 0, threads: Optional[int] = None, *, kind: Optional[str] = None,
                 device: str = "auto", progress: Optional[Callable[[float], None]] = None,
-                cancel: Optional[threading.Event] = None, watchdog: bool = False):
+                cancel: Optional[threading.Event] = None, watchdog: bool = False, **placement):
     """The engine in its own process (app/engine_host.py): a model that aborts or hangs there
     never takes the caller down. `kind` defaults to what the target's format runs on;
-    `watchdog` ends a process that stops answering (see EngineClient)."""
+    `watchdog` ends a process that stops answering (see EngineClient); `placement` is where a
+    GGUF's layers go (HostSpec: gpu_layers, draft_device, draft_gpu_layers, rpc)."""
     from specdesk.app.engine_client import EngineClient
 
     return EngineClient(target, kind=kind or engine_kind(target), n_ctx=n_ctx, n_threads=threads, device=device,
-                        progress=progress, cancel=cancel, watchdog=watchdog)
+                        progress=progress, cancel=cancel, watchdog=watchdog, **placement)
 
 
 def resolve_demo(target: str, draft: Optional[str], demo_size: str,
@@ -147,6 +148,8 @@ class ModelInfo:
     chat_template: bool  # whether the model file has its own chat template
     unavailable: tuple[tuple[str, str], ...] = ()  # (method, why not) for the engine's other methods
     draft_verdicts: tuple[tuple[str, tuple[str, ...]], ...] = ()  # (draft choice, why it cannot serve; () fits)
+    placement: str = ""  # where the target and the draft sit, in words ("" for the PyTorch engine)
+    placement_report: Optional[dict] = None  # each model's device, layers and allocated bytes per device
 
 
 def describe_engine(engine, draft_path: Optional[str], verdict_paths: dict[str, str],
@@ -157,9 +160,12 @@ def describe_engine(engine, draft_path: Optional[str], verdict_paths: dict[str, 
     availability = facts["availability"]
     supported = tuple(m for m, why in availability.items() if why is None)
     unavailable = tuple((m, why) for m, why in availability.items() if why is not None)
+    from specdesk.app.placement import describe_placement
+
+    report = facts.get("placement") or None
     return ModelInfo(str(engine.target.path), draft_path, engine.name, supported, engine.n_ctx, facts["threads"],
                      facts["n_params"], facts["size_bytes"], facts["has_chat_template"], unavailable,
-                     tuple(facts["verdicts"]))
+                     tuple(facts["verdicts"]), describe_placement(report), report)
 
 
 # --- prompts -------------------------------------------------------------------
@@ -298,6 +304,7 @@ class Session:
         self.draft_path: Optional[str] = None
         self.draft_kind = "draft"  # or "dflash" / "eagle3": a model-native drafter
         self._n_ctx: Optional[int] = None
+        self._placement: dict = {}  # where the loaded GGUF's layers were asked to go
 
     def need_engine(self):
         if self.engine is None:
@@ -307,10 +314,11 @@ class Session:
     def load(self, target: str, draft: Optional[str], *, demo_size: str = "full", n_ctx: int = 0,
              threads: int = 0, drafts: Sequence[str] = (), progress: Callable[[str], None] = lambda message: None,
              fraction: Optional[Callable[[float], None]] = None,
-             cancel: Optional[threading.Event] = None) -> LoadOutcome:
+             cancel: Optional[threading.Event] = None, placement: Optional[dict] = None) -> LoadOutcome:
         """Load a target (a path or a demo placeholder) and optionally a draft; check which of
         `drafts` (paths or DEMO) could serve the target. A refused draft is reported in the
-        outcome, not raised: the target stays usable."""
+        outcome, not raised: the target stays usable. `placement` (Settings.placement) says
+        where a GGUF target's and draft's layers go; a new placement loads the target again."""
         from specdesk.app.engine_client import EngineHostDied
         from specdesk.engines.llama.engine import default_threads
 
@@ -322,12 +330,14 @@ class Session:
         if engine is not None and not engine.alive:  # its process ended: load afresh
             self.close()
             engine = None
-        if engine is None or not same_file(engine.target.path, target) or n_ctx != self._n_ctx:
+        placement = dict(placement or {}) if engine_kind(target) == "llama" else {}
+        if engine is None or not same_file(engine.target.path, target) or n_ctx != self._n_ctx \
+                or placement != self._placement:
             kept_target = False
             progress(f"loading {file_label(target)}")
-            new_engine = open_engine(target, n_ctx, threads, progress=fraction, cancel=cancel)
+            new_engine = open_engine(target, n_ctx, threads, progress=fraction, cancel=cancel, **placement)
             self.close()  # only once the new one loaded: a bad file keeps the old model
-            self.engine, self._n_ctx, engine = new_engine, n_ctx, new_engine
+            self.engine, self._n_ctx, self._placement, engine = new_engine, n_ctx, placement, new_engine
         elif engine.n_threads != threads:
             engine.set_threads(threads)
         # A refused draft leaves the previous one in use if this engine still has it loaded.

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
-from specdesk.engines.types import MAX_DRAFT_TOKENS, METHODS
+from specdesk.engines.types import MAX_DRAFT_TOKENS, METHODS, SpecDeskError
 
 from .paths import config_dir
 
@@ -62,6 +62,13 @@ class Settings:
     max_tokens: int = 256
     threads: int = 0  # 0 = automatic
     n_ctx: int = 0  # 0 = the model's own, at most 4096
+    # Where a GGUF target's and draft's layers sit (engines/llama/placement.py): a device (auto,
+    # CPU, or a name `specdesk devices` lists) and GPU layers (auto, all, or a number).
+    device: str = "auto"
+    gpu_layers: str = "auto"
+    draft_device: str = "auto"
+    draft_gpu_layers: str = "auto"
+    rpc_servers: str = ""  # llama.cpp RPC servers, HOST:PORT[,HOST:PORT]: their devices can take layers
     highlight_drafts: bool = True
     recent_targets: list = field(default_factory=list)
     recent_drafts: list = field(default_factory=list)
@@ -92,6 +99,13 @@ class Settings:
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
 
+    def placement(self) -> dict:
+        """The engine process's placement options (app/engine_host.HostSpec) from these settings."""
+        from specdesk.engines.llama.rpc import parse_endpoints
+
+        return {"device": self.device, "gpu_layers": self.gpu_layers, "draft_device": self.draft_device,
+                "draft_gpu_layers": self.draft_gpu_layers, "rpc": tuple(parse_endpoints(self.rpc_servers))}
+
     def remember_target(self, path: str, limit: int = 8) -> None:
         self.recent_targets = _remember(self.recent_targets, path, limit)
 
@@ -100,6 +114,21 @@ class Settings:
 
 
 _OPTIONAL = {"draft_path", "last_chat_id"}
+
+
+def _layers(value: str) -> None:
+    from specdesk.engines.llama.placement import parse_gpu_layers
+
+    parse_gpu_layers(value)
+
+
+def _servers(value: str) -> None:
+    from specdesk.engines.llama.rpc import parse_endpoints
+
+    parse_endpoints(value)
+
+
+PLACEMENT_CHECKS = {"gpu_layers": _layers, "draft_gpu_layers": _layers, "rpc_servers": _servers}
 
 
 def _acceptable(name: str, value: Any, default: Any) -> bool:
@@ -115,6 +144,14 @@ def _acceptable(name: str, value: Any, default: Any) -> bool:
             and low <= value <= high
     if name in CHOICES:
         return value in CHOICES[name]
+    if name in PLACEMENT_CHECKS:
+        if not _is_text(value) or len(value) > 1000:
+            return False
+        try:
+            PLACEMENT_CHECKS[name](value)
+        except SpecDeskError:
+            return False
+        return True
     if isinstance(default, list):
         return isinstance(value, list) and len(value) <= MAX_LIST and all(_is_text(v) for v in value)
     if isinstance(default, dict):

@@ -8,8 +8,8 @@ from typing import Optional
 
 from PySide6.QtCore import Qt, Signal
 from PySide6.QtWidgets import (QComboBox, QDoubleSpinBox, QFileDialog, QFormLayout, QGroupBox, QHBoxLayout,
-                               QListWidget, QListWidgetItem, QPushButton, QScrollArea, QSpinBox, QVBoxLayout,
-                               QWidget)
+                               QLineEdit, QListWidget, QListWidgetItem, QPushButton, QScrollArea, QSpinBox,
+                               QVBoxLayout, QWidget)
 
 from specdesk.app.settings import DEMO, DEMO_DFLASH, DEMO_HF, DEMO_MTP, RANGES, Settings
 from specdesk.engines.types import METHODS, SamplingParams, SpecConfig, SpecDeskError
@@ -20,6 +20,8 @@ TARGETS = [("Demo target (built in)", DEMO), ("Demo target with MTP (llama.cpp)"
            ("Demo target, PyTorch (built in)", DEMO_HF)]
 DRAFTS = [("No draft model", None), ("Demo draft (built in)", DEMO), ("Demo DFlash drafter (built in)", DEMO_DFLASH)]
 HIDDEN = "\0hidden"  # combo item data of the "N incompatible hidden" line
+DEVICE_CHOICES = ("auto", "CPU")  # or any name `specdesk devices` lists, typed in
+LAYER_CHOICES = ("auto", "all", "0")  # or a number, typed in
 
 METHOD_LABELS = {
     "none": "none (baseline)",
@@ -132,6 +134,22 @@ class ControlsPanel(QScrollArea):
         form.addRow("Max tokens", self.max_tokens_spin)
         form.addRow("Threads", self.threads_spin)
         form.addRow("Context", self.ctx_spin)
+        # Where a GGUF's layers sit (llama.cpp's -dev/-ngl, -devd/-ngld, --rpc)
+        self.device_combo = self._choice_combo(limits, DEVICE_CHOICES, "Target's device: auto (the first GPU or RPC "
+                                               "device), CPU, or a name `specdesk devices` lists")
+        self.gpu_layers_combo = self._choice_combo(limits, LAYER_CHOICES, "Target's layers on its device: auto "
+                                                   "(every layer that fits with its KV cache), all, or a number")
+        self.draft_device_combo = self._choice_combo(limits, DEVICE_CHOICES, "Draft model's or drafter's device")
+        self.draft_gpu_layers_combo = self._choice_combo(limits, LAYER_CHOICES, "Draft's layers on its device")
+        self.rpc_edit = QLineEdit(limits)
+        self.rpc_edit.setPlaceholderText("HOST:PORT, …")
+        self.rpc_edit.setToolTip("llama.cpp RPC servers (rpc-server on this or another machine): their devices "
+                                 "can then take layers like a GPU")
+        form.addRow("Device", self.device_combo)
+        form.addRow("GPU layers", self.gpu_layers_combo)
+        form.addRow("Draft device", self.draft_device_combo)
+        form.addRow("Draft GPU layers", self.draft_gpu_layers_combo)
+        form.addRow("RPC servers", self.rpc_edit)
 
         chats = QGroupBox("Chats", body)
         chat_layout = QVBoxLayout(chats)
@@ -163,6 +181,10 @@ class ControlsPanel(QScrollArea):
         self.method_combo.currentIndexChanged.connect(self._update_enabled)
         self.threads_spin.editingFinished.connect(self._maybe_reload)
         self.ctx_spin.editingFinished.connect(self._maybe_reload)
+        for combo in self._placement_combos():
+            combo.activated.connect(lambda index: self._maybe_reload())
+            combo.lineEdit().editingFinished.connect(self._maybe_reload)
+        self.rpc_edit.editingFinished.connect(self._maybe_reload)
         self._loaded_key = self.model_key()
 
     # --- settings <-> widgets ---------------------------------------------------------
@@ -176,6 +198,9 @@ class ControlsPanel(QScrollArea):
                             (self.max_tokens_spin, s.max_tokens), (self.threads_spin, s.threads),
                             (self.ctx_spin, s.n_ctx)):
             set_clamped(spin, value)
+        for combo, value in zip(self._placement_combos(), (s.device, s.gpu_layers, s.draft_device, s.draft_gpu_layers)):
+            combo.setCurrentText(value)
+        self.rpc_edit.setText(s.rpc_servers)
         self._update_enabled()
 
     def store_settings(self, s: Settings) -> None:
@@ -190,6 +215,35 @@ class ControlsPanel(QScrollArea):
         s.max_tokens = self.max_tokens_spin.value()
         s.threads = self.threads_spin.value()
         s.n_ctx = self.ctx_spin.value()
+        if self.placement_error() is None:  # a bad value keeps the last good one (load_models says why)
+            s.device, s.gpu_layers, s.draft_device, s.draft_gpu_layers = (
+                c.currentText().strip() or "auto" for c in self._placement_combos())
+            s.rpc_servers = self.rpc_edit.text().strip()
+
+    # --- placement ----------------------------------------------------------------------
+    @staticmethod
+    def _choice_combo(parent: QWidget, choices: tuple[str, ...], tip: str) -> QComboBox:
+        combo = QComboBox(parent)
+        combo.setEditable(True)
+        combo.addItems(choices)
+        combo.setToolTip(tip)
+        return combo
+
+    def _placement_combos(self) -> tuple[QComboBox, ...]:
+        return self.device_combo, self.gpu_layers_combo, self.draft_device_combo, self.draft_gpu_layers_combo
+
+    def placement_error(self) -> Optional[str]:
+        """One line for a placement value that cannot be right, else None."""
+        from specdesk.engines.llama.placement import parse_gpu_layers
+        from specdesk.engines.llama.rpc import parse_endpoints
+
+        try:
+            parse_gpu_layers(self.gpu_layers_combo.currentText(), "GPU layers")
+            parse_gpu_layers(self.draft_gpu_layers_combo.currentText(), "Draft GPU layers")
+            parse_endpoints(self.rpc_edit.text())
+        except SpecDeskError as e:
+            return str(e)
+        return None
 
     def _fill_models(self, combo: QComboBox, fixed: list, recent: list, current) -> None:
         combo.blockSignals(True)
@@ -296,7 +350,8 @@ class ControlsPanel(QScrollArea):
 
     def model_key(self) -> tuple:
         return (self.target_combo.currentData(), self.draft_combo.currentData(), self.threads_spin.value(),
-                self.ctx_spin.value())
+                self.ctx_spin.value(), *(c.currentText().strip() for c in self._placement_combos()),
+                self.rpc_edit.text().strip())
 
     def mark_loaded(self) -> None:
         self._loaded_key = self.model_key()

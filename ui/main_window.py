@@ -166,10 +166,13 @@ class MainWindow(QMainWindow):
         self.controls.store_settings(s)
         self.controls.mark_loaded()
         demo = s.target_path in (DEMO, DEMO_HF, DEMO_MTP)
+        bad_placement = self.controls.placement_error()
+        if bad_placement is not None:  # the last good placement is kept; the user hears why
+            self.status_label.setText(bad_placement)
         self._on_progress(f"loading {'the demo target' if demo else file_label(s.target_path)}…")
         self._requested_choice = (s.target_path, s.draft_path)
         self._load_job = self.worker.load(s.target_path, s.draft_path, s.demo_size, s.n_ctx, s.threads,
-                                          drafts=self.controls.draft_choices())
+                                          drafts=self.controls.draft_choices(), placement=s.placement())
         self._update_actions()
         return self._load_job
 
@@ -183,6 +186,7 @@ class MainWindow(QMainWindow):
         self._show_model_status()
 
     def _show_model_status(self) -> None:
+        self.models_view.show_placement(info.placement)
         info = self.info
         if info is None:
             self.status_label.setText("no model loaded")
@@ -190,7 +194,8 @@ class MainWindow(QMainWindow):
         draft = f"draft {file_label(info.draft_path)}" if info.draft_path else "no draft model"
         self.status_label.setText(f"{info.engine} · target {file_label(info.target_path)} "
                                   f"({info.n_params / 1e6:.1f} M parameters) · {draft} · "
-                                  f"context {info.n_ctx} · {info.threads} thread{'s' * (info.threads != 1)}")
+                                  f"context {info.n_ctx} · {info.threads} thread{'s' * (info.threads != 1)}"
+                                  + (f" · {info.placement}" if info.placement else ""))
 
     def _show_loaded_choice(self, failed: str) -> None:
         """After a refused model, the pickers show what is actually loaded again."""

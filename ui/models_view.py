@@ -190,6 +190,8 @@ class PairingDialog(QDialog):
                             f"(weights {human_bytes(m.weights_bytes + m.draft_weights_bytes)}, KV cache "
                             f"{human_bytes(m.kv_cache_bytes + m.draft_kv_cache_bytes)}); "
                             f"{human_bytes(m.available_bytes)} RAM free{vram}: {verdict}")
+        if report.placement is not None:  # where each model will sit, per device
+            self.memory.setText(f"{self.memory.text()}\nPlacement: {report.placement.describe()}")
 
     def show_error(self, message: str) -> None:
         self.summary.setText(message)
@@ -282,6 +284,9 @@ class ModelsView(QWidget):
         library_box = QGroupBox("Library", self)
         library_layout = QVBoxLayout(library_box)
         library_layout.addWidget(self.library, 1)
+        self.placement = QLabel("", library_box)  # where the loaded target and draft sit
+        self.placement.setWordWrap(True)
+        library_layout.addWidget(self.placement)
         buttons = QHBoxLayout()
         for b in (self.refresh_button, self.add_button, self.pair_button):
             buttons.addWidget(b)
@@ -310,6 +315,20 @@ class ModelsView(QWidget):
         self.library.itemSelectionChanged.connect(self._update_buttons)
         self.files.itemSelectionChanged.connect(self._update_buttons)
         self._update_buttons()
+
+    def show_placement(self, placement: str) -> None:
+        """Where the loaded models sit ("target 9/9 layers on RPC0 (…) · draft CPU"), and on a
+        CPU-only llama.cpp build, one line on how to get a GPU build."""
+        from specdesk.engines.llama.devices import GPU_BUILD_HINT, llama_build
+
+        lines = [f"Loaded: {placement}"] if placement else []
+        try:
+            cpu_only = llama_build()["backend"] == "cpu"
+        except (SpecDeskError, OSError, AttributeError):  # no usable llama.cpp here: nothing to say about its build
+            cpu_only = False
+        if cpu_only:
+            lines.append(GPU_BUILD_HINT[0].upper() + GPU_BUILD_HINT[1:])
+        self.placement.setText("\n".join(lines))
 
     def showEvent(self, event) -> None:
         super().showEvent(event)

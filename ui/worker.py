@@ -47,6 +47,7 @@ class LoadJob(Job):
     n_ctx: int = 0
     threads: int = 0
     drafts: tuple[str, ...] = ()
+    placement: tuple = ()  # Settings.placement() as (name, value) pairs: where a GGUF's layers go
 
 
 @dataclass(kw_only=True)
@@ -149,7 +150,8 @@ class _Runner(JobRunner):
     def _load(self, job: LoadJob) -> ModelInfo:
         outcome = self.session.load(job.target, job.draft, demo_size=job.demo_size, n_ctx=job.n_ctx,
                                     threads=job.threads, drafts=job.drafts, progress=self.progress.emit,
-                                    fraction=self._fraction_reporter(), cancel=job.cancel)
+                                    fraction=self._fraction_reporter(), cancel=job.cancel,
+                                    placement=dict(job.placement))
         self.loaded.emit(JobResult(job.job_id, job.kind, outcome.info))
         if outcome.draft_error is not None:
             raise _DraftRefused(outcome.draft_error)
@@ -239,11 +241,11 @@ class EngineWorker(QObject):
         return job.job_id
 
     def load(self, target: str, draft: Optional[str], demo_size: str = "full", n_ctx: int = 0,
-             threads: int = 0, drafts=()) -> int:
+             threads: int = 0, drafts=(), placement: Optional[dict] = None) -> int:
         """Load a target (a GGUF path or settings.DEMO) and optionally a draft model; check
-        which of `drafts` (paths or DEMO) could serve the target."""
+        which of `drafts` (paths or DEMO) could serve the target; `placement`: Settings.placement()."""
         return self.submit(LoadJob(target=target, draft=draft, demo_size=demo_size, n_ctx=n_ctx, threads=threads,
-                                   drafts=tuple(drafts)))
+                                   drafts=tuple(drafts), placement=tuple((placement or {}).items())))
 
     def chat(self, messages: list[dict], spec: SpecConfig, sampling: SamplingParams, max_tokens: int) -> int:
         return self.submit(ChatJob(messages=[dict(m) for m in messages], spec=spec, sampling=sampling,

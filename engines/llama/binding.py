@@ -9,6 +9,7 @@ from __future__ import annotations
 import ctypes
 import functools
 import os
+import re
 import threading
 from collections import deque
 from dataclasses import dataclass
@@ -26,6 +27,10 @@ _init_lock = threading.Lock()
 _initialised = False
 _log_callback = None  # kept alive for as long as llama.cpp may call it
 _recent_errors: deque[str] = deque(maxlen=8)
+# llama.cpp's "<buffer> model/KV/compute buffer size = N MiB" lines: what each load and context
+# allocated on each device (placement.buffer_device), read after it returns
+_buffer_lines: deque[tuple[str, str, int]] = deque(maxlen=64)
+_BUFFER_LINE = re.compile(r"^\w+: +(\S+) +(model|KV|compute|output|RS) buffer size = +([\d.]+) MiB")
 
 GGUF_MAGIC = b"GGUF"
 VOCAB_TYPE_NAMES = {0: "none", 1: "spm", 2: "bpe", 3: "wpm", 4: "ugm", 5: "rwkv", 6: "plamo2", 7: "test"}
@@ -46,6 +51,11 @@ def llama_lib():
                 # llama.cpp's chatter never interleaves with our output.
                 if level == 4 and text:  # GGML_LOG_LEVEL_ERROR
                     _recent_errors.append(text.decode("utf-8", "replace").strip())
+                elif level == 2 and text and b"buffer size =" in text:  # GGML_LOG_LEVEL_INFO
+                    match = _BUFFER_LINE.match(text.decode("utf-8", "replace").strip())
+                    if match:
+                        _buffer_lines.append((match.group(1), match.group(2),
+                                              int(float(match.group(3)) * 1024 * 1024)))
             _log_callback = on_log
             if not os.environ.get("SPECDESK_LLAMA_LOG"):
                 llama_cpp.llama_log_set(_log_callback, ctypes.c_void_p(0))
@@ -133,7 +143,9 @@ class ContextHandle(NativeHandle):
         params.no_perf = True
         for name, value in extra.items():
             setattr(params, name, value)
+        _buffer_lines.clear()
         self._ctx = lib.llama_init_from_model(model._model, params)
+        self.buffers = [(name, size) for name, kind, size in _buffer_lines if kind != "model"]
         if not self._ctx:
             raise SpecDeskError(f"{model.path}: could not create {what} of {n_ctx} tokens (out of memory?)")
         self.n_batch = n_batch
@@ -148,15 +160,21 @@ class GgufModel(NativeHandle):
     """A loaded GGUF model: weights, vocabulary, tokenizer."""
 
     def __init__(self, path: str | os.PathLike, n_gpu_layers: int = 0, load_mtp: bool = False,
-                 progress: Optional[Callable[[float], None]] = None, vocab_only: bool = False):
+                 progress: Optional[Callable[[float], None]] = None, vocab_only: bool = False,
+                 device: Optional[int] = None):
         """progress(fraction) is called from this thread while the weights load; vocab_only
-        reads the vocabulary and metadata without the weights (for compatibility checks)."""
+        reads the vocabulary and metadata without the weights (for compatibility checks).
+        n_gpu_layers of its layers go to `device` (a ggml_backend_dev_t, placement.py); without
+        one the model stays on the CPU, whatever devices the backends offer."""
         self.path = check_gguf_file(path)
         self.header = validated_header(self.path)
         lib = llama_lib()
         self._lib = lib
         params = lib.llama_model_default_params()
-        params.n_gpu_layers = n_gpu_layers
+        params.n_gpu_layers = n_gpu_layers if device else 0
+        # A NULL-terminated device list: [] keeps every layer on the CPU (NULL would mean "every GPU").
+        self._device_list = (ctypes.c_void_p * 2)(device or None, None)
+        params.devices = ctypes.cast(self._device_list, ctypes.c_void_p)
         params.load_mtp = load_mtp  # NextN layers, for an MTP drafter context over this model
         params.vocab_only = vocab_only
         self.load_mtp = load_mtp
@@ -170,7 +188,9 @@ class GgufModel(NativeHandle):
             callback = lib.llama_progress_callback(on_progress)
             params.progress_callback = callback  # referenced by `callback` until the load returns
         _recent_errors.clear()
+        _buffer_lines.clear()
         self._model = lib.llama_model_load_from_file(str(self.path).encode(), params)
+        self.buffers = [(name, size) for name, kind, size in _buffer_lines if kind == "model"]
         if not self._model:
             detail = "; ".join(_recent_errors) or "llama.cpp could not load it"
             raise SpecDeskError(f"{self.path}: cannot load this GGUF file ({detail})")

@@ -16,7 +16,7 @@ verification stays exact at any temperature.
 from __future__ import annotations
 
 import os
-from typing import Sequence
+from typing import Optional, Sequence
 
 import numpy as np
 
@@ -49,10 +49,11 @@ def check_drafter(path: str | os.PathLike, target: GgufModel) -> dict:
 class DFlashDrafter(LayerInputDrafter, CachedPositions):
     """A DFlash / DSpark drafter context over one target context; lives as long as the engine."""
 
-    def __init__(self, path: str | os.PathLike, target: GgufModel, target_ctx: GgufContext, n_threads: int):
+    def __init__(self, path: str | os.PathLike, target: GgufModel, target_ctx: GgufContext, n_threads: int,
+                 model_options: Optional[dict] = None):
         self.ext = ext().require("dflash")
         meta = check_drafter(path, target)
-        self.model = GgufModel(path)
+        self.model = GgufModel(path, **(model_options or {}))  # its placement (engine.py)
         try:
             check_compatible(target, self.model)
             if self.ext.llama_model_dflash_selector_top_k(self.model._model) > 0:

@@ -14,7 +14,7 @@ token: q is one-hot and verification stays exact at any temperature.
 from __future__ import annotations
 
 import os
-from typing import Sequence
+from typing import Optional, Sequence
 
 import numpy as np
 
@@ -42,10 +42,11 @@ def check_drafter(path: str | os.PathLike, target: GgufModel) -> dict:
 class Eagle3Drafter(LayerInputDrafter):
     """An EAGLE-3 drafter context over one target context; lives as long as the engine."""
 
-    def __init__(self, path: str | os.PathLike, target: GgufModel, target_ctx: GgufContext, n_threads: int):
+    def __init__(self, path: str | os.PathLike, target: GgufModel, target_ctx: GgufContext, n_threads: int,
+                 model_options: Optional[dict] = None):
         self.ext = ext().require("eagle3")
         check_drafter(path, target)
-        self.model = GgufModel(path)
+        self.model = GgufModel(path, **(model_options or {}))  # its placement (engine.py)
         try:
             check_compatible(target, self.model)
             n_ids = self.ext.llama_model_target_layer_ids_n(self.model._model)

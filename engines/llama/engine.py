@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import os
 import threading
-from typing import Callable, Iterator, Optional
+from pathlib import Path
+from typing import Callable, Iterator, Optional, Sequence
 
 import numpy as np
 
@@ -23,6 +24,7 @@ from ..speculation.verify import VerifyResult, verify
 from ..types import Draft, GenerationRequest, SamplingParams, SpecDeskError, StepEvent
 from .binding import GgufContext, GgufModel, validated_header
 from .ext import HiddenRows, keep_target_rows
+from .placement import CPU, Placement, ResolvedPlacement, buffer_device, device_handle, resolve
 from .validate import check_context
 
 
@@ -35,7 +37,12 @@ class LlamaEngine:
     cost_cache_dir = None  # where method auto keeps measured costs (engines/speculation/auto.py); None: memory only
 
     def __init__(self, target_path: str | os.PathLike, n_ctx: int = 0, n_threads: Optional[int] = None,
-                 n_batch: int = 512, progress: Optional[Callable[[float], None]] = None):
+                 n_batch: int = 512, progress: Optional[Callable[[float], None]] = None,
+                 placement: Placement = Placement(), draft_placement: Placement = Placement(),
+                 rpc: Sequence[str] = ()):
+        """`placement` puts the target's layers on a device (engines/llama/placement.py),
+        `draft_placement` a draft model's or drafter GGUF's; `rpc` adds the devices of RPC
+        servers (HOST:PORT) first, as llama.cpp's --rpc does."""
         self.n_threads = n_threads or default_threads()
         if self.n_threads < 1:
             raise SpecDeskError(f"threads = {self.n_threads} is out of range: use 1 or more")
@@ -44,7 +51,16 @@ class LlamaEngine:
         header = validated_header(target_path)
         self.n_ctx = n_ctx or min(int(header.arch_value("context_length") or 4096), 4096)
         check_context(header, self.n_ctx)  # before any weights load
-        self.target = GgufModel(target_path, load_mtp=nextn_layers(target_path) > 0, progress=progress)
+        if rpc:
+            from .rpc import add_servers
+
+            add_servers(list(rpc))
+        self.draft_placement = draft_placement
+        self.placements: dict[str, ResolvedPlacement] = {}  # "target" and each draft's path
+        target_place = self._place(header, placement, "target")
+        self.target = GgufModel(target_path, load_mtp=nextn_layers(target_path) > 0, progress=progress,
+                                **self._model_options(target_place))
+        self.placements["target"] = target_place
         self.context = GgufContext(self.target, self.n_ctx, self.n_threads, n_batch)
         self._drafts: dict[str, GgufContext] = {}
         self._native: dict = {}  # MTP / DFlash drafters over this target, created on first use
@@ -58,15 +74,68 @@ class LlamaEngine:
         """Load (once) and check a draft model; refusals say which property differed."""
         key = os.path.abspath(path)
         if key not in self._drafts:
-            check_context(validated_header(path), self.n_ctx)  # before any weights load
-            draft = GgufModel(path, progress=progress)
+            draft_header = validated_header(path)
+            check_context(draft_header, self.n_ctx)  # before any weights load
+            place = self._place(draft_header, self.draft_placement, "draft")
+            draft = GgufModel(path, progress=progress, **self._model_options(place))
             try:
                 check_compatible(self.target, draft)
             except SpecDeskError:
                 draft.close()
                 raise
             self._drafts[key] = GgufContext(draft, self.n_ctx, self.n_threads, self.context.n_batch)
+            self.placements[key] = place
         return self._drafts[key]
+
+    # --- placement -----------------------------------------------------------
+    def _place(self, header, placement: Placement, role: str) -> ResolvedPlacement:
+        """The device and layers for a model (the devices' free memory read now, so a draft
+        counts what the target already took)."""
+        from .devices import llama_devices
+
+        options = ("--device", "--gpu-layers") if role == "target" else ("--draft-device", "--draft-gpu-layers")
+        return resolve(placement, header, self.n_ctx, llama_devices(), what=f"{Path(header.path).name}",
+                       option=options[0], layers_option=options[1])
+
+    @staticmethod
+    def _model_options(place: ResolvedPlacement) -> dict:
+        if place.on_cpu:
+            return {}
+        return {"n_gpu_layers": place.n_gpu_layers, "device": device_handle(place.device)}
+
+    @property
+    def placement_key(self) -> str:
+        """Where the target and its drafts sit, for the costs measured on them."""
+        return ";".join(f"{Path(role).name}={place.key()}" for role, place in sorted(self.placements.items()))
+
+    @property
+    def device_description(self) -> str:
+        """Where the models sit, in words: "target 9/9 layers on RPC0 (…) · draft CPU"."""
+        parts = [f"target {self.placements['target'].describe()}"]
+        parts += [f"draft {place.describe()}" for role, place in self.placements.items() if role != "target"]
+        return " · ".join(parts)
+
+    def placement_report(self) -> dict:
+        """Each model's placement and what llama.cpp allocated on each device (bytes)."""
+        models = {"target": (self.target, [self.context])}
+        for key, ctx in self._drafts.items():
+            models[key] = (ctx.model, [ctx])
+        for key, drafter in self._native.items():
+            model = getattr(drafter, "model", None)
+            contexts = [c for c in [getattr(drafter, "context", None)] if c is not None]
+            if model is not None and model is not self.target:
+                models.setdefault(getattr(model, "path", key).__str__(), (model, contexts))
+            else:
+                models["target"][1].extend(contexts)
+        report = {}
+        for role, (model, contexts) in models.items():
+            allocated: dict[str, int] = {}
+            for name, size in [*model.buffers, *(b for c in contexts for b in getattr(c, "buffers", []))]:
+                device = buffer_device(name)
+                allocated[device] = allocated.get(device, 0) + size
+            place = self.placements.get(role) or self.placements.get(os.path.abspath(role))
+            report[role] = {**(place.as_dict() if place else {"device": CPU}), "allocated_bytes": allocated}
+        return report
 
     def load_native(self, method: str, path: str | os.PathLike | None = None):
         """The MTP drafter of this target, or a DFlash drafter GGUF for it (created once)."""
@@ -79,12 +148,20 @@ class LlamaEngine:
             elif method == "eagle3":
                 from .eagle3 import Eagle3Drafter
 
-                self._native[key] = Eagle3Drafter(path, self.target, self.context, self.n_threads)
+                self._native[key] = Eagle3Drafter(path, self.target, self.context, self.n_threads,
+                                                  model_options=self._drafter_options(path))
             else:
                 from .dflash import DFlashDrafter
 
-                self._native[key] = DFlashDrafter(path, self.target, self.context, self.n_threads)
+                self._native[key] = DFlashDrafter(path, self.target, self.context, self.n_threads,
+                                                  model_options=self._drafter_options(path))
         return self._native[key]
+
+    def _drafter_options(self, path) -> dict:
+        """A drafter GGUF (DFlash, EAGLE-3) sits where the draft placement says."""
+        place = self._place(validated_header(path), self.draft_placement, "draft")
+        self.placements[os.path.abspath(path)] = place
+        return self._model_options(place)
 
     def method_availability(self) -> dict[str, Optional[str]]:
         """Each method of this engine: None where this target can run it now, else why not."""

@@ -334,8 +334,10 @@ _learned: "weakref.WeakKeyDictionary[object, dict[tuple[str, bool], dict[str, Ac
 
 
 def cost_key(engine, methods: Sequence[str], max_k: int, draft_path: Optional[str]) -> str:
-    """What the costs depend on: the target file, the engine, its device and threads, the
-    methods measured (and the draft model's file), and K."""
+    """What the costs depend on: the target file, the engine, its device and threads, where the
+    target's and the drafts' layers sit (the placement: a pass over k tokens costs ~2x one token
+    on two CPU cores, a few percent more on a GPU), the methods measured (and the draft model's
+    file), and K."""
     def file_id(path) -> str:
         p = Path(path)
         try:
@@ -345,7 +347,8 @@ def cost_key(engine, methods: Sequence[str], max_k: int, draft_path: Optional[st
             return str(p)
 
     parts = [engine.name, file_id(engine.target.path), getattr(engine, "device_description", "cpu"),
-             str(getattr(engine, "n_threads", "")), ",".join(methods), str(max_k),
+             str(getattr(engine, "n_threads", "")), getattr(engine, "placement_key", ""),
+             ",".join(methods), str(max_k),
              file_id(draft_path) if draft_path else "-"]
     return hashlib.sha256("|".join(parts).encode()).hexdigest()[:20]
 
