@@ -23,7 +23,7 @@ from specdesk.engines.files import require_regular_file
 from specdesk.engines.llama.header import GgufFormatError, GgufHeader, read_gguf_header
 from specdesk.engines.types import SpecDeskError
 
-from llama_helpers import copy_gguf
+from llama_helpers import copy_gguf, rewrite_gguf
 
 GENEROUS_S = 120.0  # only catches an endless loop (a loaded 2-core machine is slow); speed lives in benchmarks/
 
@@ -76,8 +76,16 @@ def bad_gguf_files(demo_family, folder: Path) -> dict[str, tuple[Path, str]]:
         "heads-not-dividing": ({"{arch}.attention.head_count_kv": n_head + 1}, "head_count_kv"),
     }
     folder.mkdir(parents=True, exist_ok=True)
-    return {name: (rewrite(src, folder / f"{name}.gguf", **overrides), key)
-            for name, (overrides, key) in cases.items()}
+    files = {name: (rewrite(src, folder / f"{name}.gguf", **overrides), key)
+             for name, (overrides, key) in cases.items()}
+    # llama.cpp maps token texts to ids and asserts (GGML_ASSERT: the process aborts) that no
+    # text comes twice; an empty text stands for "[EMPTY_<id>]" there.
+    files["duplicate-tokens"] = (rewrite_gguf(src, folder / "duplicate-tokens.gguf",
+                                              edit_tokens=lambda t: t[:41] + [t[40]] + t[42:]), "same text as token 40")
+    files["empty-token-spelled-out"] = (rewrite_gguf(src, folder / "empty-token-spelled-out.gguf",
+                                                     edit_tokens=lambda t: t[:40] + ["", "[EMPTY_40]"] + t[42:]),
+                                        "same text as token 40")
+    return files
 
 
 def one_line(message: str) -> bool:
@@ -407,3 +415,39 @@ def test_deep_json_config_is_one_line(tmp_path):
     (folder / "model.safetensors").write_bytes(b"\0" * 8)
     entry = read_model(folder)
     assert not entry.ok and one_line(entry.error) and "config.json" in entry.error
+
+
+def test_a_chat_template_that_is_not_utf8_loads_the_model_without_it(demo_family, tmp_path):
+    from specdesk.engines.llama.engine import LlamaEngine
+
+    path = copy_gguf(demo_family["target_gguf"], tmp_path / "latin1-template.gguf",
+                     {"tokenizer.chat_template": "{% for m in messages %}{{ m.content }}{% endfor %}@caf@"})
+    data = path.read_bytes()
+    assert data.count(b"@caf@") == 1
+    path.write_bytes(data.replace(b"@caf@", b"@caf\xe9"))  # Latin-1's é: not UTF-8
+    engine = LlamaEngine(path, n_ctx=64, n_threads=1)
+    try:
+        assert engine.target.chat_template() is None
+        assert len(engine.notes) == 1 and "its chat template is not valid UTF-8" in engine.notes[0]
+    finally:
+        engine.close()
+    chat = subprocess.run([sys.executable, "-m", "specdesk.app.main", "chat", "--target", str(path), "--method", "none",
+                           "--threads", "1", "--max-tokens", "4"], input="hello\n\n", capture_output=True, text=True,
+                          timeout=120, env={**os.environ, "SPECDESK_DATA_DIR": str(tmp_path / "data")})
+    notes = [line for line in chat.stderr.splitlines() if "not valid UTF-8" in line]
+    assert chat.returncode == 0 and len(notes) == 1 and "Traceback" not in chat.stderr, chat.stderr
+    assert "model> " in chat.stdout  # and it answered
+
+
+def test_an_oversized_tokenizer_is_refused_before_it_is_parsed(tmp_path):
+    from specdesk.engines.torch.tokenizer import HfTokenizer
+
+    folder = tmp_path / "model"
+    folder.mkdir()
+    with open(folder / "tokenizer.json", "wb") as f:
+        f.truncate(2 * 2**30)  # 2 GB (sparse: no disk used); parsing it would take gigabytes of memory
+    started = time.monotonic()
+    with pytest.raises(SpecDeskError) as refused:
+        HfTokenizer(folder)
+    assert time.monotonic() - started < GENEROUS_S
+    assert one_line(str(refused.value)) and "is not a plausible tokenizer.json file" in str(refused.value)

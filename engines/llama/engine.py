@@ -61,6 +61,8 @@ class LlamaEngine:
         self.target = GgufModel(target_path, load_mtp=nextn_layers(target_path) > 0, progress=progress,
                                 **self._model_options(target_place))
         self.placements["target"] = target_place
+        self.notes: list[str] = []  # one line each for the user: what loaded otherwise than the file asks
+        self._drop_undecodable_template(target_path)
         self.context = GgufContext(self.target, self.n_ctx, self.n_threads, n_batch)
         self._drafts: dict[str, GgufContext] = {}
         self._native: dict = {}  # MTP / DFlash drafters over this target, created on first use
@@ -69,6 +71,16 @@ class LlamaEngine:
         self.last_proposer = None
 
     # --- models -----------------------------------------------------------
+    def _drop_undecodable_template(self, path) -> None:
+        """A chat template that is not valid UTF-8 cannot be rendered: the model loads without
+        it (chats use the default chat format) and one line says so."""
+        try:
+            self.target.chat_template()
+        except UnicodeDecodeError as e:
+            self.target.chat_template = lambda: None  # the binding decodes the template strictly
+            self.notes.append(f"{path}: its chat template is not valid UTF-8 (byte {e.start}): "
+                              "chatting in the default format instead")
+
     def load_draft(self, path: str | os.PathLike,
                    progress: Optional[Callable[[float], None]] = None) -> GgufContext:
         """Load (once) and check a draft model; refusals say which property differed."""

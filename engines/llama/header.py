@@ -19,7 +19,7 @@ import mmap
 import os
 import struct
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Optional
 
 from ..files import require_regular_file
 from ..types import SpecDeskError
@@ -32,6 +32,7 @@ MAX_STRING_BYTES = 64 * 1024 * 1024
 MAX_ARRAY_ELEMENTS = 64 * 1024 * 1024
 MAX_KV_COUNT = 1 << 20
 MAX_TENSORS = 1 << 20
+MAX_VOCAB_TOKENS = 1 << 22  # tokens whose texts are read to find duplicates (real vocabularies: ~262k)
 MAX_DIMS = 4  # GGML_MAX_DIMS
 KEPT_ARRAY_VALUES = 4096  # arrays up to this length keep their values (per-layer settings)
 DEFAULT_ALIGNMENT = 32
@@ -74,6 +75,9 @@ class GgufHeader:
     array_lengths: dict  # key -> number of elements
     tensor_infos: dict  # name -> TensorInfo
     data_offset: int  # where tensor data starts
+    # the first token whose text an earlier token already has, as (index, earlier index, text):
+    # llama.cpp maps texts to ids and asserts that every text is unique (llama-vocab.cpp)
+    duplicate_token: Optional[tuple[int, int, str]] = None
 
     @property
     def tensors(self) -> dict:
@@ -184,6 +188,30 @@ def _read_value(cur: _Cursor, value_type: int, key: str, keep: bool) -> Any:
     return values
 
 
+def _first_duplicate_token(cur: _Cursor, key: str) -> Optional[tuple[int, int, str]]:
+    """Walks the string array at cur.pos (the token list) and returns its first text seen
+    twice, as llama.cpp's loader sees texts: an empty one stands for "[EMPTY_<index>]"."""
+    start = cur.pos
+    element_type = cur.u32(f"metadata {key!r} array type")
+    count = cur.u64(f"metadata {key!r} array length")
+    if element_type != STRING or count > MAX_VOCAB_TOKENS:
+        cur.pos = start
+        return None
+    cur.need(count * 8, f"metadata array {key!r} of {count} string values")
+    seen: dict[bytes, int] = {}
+    found = None
+    for index in range(count):
+        n = cur.string_length(f"metadata {key!r}")
+        text = bytes(cur.data[cur.pos:cur.pos + n]) or f"[EMPTY_{index}]".encode()
+        cur.pos += n
+        earlier = seen.setdefault(text, index)
+        if earlier != index:
+            found = (index, earlier, text.decode("utf-8", "replace"))
+            break
+    cur.pos = start
+    return found
+
+
 def _array_length_at(cur: _Cursor) -> int:
     """The element count of the array value that starts at cur.pos (without moving)."""
     return struct.unpack_from(cur.order + "Q", cur.data, cur.pos + 4)[0]
@@ -227,6 +255,7 @@ def parse_gguf_header(path: str, data) -> GgufHeader:
     cur.need(n_kv * 13 + n_tensors * 24, f"{n_kv} metadata keys and {n_tensors} tensor descriptions")
     fields: dict = {}
     array_lengths: dict = {}
+    duplicate_token = None
     for _ in range(n_kv):
         key = cur.string("metadata key")
         if key in fields or key in array_lengths:
@@ -236,6 +265,8 @@ def parse_gguf_header(path: str, data) -> GgufHeader:
         if value_type == ARRAY:
             cur.need(12, f"metadata {key!r} array header")
             array_lengths[key] = _array_length_at(cur)
+            if key == "tokenizer.ggml.tokens":
+                duplicate_token = _first_duplicate_token(cur, key)
         # The vocabulary's arrays are walked for their length only: llama.cpp reads them itself.
         value = _read_value(cur, value_type, key, keep=not (value_type == ARRAY and key.startswith("tokenizer.")))
         if value is not None:
@@ -264,7 +295,7 @@ def parse_gguf_header(path: str, data) -> GgufHeader:
             raise cur.fail(f"tensor {name!r} appears twice")
         type_name, n_elements, n_bytes = _tensor_bytes(cur, name, ggml_type, shape)
         tensor_infos[name] = TensorInfo(shape, ggml_type, type_name, n_elements, n_bytes, data_offset + relative)
-    return GgufHeader(path, len(data), version, fields, array_lengths, tensor_infos, data_offset)
+    return GgufHeader(path, len(data), version, fields, array_lengths, tensor_infos, data_offset, duplicate_token)
 
 
 def read_gguf_header(path: str | os.PathLike) -> GgufHeader:

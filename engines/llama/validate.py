@@ -17,7 +17,7 @@ import re
 from typing import Optional
 
 from ..types import SpecDeskError
-from .header import GgufHeader
+from .header import MAX_VOCAB_TOKENS, GgufHeader
 
 MAX_LAYERS = 512  # LLAMA_MAX_LAYERS: llama.cpp refuses more
 MAX_CONTEXT = (1 << 31) - 1  # llama.cpp keeps context sizes in 32-bit integers
@@ -135,6 +135,13 @@ def _check_vocabulary(header: GgufHeader, problems: list[str]) -> None:
     if not n_tokens:
         problems.append("tokenizer.ggml.tokens is missing or empty")
         return
+    if header.duplicate_token is not None:
+        index, earlier, text = header.duplicate_token
+        problems.append(f"tokenizer.ggml.tokens has token {index} with the same text as token {earlier} "
+                        f"({text[:40]!r}); llama.cpp requires every token text to be unique")
+    elif n_tokens > MAX_VOCAB_TOKENS:
+        problems.append(f"tokenizer.ggml.tokens has {n_tokens:,} tokens, more than the {MAX_VOCAB_TOKENS:,} "
+                        "whose texts are checked")
     embedding = header.tensor_infos.get("token_embd.weight")
     if n_tokens and embedding is not None and len(embedding.shape) == 2 and embedding.shape[1] != n_tokens:
         problems.append(f"token_embd.weight has rows for {embedding.shape[1]} tokens but the vocabulary has {n_tokens}")

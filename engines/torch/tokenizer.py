@@ -50,13 +50,13 @@ class HfTokenizer:
         path = self.folder / "tokenizer.json"
         if not path.is_file():
             raise SpecDeskError(f"{path} is missing: the PyTorch engine tokenizes with tokenizer.json")
+        raw = read_json(path)  # first: its size is checked before anything parses it
         try:
             self._tokenizer = Tokenizer.from_file(str(path))
         except Exception as e:  # tokenizers raises a plain Exception for malformed files
             raise SpecDeskError(f"{path}: cannot read the tokenizer ({e})") from e
         config_path = self.folder / "tokenizer_config.json"
         self._config = read_json(config_path) if config_path.is_file() else {}
-        raw = read_json(path)
         decoder = raw.get("decoder") or {}
         decoder_types = {decoder.get("type")} | {d.get("type") for d in decoder.get("decoders", [])}
         self._byte_level = "ByteLevel" in decoder_types
