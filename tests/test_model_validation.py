@@ -74,6 +74,7 @@ def bad_gguf_files(demo_family, folder: Path) -> dict[str, tuple[Path, str]]:
         "zero-epsilon": ({"{arch}.attention.layer_norm_rms_epsilon": 0.0}, "layer_norm_rms_epsilon"),
         "zero-heads": ({"{arch}.attention.head_count": 0}, "head_count"),
         "heads-not-dividing": ({"{arch}.attention.head_count_kv": n_head + 1}, "head_count_kv"),
+        "huge-rope": ({"{arch}.rope.dimension_count": 10**6}, "rope.dimension_count"),
     }
     folder.mkdir(parents=True, exist_ok=True)
     files = {name: (rewrite(src, folder / f"{name}.gguf", **overrides), key)
@@ -233,6 +234,20 @@ def test_validation_rules_on_literal_headers():
     assert gguf_problems(literal_header("dflash", **{"tokenizer.ggml.model": "no_vocab"})) == []
     # KV cache: 2 layers x 4 heads x (2 + 2) dims x 2 bytes per position.
     assert kv_cache_bytes(literal_header(), 100) == 100 * 2 * 4 * 4 * 2
+    # Rotary dimensions fit a head (8 / 4 = 2 here), and equal it for the llama family.
+    assert gguf_problems(literal_header(**{"{arch}.rope.dimension_count": 2})) == []
+    assert gguf_problems(literal_header(**{"{arch}.rope.dimension_count": 2**31})) == [
+        "llama.rope.dimension_count 2147483648 is larger than the head size 2"]
+    assert gguf_problems(literal_header(**{"{arch}.rope.dimension_count": 1})) == [
+        "llama.rope.dimension_count 1 is not the head size 2, as llama.cpp requires for llama"]
+    assert gguf_problems(literal_header("phi2", **{"{arch}.rope.dimension_count": 1})) == []  # partial rotary
+    # A vocabulary that adds BOS has one (gpt2's default id 11 is past these 10 tokens).
+    assert gguf_problems(literal_header(**{"tokenizer.ggml.add_bos_token": True})) == [
+        "the vocabulary adds a BOS token but has none (no tokenizer.ggml.bos_token_id, 10 tokens): llama.cpp "
+        "aborts when it tokenizes"]
+    assert gguf_problems(literal_header(**{"tokenizer.ggml.add_bos_token": True, "tokenizer.ggml.bos_token_id": 3})) == []
+    assert gguf_problems(literal_header(**{"tokenizer.ggml.model": "llama", "tokenizer.ggml.bos_token_id": 99})) == []
+    assert gguf_problems(literal_header(**{"tokenizer.ggml.add_bos_token": False})) == []
 
 
 def test_files_llama_cpp_cannot_load_are_refused_everywhere_with_their_reason(demo_family, tmp_path):

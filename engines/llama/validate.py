@@ -24,6 +24,11 @@ MAX_CONTEXT = (1 << 31) - 1  # llama.cpp keeps context sizes in 32-bit integers
 KV_BYTES_PER_VALUE = 2  # llama.cpp's default f16 cache
 DRAFTER_ARCHITECTURES = ("dflash", "eagle3")
 # Recurrent architectures have no attention heads in some or all layers.
+# llama.cpp's load refuses a rope dimension count other than the head size for these
+EQUAL_ROPE_ARCHITECTURES = ("llama", "deci", "falcon", "llama-embed")
+# The BOS id llama.cpp falls back on when a vocabulary names none, and whether it adds BOS
+# unless tokenizer.ggml.add_bos_token says otherwise (llama-vocab.cpp, load): SentencePiece's.
+DEFAULT_BOS = {"llama": (1, True), "gpt2": (11, False)}
 RECURRENT_ARCHITECTURES = ("mamba", "mamba2", "rwkv6", "rwkv6qwen2", "rwkv7", "arwkv7")
 TOKENIZER_MODELS = ("no_vocab", "none", "llama", "gpt2", "hybriddna", "whitespace", "bert", "t5", "rwkv", "test",
                     "plamo2", "gemma4")  # llama-vocab.cpp's list
@@ -106,6 +111,24 @@ def _check_attention(header: GgufHeader, n_layer: int, problems: list[str]) -> N
         value = header.arch_value(name)
         if value is not None and (not _is_int(value) or value < 1):
             problems.append(f"{arch}.{name} is {value!r}; expected a positive whole number")
+    _check_rope(header, max(heads), key_length, n_embd, problems)
+
+
+def _check_rope(header: GgufHeader, n_head: int, key_length, n_embd: Optional[int], problems: list[str]) -> None:
+    """Rotary dimensions fit in a head (llama.cpp requires them equal for the llama family,
+    and a larger count makes its rope kernels read past each head)."""
+    arch = header.architecture
+    rope = header.arch_value("rope.dimension_count")
+    if rope is None or not n_head:
+        return
+    head_size = key_length if _is_int(key_length) and key_length > 0 else (n_embd // n_head if n_embd else None)
+    if not _is_int(rope) or rope < 0:
+        problems.append(f"{arch}.rope.dimension_count is {rope!r}; expected a whole number")
+    elif head_size and rope > head_size:
+        problems.append(f"{arch}.rope.dimension_count {rope} is larger than the head size {head_size}")
+    elif head_size and arch in EQUAL_ROPE_ARCHITECTURES and rope != head_size:
+        problems.append(f"{arch}.rope.dimension_count {rope} is not the head size {head_size}, as llama.cpp requires "
+                        f"for {arch}")
 
 
 def _check_floats(header: GgufHeader, problems: list[str]) -> None:
@@ -135,6 +158,7 @@ def _check_vocabulary(header: GgufHeader, problems: list[str]) -> None:
     if not n_tokens:
         problems.append("tokenizer.ggml.tokens is missing or empty")
         return
+    _check_bos(header, model, n_tokens, problems)
     if header.duplicate_token is not None:
         index, earlier, text = header.duplicate_token
         problems.append(f"tokenizer.ggml.tokens has token {index} with the same text as token {earlier} "
@@ -145,6 +169,22 @@ def _check_vocabulary(header: GgufHeader, problems: list[str]) -> None:
     embedding = header.tensor_infos.get("token_embd.weight")
     if n_tokens and embedding is not None and len(embedding.shape) == 2 and embedding.shape[1] != n_tokens:
         problems.append(f"token_embd.weight has rows for {embedding.shape[1]} tokens but the vocabulary has {n_tokens}")
+
+
+def _check_bos(header: GgufHeader, model: str, n_tokens: int, problems: list[str]) -> None:
+    """A vocabulary that adds BOS must have one: llama.cpp asserts on it (the process
+    aborts) the first time it tokenizes. An id past the vocabulary falls back on the type's
+    default, which is dropped in turn when it is past the vocabulary too."""
+    default_id, default_add = DEFAULT_BOS.get(model, (None, False))
+    add = header.fields.get("tokenizer.ggml.add_bos_token", default_add)
+    if add is not True:
+        return
+    given = header.fields.get("tokenizer.ggml.bos_token_id")
+    resolved = given if _is_int(given) and 0 <= given < n_tokens else default_id
+    if resolved is None or not 0 <= resolved < n_tokens:
+        named = f"tokenizer.ggml.bos_token_id is {given!r}" if given is not None else "no tokenizer.ggml.bos_token_id"
+        problems.append(f"the vocabulary adds a BOS token but has none ({named}, {n_tokens} tokens): llama.cpp "
+                        "aborts when it tokenizes")
 
 
 def _check_tensors(header: GgufHeader, problems: list[str]) -> None:
