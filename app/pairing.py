@@ -3,7 +3,9 @@ which native drafters exist for it, and whether target + draft + caches fit in m
 
 Compatibility is the engine's own rule set (engines/speculation/compat.py), applied to each
 model's vocabulary as llama.cpp loads it (a vocab-only load: no weights are read), so a
-verdict here is exactly the one the engine gives when the pair is loaded. The expected
+verdict here is exactly the one the engine gives when the pair is loaded. The loads happen
+in a child process (app/vocab_check.py): a vocabulary llama.cpp aborts on ends that process,
+never the app's window or the CLI. The expected
 benefit is what this machine measured for the pair (app/measurements.py) when it has, else
 the standard speculative-decoding speedup model (Leviathan et al. 2023) with an assumed
 acceptance rate and the draft/target cost ratio taken from their weight bytes.
@@ -17,16 +19,13 @@ import os
 import re
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Iterable, Optional
+from typing import Iterable, Optional
 
 from specdesk.engines.memory import MemoryInfo, available_memory  # noqa: F401 - part of this module's API
 from specdesk.engines.types import MAX_DRAFT_TOKENS, SpecDeskError
 
 from .library import ModelEntry, Shape, find_entry, read_model
 from .paths import assets_dir
-
-if TYPE_CHECKING:
-    from specdesk.engines.llama.binding import GgufModel
 
 log = logging.getLogger(__name__)
 
@@ -48,15 +47,6 @@ KV_BYTES_PER_VALUE = 2  # f16
 ACCEPTANCE_SAME_FAMILY = 0.7  # a-priori acceptance rate of a draft from the same family
 ACCEPTANCE_OTHER = 0.5  # same vocabulary, different model family
 MAX_K = 8
-
-
-# --- vocabularies as llama.cpp sees them --------------------------------------------
-def vocab_view(path: str | os.PathLike):
-    """A vocabulary-only llama.cpp load (no weights): the `.vocab` and `.token_text` that
-    compat.py reads, as a context manager."""
-    from specdesk.engines.llama.binding import GgufModel
-
-    return GgufModel(path, vocab_only=True)
 
 
 # --- memory ----------------------------------------------------------------------------
@@ -321,11 +311,15 @@ def _measured_sibling(target: ModelEntry, draft: ModelEntry, records: Optional[l
     return found
 
 
-def check_draft(target: ModelEntry, draft: ModelEntry, target_vocab: Optional["GgufModel"] = None,
-                records: Optional[list] = None) -> DraftVerdict:
-    """The engine's verdict on one pair; every refusal names what differs."""
-    from specdesk.engines.speculation.compat import incompatibilities
+def needs_vocab_check(draft: ModelEntry) -> bool:
+    """Whether only the vocabularies can still tell (check_draft decides the rest from the entry)."""
+    return draft.ok and not draft.drafter and draft.format == "gguf"
 
+
+def check_draft(target: ModelEntry, draft: ModelEntry, vocab_reasons: Optional[tuple[str, ...]] = None,
+                records: Optional[list] = None) -> DraftVerdict:
+    """The engine's verdict on one pair; every refusal names what differs. `vocab_reasons`:
+    the vocabularies' verdict (vocab_check.vocab_verdicts) when the caller has it already."""
     if not draft.ok:
         return DraftVerdict(draft.path, draft.name, False, reasons=(draft.error,))
     if draft.drafter:
@@ -337,17 +331,15 @@ def check_draft(target: ModelEntry, draft: ModelEntry, target_vocab: Optional["G
     if draft.format != "gguf":
         return DraftVerdict(draft.path, draft.name, False, reasons=(
             "an HF checkpoint: the llama.cpp engine runs GGUF drafts (use a GGUF conversion of it)",))
-    try:
-        with vocab_view(draft.path) as draft_vocab:
-            if target_vocab is not None:
-                reasons = incompatibilities(target_vocab, draft_vocab)
-            else:
-                with vocab_view(target.path) as tv:
-                    reasons = incompatibilities(tv, draft_vocab)
-    except SpecDeskError as e:
-        return DraftVerdict(draft.path, draft.name, False, reasons=(str(e),))
-    if reasons:
-        return DraftVerdict(draft.path, draft.name, False, reasons=tuple(f"{r} (target vs draft)" for r in reasons))
+    if vocab_reasons is None:
+        from .vocab_check import vocab_verdicts
+
+        try:
+            vocab_reasons = vocab_verdicts(target.path, [draft.path])[draft.path]
+        except SpecDeskError as e:  # the target's own vocabulary
+            return DraftVerdict(draft.path, draft.name, False, reasons=(str(e),))
+    if vocab_reasons:
+        return DraftVerdict(draft.path, draft.name, False, reasons=tuple(vocab_reasons))
     return score_draft(target, draft, records)
 
 
@@ -518,15 +510,17 @@ def pair(target_path: str | os.PathLike, entries: Iterable[ModelEntry], n_ctx: i
     chosen_real = os.path.realpath(draft_path) if draft_path else None
     native_real = {os.path.realpath(d["path"]) for d in native if d["source"] == "local" and d.get("path")}
     compatible, incompatible = [], []
-    with vocab_view(target.path) as target_vocab:
-        for entry in candidates:
-            verdict = check_draft(target, entry, target_vocab, records)
-            real = os.path.realpath(entry.path)
-            if real in native_real and real != chosen_real:
-                if verdict.compatible or entry.drafter:
-                    continue
-                native = [d for d in native if os.path.realpath(d.get("path") or "") != real]  # the engine refuses it
-            (compatible if verdict.compatible else incompatible).append(verdict)
+    from .vocab_check import vocab_verdicts
+
+    vocab = vocab_verdicts(target.path, [e.path for e in candidates if needs_vocab_check(e)])
+    for entry in candidates:
+        verdict = check_draft(target, entry, vocab.get(str(entry.path), ()), records)
+        real = os.path.realpath(entry.path)
+        if real in native_real and real != chosen_real:
+            if verdict.compatible or entry.drafter:
+                continue
+            native = [d for d in native if os.path.realpath(d.get("path") or "") != real]  # the engine refuses it
+        (compatible if verdict.compatible else incompatible).append(verdict)
     compatible.sort(key=lambda v: (-v.score, v.path))
     chosen = draft_path or (compatible[0].path if compatible else None)
     draft_entry = None

@@ -361,3 +361,43 @@ def test_an_unmeasured_draft_is_scaled_to_what_this_machine_measured_for_another
     assert any(r.startswith("scaled by ") for r in scaled.reasons)
     assert scaled.score < alone.score  # the model promised more than this machine measured
     assert score_draft(target, read_model(measured_path, "demo"), records).basis == "measured"
+
+
+def test_a_vocabulary_that_ends_llama_cpp_costs_only_its_own_verdict(demo_family, tmp_path, monkeypatch):
+    """Pairing reads vocabularies in a child process: a file llama.cpp aborts on (here the child
+    is sent SIGABRT, as GGML_ASSERT does, while it reads the drafts) gets a verdict saying so,
+    every other file its own, and the caller (the app's window, `models pair`) lives on."""
+    import glob
+    import multiprocessing
+    import signal
+    import tempfile
+    import threading
+    import time
+
+    from specdesk.app.vocab_check import vocab_verdicts
+
+    monkeypatch.setenv("SPECDESK_LLAMA_LOG", "1")  # llama.cpp's own log: each model load is seen starting
+    drafts = []
+    for i in range(40):
+        path = tmp_path / f"draft-{i}.gguf"
+        os.link(demo_family["draft_gguf"], path)  # 40 names, one file
+        drafts.append(str(path))
+    before = set(glob.glob(os.path.join(tempfile.gettempdir(), "specdesk-vocab-*.log")))
+    verdicts: dict = {}
+    worker = threading.Thread(target=lambda: verdicts.update(vocab_verdicts(demo_family["target_gguf"], drafts)))
+    worker.start()
+    deadline = time.monotonic() + 120
+    while True:
+        assert time.monotonic() < deadline and worker.is_alive(), "the child was never seen reading the drafts"
+        logs = set(glob.glob(os.path.join(tempfile.gettempdir(), "specdesk-vocab-*.log"))) - before
+        text = "".join(open(log, errors="replace").read() for log in logs)
+        if text.count("loaded meta data") >= 3:  # the target's and two drafts' vocabularies
+            break
+        time.sleep(0.01)
+    (child,) = [p for p in multiprocessing.active_children() if p.name == "specdesk-vocab"]
+    os.kill(child.pid, signal.SIGABRT)
+    worker.join(120)
+    assert sorted(verdicts) == sorted(drafts)
+    stopped = [path for path, reasons in verdicts.items() if reasons]
+    assert len(stopped) == 1 and verdicts[stopped[0]] == (
+        "llama.cpp stopped (SIGABRT) while reading its vocabulary: this file cannot be used",)
