@@ -83,10 +83,35 @@ def bad_gguf_files(demo_family, folder: Path) -> dict[str, tuple[Path, str]]:
     # text comes twice; an empty text stands for "[EMPTY_<id>]" there.
     files["duplicate-tokens"] = (rewrite_gguf(src, folder / "duplicate-tokens.gguf",
                                               edit_tokens=lambda t: t[:41] + [t[40]] + t[42:]), "same text as token 40")
+    files["missing-tensor"] = (without_tensor(src, folder / "missing-tensor.gguf", "blk.0.attn_k.weight"),
+                               "blk.0.attn_k.weight missing")
     files["empty-token-spelled-out"] = (rewrite_gguf(src, folder / "empty-token-spelled-out.gguf",
                                                      edit_tokens=lambda t: t[:40] + ["", "[EMPTY_40]"] + t[42:]),
                                         "same text as token 40")
     return files
+
+
+def without_tensor(src: str | Path, dst: Path, name: str) -> Path:
+    """A copy of a GGUF file that lacks one tensor."""
+    import numpy as np
+    from gguf import GGUFReader, GGUFValueType, GGUFWriter
+
+    reader = GGUFReader(str(src))
+    writer = GGUFWriter(str(dst), reader.fields["general.architecture"].contents())
+    for key, field in reader.fields.items():
+        if not key.startswith("GGUF.") and key != "general.architecture":
+            main_type = field.types[0]
+            writer.add_key_value(key, field.contents(), main_type,
+                                 sub_type=field.types[-1] if main_type == GGUFValueType.ARRAY else None)
+    for tensor in reader.tensors:
+        if tensor.name != name:
+            data = np.asarray(tensor.data)
+            writer.add_tensor(tensor.name, data, raw_shape=list(data.shape), raw_dtype=tensor.tensor_type)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return dst
 
 
 def one_line(message: str) -> bool:

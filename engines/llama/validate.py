@@ -187,6 +187,25 @@ def _check_bos(header: GgufHeader, model: str, n_tokens: int, problems: list[str
                         "aborts when it tokenizes")
 
 
+def _check_required_tensors(header: GgufHeader, n_layer: int, problems: list[str]) -> None:
+    """The tensors llama.cpp's loader requires (it refuses a file without them, but only when
+    loading weights: a vocabulary-only load, as pairing makes, would pass it). Known for the
+    dense llama architecture, which the demo family and most small drafts use."""
+    names = header.tensor_infos
+    if header.architecture != "llama" or header.arch_value("expert_count") or not n_layer \
+            or not any(name.startswith("blk.") for name in names):  # a vocabulary-only file has no weights
+        return
+    missing = [name for name in ("token_embd.weight", "output_norm.weight") if name not in names]
+    for i in range(n_layer):
+        needed = ["attn_norm", "attn_output", "ffn_norm", "ffn_gate", "ffn_down", "ffn_up"]
+        if f"blk.{i}.attn_qkv.weight" not in names:
+            needed[1:1] = ["attn_q", "attn_k", "attn_v"]
+        missing += [f"blk.{i}.{kind}.weight" for kind in needed if f"blk.{i}.{kind}.weight" not in names]
+    if missing:
+        shown = ", ".join(missing[:3]) + (f" and {len(missing) - 3} more" if len(missing) > 3 else "")
+        problems.append(f"tensor{'s' if len(missing) > 1 else ''} {shown} missing: llama.cpp cannot load the model")
+
+
 def _check_tensors(header: GgufHeader, problems: list[str]) -> None:
     for name, tensor in header.tensor_infos.items():
         if tensor.end > header.size:
@@ -233,6 +252,7 @@ def gguf_problems(header: GgufHeader, n_ctx: int = 0, available_bytes: Optional[
         return problems
     _check_tensors(header, problems)
     n_layer = _check_layers(header, problems)
+    _check_required_tensors(header, n_layer, problems)
     _check_attention(header, n_layer, problems)
     _check_floats(header, problems)
     _check_vocabulary(header, problems)
