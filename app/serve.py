@@ -57,11 +57,14 @@ log = logging.getLogger("specdesk.serve")
 MAX_STOP_SEQUENCES = 4
 # Bounds on what one client can make the server hold or do (docs/security.md).
 MAX_BODY_BYTES = 8 * 2**20  # a request body: far above a prompt that fills a 128k-token context
+MAX_BODIES_BYTES = 64 * 2**20  # all bodies being received at once
+MAX_MESSAGES = 4096  # in one chat request
 MAX_JSON_DEPTH = 64  # nesting of arrays and objects in a request body; OpenAI's requests use under 8
 MAX_INT_FIELD = 2**31 - 1  # top_k, max_tokens: llama.cpp reads them as 32-bit ints
 REQUEST_TIMEOUT_S = 30.0  # a client's request headers and body must arrive within this
 ENGINE_TIMEOUT_S = 120.0  # an engine that sends nothing for this long is ended and restarted
 MAX_WAITING = 64  # requests queued for the engine; more are refused with 503
+FALLBACK_TOKEN_CHARS = 1024  # characters a token may stand for, when the engine cannot say
 FD_RESERVE = 64  # descriptors kept for the engine process, its pipes, logs and model files
 MAX_CONNECTIONS = 1000  # open connections; over it the oldest one without a whole request is closed
 ACCEPT_ERROR_EVERY_S = 60.0  # "Too many open files" is said once per this long, not per attempt
@@ -173,6 +176,9 @@ def chat_messages(body: dict) -> list[dict]:
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise RequestError(400, "'messages' must be a non-empty list of {role, content} objects", "messages")
+    if len(messages) > MAX_MESSAGES:
+        raise RequestError(400, f"'messages' has {len(messages):,} messages: send at most {MAX_MESSAGES:,}",
+                           "messages")
     out = []
     for i, message in enumerate(messages):
         if not isinstance(message, dict) or not isinstance(message.get("role"), str):
@@ -315,6 +321,7 @@ class Service:
         self.engine_timeout_s = engine_timeout_s
         self.request_timeout_s = request_timeout_s
         self.max_waiting = max_waiting
+        self.receiving = 0  # bytes of request bodies being received now
         self.metrics = Metrics()
         self.created = int(time.time())
         self._lock = asyncio.Lock()
@@ -322,7 +329,12 @@ class Service:
         # The most characters one token stands for (raw text, and text with special tokens as a
         # chat template's is), read once in the engine: prompts are refused by length before
         # they reach it (as the CLI does), so a 50 MB prompt is never sent or tokenized.
-        self.longest_token = {special: engine.call("max_token_chars", special) for special in (False, True)}
+        try:
+            self.longest_token = {special: engine.call("max_token_chars", special) for special in (False, True)}
+        except (SpecDeskError, RuntimeError) as e:  # an engine that cannot say: a bound no real token reaches
+            log.warning("the engine could not give its longest token (%s): prompts are bounded at %d characters "
+                        "a token", e, FALLBACK_TOKEN_CHARS)
+            self.longest_token = {False: FALLBACK_TOKEN_CHARS, True: FALLBACK_TOKEN_CHARS}
 
     def check_prompt(self, prompt: list[dict] | str | list[int]) -> None:
         """Refuse a prompt that cannot fit the context, before it is sent to the engine."""
@@ -511,13 +523,20 @@ def build_app(service: Service, api_key: Optional[str] = None):
         if declared.isdigit() and int(declared) > MAX_BODY_BYTES:
             raise RequestError(413, f"the request body is over {MAX_BODY_BYTES // 2**20} MiB: send a shorter prompt")
         chunks, size = [], 0
-        async for chunk in request.stream():
-            size += len(chunk)
-            if size > MAX_BODY_BYTES:
-                raise RequestError(413, f"the request body is over {MAX_BODY_BYTES // 2**20} MiB: "
-                                   "send a shorter prompt")
-            chunks.append(chunk)
-        return b"".join(chunks)
+        try:
+            async for chunk in request.stream():
+                size += len(chunk)
+                service.receiving += len(chunk)
+                if size > MAX_BODY_BYTES:
+                    raise RequestError(413, f"the request body is over {MAX_BODY_BYTES // 2**20} MiB: "
+                                       "send a shorter prompt")
+                if service.receiving > MAX_BODIES_BYTES:  # many large bodies at once: memory, not one client
+                    raise RequestError(503, "the server is receiving too many large requests at once: try again",
+                                       kind="server_error")
+                chunks.append(chunk)
+            return b"".join(chunks)
+        finally:
+            service.receiving -= size
 
     async def read_body(request: Request) -> dict:
         try:
@@ -553,6 +572,7 @@ def build_app(service: Service, api_key: Optional[str] = None):
             body = await read_body(request)
             prompt = chat_messages(body) if chat else completion_prompt(body)
             params = parse_params(body, service.sampling, service.spec, service.draft_path)
+            del body  # a request waiting its turn holds its prompt, not its whole body
         except RequestError as e:
             return refuse(e)
         ident = ("chatcmpl-" if chat else "cmpl-") + secrets.token_hex(12)

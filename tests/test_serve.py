@@ -287,6 +287,17 @@ def raw_post(server: str, path: str, body: bytes, key: str | None = API_KEY, tim
         return e.code, e.read().decode()
 
 
+def read_answer(sock) -> bytes:
+    """An HTTP answer with a JSON error body, read from a raw socket (headers and body may come apart)."""
+    answer = b""
+    while b"}}" not in answer:
+        more = sock.recv(65536)
+        if not more:
+            break
+        answer += more
+    return answer
+
+
 def test_bodies_that_would_hurt_the_server_are_refused_before_the_engine_sees_them(server):
     before = read_metrics(server)
     deep = b'{"model": "' + MODEL.encode() + b'", "prompt": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"
@@ -305,6 +316,9 @@ def test_bodies_that_would_hurt_the_server_are_refused_before_the_engine_sees_th
         got, text = raw_post(server, "/v1/completions", body)
         assert got == status and words in json.loads(text)["error"]["message"], (words, text[:300])
         assert "Traceback" not in text and len(text) < 2000
+    many = json.dumps({"model": MODEL, "messages": [{"role": "user", "content": "x"}] * 5000}).encode()
+    status, text = raw_post(server, "/v1/chat/completions", many)
+    assert status == 400 and "'messages' has 5,000 messages: send at most 4,096" in text
     # a body over the limit is refused from its Content-Length, before it is read
     import socket
 
@@ -312,11 +326,7 @@ def test_bodies_that_would_hurt_the_server_are_refused_before_the_engine_sees_th
     with socket.create_connection((host, int(port)), timeout=30) as s:
         s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
                   + f"Authorization: Bearer {API_KEY}\r\nContent-Length: {9 * 2**20}\r\n\r\n".encode() + b"{")
-        answer = ""
-        while "}}" not in answer:  # the end of the JSON error
-            more = s.recv(65536).decode()
-            assert more, answer
-            answer += more
+        answer = read_answer(s).decode()
     assert answer.startswith("HTTP/1.1 413 ") and "over 8 MiB" in answer, answer
     after = read_metrics(server)
     assert after["specdesk:prompt_tokens_total"] == before["specdesk:prompt_tokens_total"]  # nothing was tokenized
@@ -443,3 +453,29 @@ def test_a_stopped_engine_times_out_the_request_and_is_replaced(demo_family, loc
         assert engine_processes(child.pid) != [host]  # the stopped one was ended; a new one serves
     finally:
         stop_server(child)
+
+
+def test_many_large_bodies_at_once_are_refused_past_the_servers_budget(server):
+    import socket
+
+    host, port = server.removeprefix("http://").removesuffix("/v1").split(":")
+    part = b"x" * (7 * 2**20)  # each under the 8 MiB limit; ten of them over the 64 MiB for all at once
+    senders = []
+    try:
+        for _ in range(10):
+            s = socket.create_connection((host, int(port)), timeout=60)
+            s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                      + f"Authorization: Bearer {API_KEY}\r\nContent-Length: {len(part) + 10}\r\n\r\n".encode())
+            senders.append(s)
+        for s in senders:
+            try:
+                s.sendall(part)  # and the last 10 bytes never come
+            except OSError:  # refused already, and closed
+                pass
+        answered, _, _ = select.select(senders, [], [], 30)  # the refusals come at once; the rest wait
+        answers = b"".join(read_answer(s) for s in answered)
+        assert b"HTTP/1.1 503 " in answers and b"receiving too many large requests" in answers, answers[:500]
+        assert http(server, "/v1/models")[0] == 200
+    finally:
+        for s in senders:
+            s.close()
