@@ -66,6 +66,9 @@ ENGINE_TIMEOUT_S = 120.0  # an engine that sends nothing for this long is ended 
 MAX_WAITING = 64  # requests queued for the engine; more are refused with 503
 FALLBACK_TOKEN_CHARS = 1024  # characters a token may stand for, when the engine cannot say
 FD_RESERVE = 64  # descriptors kept for the engine process, its pipes, logs and model files
+# Connections taken per wake-up of the listening socket (asyncio accepts this many before the
+# connections closed for them are closed), and the kernel's queue of connections not taken yet
+ACCEPT_BACKLOG = 128
 MAX_CONNECTIONS = 1000  # open connections; over it the oldest one without a whole request is closed
 ACCEPT_ERROR_EVERY_S = 60.0  # "Too many open files" is said once per this long, not per attempt
 NATIVE_METHODS = ("dflash", "eagle3")  # read a drafter file given as --draft
@@ -709,8 +712,9 @@ ACCEPT_ERRNOS = {errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM}
 
 @contextlib.asynccontextmanager
 async def quiet_accept_errors(app):
-    """asyncio logs a traceback each time accept() fails for want of descriptors (and retries
-    a second later): one line per ACCEPT_ERROR_EVERY_S says it instead."""
+    """asyncio logs a traceback each time accept() fails for want of descriptors, and schedules
+    a retry a second later for each such failure (retries that log a traceback each when the
+    server has closed by then): one line per ACCEPT_ERROR_EVERY_S says it instead."""
     loop = asyncio.get_running_loop()
     previous = loop.get_exception_handler()
     said_at = [-ACCEPT_ERROR_EVERY_S]
@@ -725,6 +729,10 @@ async def quiet_accept_errors(app):
                       "others close. Raise the limit (ulimit -n) if these are real clients", file=sys.stderr,
                       flush=True)
             return
+        handle = context.get("handle")
+        if getattr(getattr(handle, "_callback", None), "__name__", "") == "_start_serving" \
+                and isinstance(context.get("exception"), (OSError, ValueError)):
+            return  # a retry of the above, after the listening socket closed
         if previous is not None:
             previous(loop, context)
         else:
@@ -796,7 +804,8 @@ def guarded_protocol(request_timeout_s: float, max_connections: int):
 
 def descriptor_budget() -> int:
     """Open connections to allow: the descriptor limit (its soft value raised to the hard one)
-    less a reserve for the engine process, its pipes and files; at most MAX_CONNECTIONS."""
+    less a reserve for the engine process, its pipes and files, and for one burst of accepted
+    connections; at most MAX_CONNECTIONS."""
     try:
         import resource
 
@@ -807,7 +816,7 @@ def descriptor_budget() -> int:
             soft = wanted
     except (ImportError, ValueError, OSError):  # Windows, or a limit this process may not raise
         return MAX_CONNECTIONS
-    return max(16, min(MAX_CONNECTIONS, int(soft) - FD_RESERVE))
+    return max(16, min(MAX_CONNECTIONS, int(soft) - FD_RESERVE - ACCEPT_BACKLOG))
 
 
 def is_loopback(host: str) -> bool:
@@ -907,6 +916,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
             # so this refuses (503) only when that many requests are in progress
             limit_concurrency=max_connections + 1,
             timeout_keep_alive=5,  # seconds an idle connection stays open between requests
+            backlog=ACCEPT_BACKLOG,
             h11_max_incomplete_event_size=16 * 1024))  # a request line and headers: at most 16 KiB
         server.run(sockets=[sock])
     finally:
