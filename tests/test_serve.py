@@ -488,3 +488,38 @@ def test_many_large_bodies_at_once_are_refused_past_the_servers_budget(server):
     finally:
         for s in senders:
             s.close()
+
+
+def test_an_unexpected_error_is_one_line_for_the_client_and_a_traceback_in_the_log(caplog):
+    import asyncio
+    import errno
+
+    from specdesk.app.engine_client import EngineHostDied
+    from specdesk.app.serve import RequestError, as_request_error, quiet_accept_errors
+
+    try:
+        raise RuntimeError("KeyError: 'x'\n  File \"/secret/path.py\", line 1")
+    except RuntimeError as e:
+        error = as_request_error(e)
+    assert error.status == 500 and re.fullmatch(r"internal error [0-9a-f]{8}: the details are in the server log",
+                                                error.message)
+    assert "/secret/path.py" in caplog.text and error.message.split()[2].rstrip(":") in caplog.text
+    died = as_request_error(EngineHostDied("the engine process stopped (SIGKILL) while generating", "last lines"))
+    assert died.status == 503 and died.message == "the engine process stopped (SIGKILL) while generating"
+    assert as_request_error(MemoryError()).status == 503
+    assert as_request_error(RequestError(400, "x")).message == "x"
+
+    async def accept_fails_three_times() -> None:
+        async with quiet_accept_errors(None):
+            loop = asyncio.get_running_loop()
+            for _ in range(3):
+                loop.call_exception_handler({"message": "socket.accept() out of system resource",
+                                             "exception": OSError(errno.EMFILE, "Too many open files")})
+
+    import contextlib
+    import io
+
+    stderr = io.StringIO()
+    with contextlib.redirect_stderr(stderr):
+        asyncio.run(accept_fails_three_times())
+    assert stderr.getvalue().count("\n") == 1 and "Too many open files" in stderr.getvalue()
