@@ -62,7 +62,10 @@ MAX_MESSAGES = 4096  # in one chat request
 MAX_JSON_DEPTH = 64  # nesting of arrays and objects in a request body; OpenAI's requests use under 8
 MAX_INT_FIELD = 2**31 - 1  # top_k, max_tokens: llama.cpp reads them as 32-bit ints
 REQUEST_TIMEOUT_S = 30.0  # a client's request headers and body must arrive within this
-ENGINE_TIMEOUT_S = 120.0  # an engine that sends nothing for this long is ended and restarted
+# An engine that produces nothing for this long (a long prompt's first token included) has its
+# request stopped with a 503; one that stops answering altogether is ended by the heartbeat
+# watchdog within seconds (app/engine_client.py). Long: a big prompt on a CPU takes minutes.
+ENGINE_TIMEOUT_S = 600.0
 MAX_WAITING = 64  # requests queued for the engine; more are refused with 503
 FALLBACK_TOKEN_CHARS = 1024  # characters a token may stand for, when the engine cannot say
 FD_RESERVE = 64  # descriptors kept for the engine process, its pipes, logs and model files

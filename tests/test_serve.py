@@ -523,3 +523,17 @@ def test_an_unexpected_error_is_one_line_for_the_client_and_a_traceback_in_the_l
     with contextlib.redirect_stderr(stderr):
         asyncio.run(accept_fails_three_times())
     assert stderr.getvalue().count("\n") == 1 and "Too many open files" in stderr.getvalue()
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="finds the engine process through /proc")
+def test_an_engine_that_produces_nothing_for_the_engine_timeout_gets_the_request_a_503(demo_family):
+    # --engine-timeout is for an engine that still answers but makes no progress; a stopped one
+    # shows it too, sooner than the heartbeat watchdog (2 s) ends it
+    child, url = start_limited_server(demo_family["target_gguf"], "--engine-timeout", "0.2")
+    try:
+        (host,) = engine_processes(child.pid)
+        os.kill(host, signal.SIGSTOP)
+        status, text = raw_post(url, "/v1/completions", json.dumps({"model": MODEL, "prompt": "x"}).encode(), key=None)
+        assert status == 503 and "the engine did not answer within 0.2 s" in text and "Traceback" not in text
+    finally:
+        stop_server(child)
