@@ -273,7 +273,8 @@ class Endpoint:
         self.idle_timeout = IDLE_TIMEOUT_S
         self.seconds_per_token = SECONDS_PER_TOKEN
         self._info: Optional[ServerInfo] = None
-        self._client = httpx2.Client(follow_redirects=True, max_redirects=MAX_REDIRECTS, trust_env=False,
+        # trust_env: proxies and CA bundles from the environment, as urllib used them
+        self._client = httpx2.Client(follow_redirects=True, max_redirects=MAX_REDIRECTS, trust_env=True,
                                     event_hooks={"response": [self._refuse_downgrade]})
 
     @property
