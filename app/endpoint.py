@@ -54,6 +54,7 @@ import httpx2
 from specdesk.engines.types import RunStats, SamplingParams, SpecDeskError, StepEvent
 
 from .compare import RunResult
+from .terminal import printable
 
 KINDS = ("specdesk", "llama-server", "vllm", "sglang", "generic")
 METRIC_PREFIXES = {"specdesk": "specdesk", "llama-server": "llamacpp", "vllm": "vllm", "sglang": "sglang"}
@@ -69,19 +70,6 @@ IDLE_TIMEOUT_S = 60.0  # silence allowed mid-reply
 SECONDS_PER_TOKEN = 2.0  # the total deadline: the first-byte timeout plus this per max token
 MAX_REDIRECTS = 5
 METRICS_SETTLE_S = 2.0  # how long to wait for a server to count a finished reply in /metrics
-
-# ANSI escape sequences (CSI, OSC, and two-character ones), then any other control character
-# but tab and newline: a server's text must not move the cursor, retitle or recolour a terminal.
-_ESCAPES = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)?|\x1b[@-_]|\x9b[0-?]*[ -/]*[@-~]")
-_CONTROLS = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
-
-
-def printable(text: str, one_line: bool = False) -> str:
-    """`text` without terminal escape sequences and control characters (tab and newline stay,
-    unless `one_line`, which turns them into spaces)."""
-    text = _CONTROLS.sub("", _ESCAPES.sub("", text))
-    return re.sub(r"[\t\n]+", " ", text) if one_line else text
-
 
 class EndpointError(SpecDeskError):
     """One line for the user (control characters from the server stripped); `partial` is the

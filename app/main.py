@@ -218,6 +218,7 @@ def cmd_chat(args) -> int:
     from specdesk.app.compare import run_once
     from specdesk.app.measurements import MethodTally
     from specdesk.app.session import record_chat_reply
+    from specdesk.app.terminal import printable
     from specdesk.engines.types import GenerationRequest
 
     target, draft = resolve_models(args)
@@ -240,7 +241,7 @@ def cmd_chat(args) -> int:
 
                 def show(event) -> None:
                     tally(event)
-                    print(event.text, end="", flush=True)
+                    print(printable(event.text), end="", flush=True)  # a model's text, never a terminal command
                 result = run_once(engine, request, cancel, on_event=show)
                 record_chat_reply(engine, spec, sampling, result, tally)  # its acceptance and tok/s, measured
             except KeyboardInterrupt:

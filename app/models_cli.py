@@ -14,6 +14,8 @@ from typing import Optional
 
 from specdesk.engines.types import SpecDeskError
 
+from .terminal import printable
+
 
 def _say(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
@@ -63,10 +65,12 @@ def cmd_list(args) -> int:
     for e in entries:
         params = f"{e.parameters / 1e6:.1f}M" if e.parameters else "-"
         extra = f"  [{e.drafter} drafter]" if e.drafter else (f"  [MTP x{e.mtp_layers}]" if e.mtp_layers else "")
-        print(f"{e.source:10} {e.format:6} {(e.architecture or '-')[:16]:16} {params:>9} {(e.quantization or '-'):8} "
-              f"{e.vocab_size or '-':>7} {_size(e.size_bytes):>9}  {e.path}{extra}")
+        # a file's metadata is shown, never obeyed by the terminal (app/terminal.py)
+        print(printable(f"{e.source:10} {e.format:6} {(e.architecture or '-')[:16]:16} {params:>9} "
+                        f"{(e.quantization or '-'):8} {e.vocab_size or '-':>7} {_size(e.size_bytes):>9}  "
+                        f"{e.path}{extra}", one_line=True))
         if e.error:
-            print(f"{'':10} error: {e.error}")
+            print(printable(f"{'':10} error: {e.error}", one_line=True))
     return 0
 
 
@@ -82,7 +86,7 @@ def cmd_search(args) -> int:
         print(json.dumps([asdict(r) for r in results]))
         return 0
     for r in results:
-        print(f"{r.repo_id:60} {r.downloads:>10} downloads{'  GGUF' if r.gguf else ''}")
+        print(printable(f"{r.repo_id:60} {r.downloads:>10} downloads{'  GGUF' if r.gguf else ''}", one_line=True))
     if not results:
         print("no models found")
     return 0
