@@ -90,10 +90,10 @@ def test_named_devices_and_bad_values_are_one_line(demo_family):
     with pytest.raises(SpecDeskError, match=r"^--device 'Vulkan7' is not a device here: choose auto or one of "
                                             r"CPU, CUDA0 \(a card\), RPC0 \(127.0.0.1:50052\)"):
         resolve(Placement("Vulkan7", "auto"), header, 512, devices)
-    with pytest.raises(SpecDeskError, match=r"^--gpu-layers 4: there is no offload device here"):
-        resolve(Placement("auto", 4), header, 512, [CPU_DEVICE])
-    with pytest.raises(SpecDeskError, match=r"^--draft-gpu-layers 4: --draft-device cpu keeps every layer"):
-        resolve(Placement("cpu", 4), header, 512, devices, option="--draft-device",
+    with pytest.raises(SpecDeskError, match=r"^--gpu-layers 1: there is no offload device here"):
+        resolve(Placement("auto", 1), header, 512, [CPU_DEVICE])
+    with pytest.raises(SpecDeskError, match=r"^--draft-gpu-layers 1: --draft-device cpu keeps every layer"):
+        resolve(Placement("cpu", 1), header, 512, devices, option="--draft-device",
                 layers_option="--draft-gpu-layers")
 
 
@@ -165,3 +165,37 @@ def test_devices_with_a_dead_rpc_server_is_one_line_from_a_real_process():
     assert done.stderr.strip().splitlines() == [f"specdesk: error: --rpc {dead}: no RPC server answers there "
                                                 "(Connection refused): start one (llama.cpp's rpc-server) "
                                                 "or check the address"]
+
+
+def test_settings_keep_the_placement_and_refuse_bad_values():
+    from specdesk.app.settings import Settings
+
+    settings, refused = Settings.checked({"device": "RPC0", "gpu_layers": "20", "draft_device": "CPU",
+                                          "draft_gpu_layers": "0", "rpc_servers": "127.0.0.1:50052"})
+    assert refused == []
+    assert settings.placement() == {"device": "RPC0", "gpu_layers": "20", "draft_device": "CPU",
+                                    "draft_gpu_layers": "0", "rpc": ("127.0.0.1:50052",)}
+    settings, refused = Settings.checked({"gpu_layers": "-5", "draft_gpu_layers": 3, "rpc_servers": "gpu-box"})
+    assert sorted(refused) == ["draft_gpu_layers", "gpu_layers", "rpc_servers"]
+    assert settings.placement()["gpu_layers"] == "auto" and settings.placement()["rpc"] == ()
+
+
+def test_the_limits_group_edits_the_placement(qtbot):
+    from specdesk.app.settings import Settings
+    from specdesk.ui.controls import ControlsPanel
+
+    settings = Settings(gpu_layers="12", rpc_servers="127.0.0.1:50052")
+    panel = ControlsPanel(settings)
+    qtbot.addWidget(panel)
+    assert panel.gpu_layers_combo.currentText() == "12" and panel.rpc_edit.text() == "127.0.0.1:50052"
+    with qtbot.waitSignal(panel.models_changed, timeout=2000):  # a new placement loads the model again
+        panel.draft_device_combo.setCurrentText("CPU")
+        panel.draft_device_combo.lineEdit().editingFinished.emit()
+    panel.gpu_layers_combo.setCurrentText("-5")
+    assert panel.placement_error() == ("GPU layers -5 is out of range: use auto, all, 0 (CPU only) "
+                                       "or a number of layers")
+    panel.store_settings(settings)
+    assert settings.gpu_layers == "12" and settings.draft_device == "auto"  # a bad value keeps the last good ones
+    panel.gpu_layers_combo.setCurrentText("all")
+    panel.store_settings(settings)
+    assert (settings.gpu_layers, settings.draft_device) == ("all", "CPU")

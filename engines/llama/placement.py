@@ -122,14 +122,18 @@ def padded_context(n_ctx: int) -> int:
 
 
 def device_compute_bytes(layout: ModelLayout, n_ctx: int, n_gpu_layers: int) -> int:
-    """The compute buffer llama.cpp reserves on the device for one n_ubatch pass: the logits of
-    the ubatch when the output layer sits there, else one layer's activations and attention."""
+    """The compute buffer llama.cpp reserves on the device for one n_ubatch pass. With the output
+    layer alone: the ubatch's logits and final-normed rows. With blocks too, fitted to what the
+    RPC device allocated for the demo targets and the zoo's Llama-3 shape (within 2%): per row
+    the logits, two feed-forward activations and two embeddings' worth of f16 residuals, plus
+    the attention mask (f16, rows x context)."""
     if n_gpu_layers <= 0:
         return 0
     rows = min(N_UBATCH, n_ctx)
-    logits = rows * layout.n_vocab * 4
-    attention = rows * 4 * (3 * layout.n_embd + layout.n_ff * 2)
-    return max(logits, attention) + rows * layout.n_embd * 4
+    if n_gpu_layers == 1:  # the output layer alone
+        return rows * 4 * (layout.n_vocab + layout.n_embd)
+    per_row = 4 * layout.n_vocab + 8 * layout.n_ff + 2 * layout.n_embd
+    return rows * per_row + rows * padded_context(n_ctx) * 2
 
 
 @dataclass(frozen=True)
