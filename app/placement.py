@@ -119,3 +119,12 @@ def describe_placement(report: Optional[dict]) -> str:
             where = f"{place['n_gpu_layers']}/{place['n_layers']} layers on {device}"
         parts.append(f"{name} {where}")
     return " · ".join(parts)
+
+
+def pass_cost_ratio(baseline, point) -> Optional[float]:
+    """t(1 + drafted)/t(1) from a k sweep (RunStats of the baseline and of one k): a verified
+    pass's mean time over a one-token pass's. About 2x at k = 4 on two CPU cores, a few
+    percent more on a GPU: why a larger k pays on one placement and not on another."""
+    if not baseline.passes or not point.passes or baseline.verify_s <= 0:
+        return None
+    return (point.verify_s / point.passes) / (baseline.verify_s / baseline.passes)

@@ -199,3 +199,16 @@ def test_the_limits_group_edits_the_placement(qtbot):
     panel.gpu_layers_combo.setCurrentText("all")
     panel.store_settings(settings)
     assert (settings.gpu_layers, settings.draft_device) == ("all", "CPU")
+
+
+def test_pass_cost_ratio_from_a_sweep():
+    from specdesk.app.placement import pass_cost_ratio
+    from specdesk.engines.types import RunStats
+
+    def stats(passes: int, verify_s: float) -> RunStats:
+        return RunStats(tokens=passes, seconds=verify_s, passes=passes, drafted=0, accepted=0, draft_s=0.0,
+                        verify_s=verify_s, per_position_drafted=(), per_position_accepted=(),
+                        accepted_length_histogram=())
+
+    assert pass_cost_ratio(stats(10, 0.1), stats(5, 0.1)) == pytest.approx(2.0)  # a pass costs twice one token's
+    assert pass_cost_ratio(stats(0, 0.0), stats(5, 0.1)) is None

@@ -363,6 +363,9 @@ def test_compare_tab_verdict_and_sweep(qtbot, open_window):
     assert [p.k for p in sweep.points] == list(range(1, 9))
     xs, ys = view.sweep_curve.getData()
     assert list(xs) == list(range(1, 9)) and all(y > 0 for y in ys)
+    ks, ratios = view.cost_curve.getData()  # t(1 + k)/t(1) on the loaded placement
+    assert list(ks) == list(range(1, 9)) and all(r > 0 for r in ratios)
+    assert "target CPU" in view.cost_plot.getPlotItem().titleLabel.text
     best = sweep.best()
     assert view.apply_button.isEnabled() and str(best.k) in view.apply_button.text()
     view.apply_button.click()

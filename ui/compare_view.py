@@ -23,6 +23,7 @@ from .charts import integer_ticks, make_plot
 
 RequestSource = Callable[[], tuple[SpecConfig, SamplingParams, int]]
 SWEEP_KS = tuple(range(1, 9))
+PASS_COST_TITLE = "pass cost against k"
 
 
 class RunPane(QGroupBox):
@@ -173,6 +174,13 @@ class CompareView(QWidget):
         self.sweep_plot.setXRange(SWEEP_KS[0] - 0.5, SWEEP_KS[-1] + 0.5, padding=0)
         self.sweep_plot.enableAutoRange(y=False)  # from zero, so small differences are not magnified
         integer_ticks(self.sweep_plot, SWEEP_KS)
+        # What a verified pass costs against a one-token pass on the loaded placement (app/placement.pass_cost_ratio)
+        self.cost_plot = make_plot(PASS_COST_TITLE, "k (draft tokens per step)", self)
+        self.cost_plot.setLabel("left", "t(1 + k) / t(1)", color=theme.muted(self.palette()).name())
+        self.cost_curve = self.cost_plot.plot(pen=pg.mkPen(theme.secondary(self.palette()), width=2), symbol="o",
+                                              symbolSize=7, symbolBrush=theme.secondary(self.palette()))
+        self.cost_plot.setXRange(SWEEP_KS[0] - 0.5, SWEEP_KS[-1] + 0.5, padding=0)
+        integer_ticks(self.cost_plot, SWEEP_KS)
         self.apply_button = QPushButton("Use the best k", self)
         self.apply_button.setEnabled(False)
         self.apply_button.clicked.connect(self._apply_best)
@@ -187,6 +195,7 @@ class CompareView(QWidget):
         charts = QHBoxLayout()
         charts.addWidget(self.position_plot, 1)
         charts.addLayout(sweep_box, 1)
+        charts.addWidget(self.cost_plot, 1)
 
         layout = QVBoxLayout(self)
         layout.setContentsMargins(4, 4, 4, 4)
@@ -244,6 +253,7 @@ class CompareView(QWidget):
         self.apply_button.setText("Use the best k")
         self.sweep_best.setData([], [])
         self.sweep_curve.setData([], [])
+        self.cost_curve.setData([], [])
         self.sweep_baseline_line.setVisible(False)
         self.sweep_status.setText(f"sweeping {spec.method} over k = {SWEEP_KS[0]}..{SWEEP_KS[-1]}…")
         self._sweep_job = self.worker.sweep(text, spec, sampling, max_tokens, SWEEP_KS, chat=self.chat_box.isChecked())
@@ -293,7 +303,22 @@ class CompareView(QWidget):
                                      [p.stats.tok_per_s for p in self._sweep_points])
             self.sweep_status.setText(f"k = {point.k}: {point.stats.tok_per_s:.0f} tok/s, "
                                       f"acceptance {point.stats.acceptance_rate:.2f}")
+            self._show_pass_costs()
         self._fit_sweep_range()
+
+    def _show_pass_costs(self) -> None:
+        from specdesk.app.placement import pass_cost_ratio
+
+        if self._sweep_baseline is None:
+            return
+        ratios = [(p.k, pass_cost_ratio(self._sweep_baseline, p.stats)) for p in self._sweep_points]
+        ratios = [(k, r) for k, r in ratios if r is not None]
+        self.cost_curve.setData([k for k, _ in ratios], [r for _, r in ratios])
+
+    def set_placement(self, placement: str) -> None:
+        """Where the loaded models sit: the pass-cost plot is for that placement."""
+        self.cost_plot.setTitle(f"{PASS_COST_TITLE}: {placement}" if placement else PASS_COST_TITLE,
+                                color=self.palette().windowText().color().name(), size="9pt")
 
     def _on_finished(self, result) -> None:
         if result.job_id == self._compare_job:

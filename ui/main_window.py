@@ -163,12 +163,12 @@ class MainWindow(QMainWindow):
     # --- models ---------------------------------------------------------------------
     def load_models(self) -> int:
         s = self.settings
-        self.controls.store_settings(s)
-        self.controls.mark_loaded()
-        demo = s.target_path in (DEMO, DEMO_HF, DEMO_MTP)
         bad_placement = self.controls.placement_error()
         if bad_placement is not None:  # the last good placement is kept; the user hears why
             self.status_label.setText(bad_placement)
+        self.controls.store_settings(s)
+        self.controls.mark_loaded()
+        demo = s.target_path in (DEMO, DEMO_HF, DEMO_MTP)
         self._on_progress(f"loading {'the demo target' if demo else file_label(s.target_path)}…")
         self._requested_choice = (s.target_path, s.draft_path)
         self._load_job = self.worker.load(s.target_path, s.draft_path, s.demo_size, s.n_ctx, s.threads,
@@ -183,10 +183,11 @@ class MainWindow(QMainWindow):
                                             fallback=native if info.draft_path else "none")
         self.controls.set_draft_verdicts(dict(info.draft_verdicts))
         self.setWindowTitle(f"SpecDesk — {file_label(info.target_path)}")
+        self.models_view.show_placement(info.placement)
+        self.compare_view.set_placement(info.placement)
         self._show_model_status()
 
     def _show_model_status(self) -> None:
-        self.models_view.show_placement(info.placement)
         info = self.info
         if info is None:
             self.status_label.setText("no model loaded")
