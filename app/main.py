@@ -196,7 +196,9 @@ def cmd_compare(args) -> int:
         engine.close()
     from specdesk.app.measurements import record_compare
 
-    record_compare(report)  # pairing ranks drafts by what this machine measured
+    from specdesk.app.placement import placement_label
+
+    record_compare(report, placement=placement_label(placement))  # pairing ranks drafts by what was measured here
     payload = report.to_json()
     if placement:  # where each model sat, and what llama.cpp allocated on each device
         payload["placement"] = placement

@@ -35,11 +35,13 @@ def _real(path: Optional[str]) -> Optional[str]:
 
 
 def record(target: str, draft: Optional[str], engine: str, method: str, k: int, speedup: float,
-           acceptance: float, tokens: int, temperature: float, path: Optional[Path] = None) -> None:
-    """Append one measurement (a no-op when the folder cannot be written)."""
+           acceptance: float, tokens: int, temperature: float, path: Optional[Path] = None,
+           placement: str = "CPU") -> None:
+    """Append one measurement (a no-op when the folder cannot be written). `placement` is where
+    the target sat (app/placement.placement_label): a speedup belongs to its placement."""
     line = {"target": _real(target), "draft": _real(draft), "engine": engine, "method": method, "k": k,
             "speedup": round(float(speedup), 4), "acceptance": round(float(acceptance), 4), "tokens": int(tokens),
-            "temperature": temperature, "time": round(time.time())}
+            "temperature": temperature, "time": round(time.time()), "placement": placement}
     _append(line, path)
 
 
@@ -53,12 +55,17 @@ def _append(line: dict, path: Optional[Path]) -> None:
         pass
 
 
-def record_compare(report, path: Optional[Path] = None) -> None:
-    """One compare report (app/compare.CompareReport): its speedup and acceptance."""
+def record_compare(report, path: Optional[Path] = None, placement: str = "CPU") -> None:
+    """One compare report (app/compare.CompareReport): its speedup and acceptance, on `placement`."""
     spec = report.speculative
     if spec.tokens and report.baseline.tokens:
         record(report.target, report.draft, report.engine, report.method, report.k, report.speedup,
-               spec.acceptance_rate, spec.tokens, report.temperature, path)
+               spec.acceptance_rate, spec.tokens, report.temperature, path, placement)
+
+
+def on_placement(records: Iterable[dict], placement: str) -> list[dict]:
+    """The records measured on `placement` (older records, written before placements, are "CPU")."""
+    return [r for r in records if r.get("placement", "CPU") == placement]
 
 
 # Methods whose drafts come from the draft file: a chat with any other method is not the draft's.

@@ -160,6 +160,23 @@ class PlacementEstimate:
                 "fits": self.fits}
 
 
+def measured_on_placement(records: list, target_path: str, n_ctx: int, placement=None) -> list:
+    """The measurements taken where the target would sit now (a speedup measured on a CPU says
+    little about a GPU placement, app/placement.placement_label)."""
+    from specdesk.app.measurements import on_placement
+    from specdesk.app.placement import placement_label
+    from specdesk.engines.llama.binding import validated_header
+    from specdesk.engines.llama.devices import llama_devices
+    from specdesk.engines.llama.placement import Placement, resolve
+
+    try:
+        header = validated_header(target_path)
+        where = resolve(placement or Placement(), header, n_ctx or 512, llama_devices())
+    except SpecDeskError:
+        return on_placement(records, "CPU")
+    return on_placement(records, placement_label({"target": where.as_dict()}))
+
+
 def human_size(n: int) -> str:
     return f"{n / 1e9:.1f} GB" if n >= 1e8 else f"{n / 1e6:.1f} MB"
 
@@ -501,6 +518,7 @@ def pair(target_path: str | os.PathLike, entries: Iterable[ModelEntry], n_ctx: i
         raise SpecDeskError(target.error)
     if target.format != "gguf":
         raise SpecDeskError(f"{target.path}: draft pairing needs a GGUF target (the llama.cpp engine)")
+    records = measured_on_placement(records, target.path, n_ctx, placement)
     candidates = [e for e in entries if os.path.realpath(e.path) != os.path.realpath(target.path)]
     if draft_path and not find_entry(candidates, draft_path):
         candidates.append(read_model(draft_path))

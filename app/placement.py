@@ -128,3 +128,19 @@ def pass_cost_ratio(baseline, point) -> Optional[float]:
     if not baseline.passes or not point.passes or baseline.verify_s <= 0:
         return None
     return (point.verify_s / point.passes) / (baseline.verify_s / baseline.passes)
+
+
+def placement_label(report: Optional[dict]) -> str:
+    """The placement a measurement belongs to (app/measurements.py): "CPU", or the target's
+    device and layers, e.g. "RPC0[127.0.0.1:50052] 9/9". Records written before placements
+    existed count as "CPU"."""
+    target = (report or {}).get("target") or {}
+    if target.get("device", "CPU") == "CPU" or not target.get("n_gpu_layers"):
+        return "CPU"
+    return f"{target['device']}[{target.get('description', '')}] {target['n_gpu_layers']}/{target['n_layers']}"
+
+
+def engine_placement_label(engine) -> str:
+    """placement_label of a loaded engine (an EngineClient, or an in-process LlamaEngine)."""
+    report = engine.placement_report() if hasattr(engine, "placement_report") else None
+    return placement_label(report)

@@ -248,10 +248,12 @@ def run_compare(engine, prompt: str, spec: SpecConfig, sampling: SamplingParams,
         on_event(label, 0 if label == "baseline" else spec.k, event)
 
     from specdesk.app.measurements import record_compare
+    from specdesk.app.placement import engine_placement_label
 
     report = compare(engine, [prompt], spec, sampling, max_tokens, prompt_tokenizer(engine, chat),
                      forward if on_event is not None else None, cancel)
-    record_compare(report)  # pairing ranks drafts by what this machine measured
+    # pairing ranks drafts by what this machine measured, on this placement
+    record_compare(report, placement=engine_placement_label(engine))
     return report
 
 
@@ -269,7 +271,9 @@ def run_sweep(engine, prompt: str, spec: SpecConfig, sampling: SamplingParams, m
         return run_once(engine, request, cancel).stats
 
     from specdesk.app.measurements import record
+    from specdesk.app.placement import engine_placement_label
 
+    placement = engine_placement_label(engine)
     baseline = once(dataclasses.replace(spec, method="none"))
     on_point(SweepPoint(0, baseline))
     points = []
@@ -284,7 +288,7 @@ def run_sweep(engine, prompt: str, spec: SpecConfig, sampling: SamplingParams, m
         if baseline.tok_per_s > 0 and point.stats.tokens and not cancel.is_set():
             record(str(engine.target.path), spec.draft_path, engine.name, spec.method, k,
                    point.stats.tok_per_s / baseline.tok_per_s, point.stats.acceptance_rate, point.stats.tokens,
-                   sampling.temperature)
+                   sampling.temperature, placement=placement)
     return SweepResult(spec.method, baseline, tuple(points))
 
 

@@ -212,3 +212,20 @@ def test_pass_cost_ratio_from_a_sweep():
 
     assert pass_cost_ratio(stats(10, 0.1), stats(5, 0.1)) == pytest.approx(2.0)  # a pass costs twice one token's
     assert pass_cost_ratio(stats(0, 0.0), stats(5, 0.1)) is None
+
+
+def test_measurements_belong_to_their_placement(demo_family, tmp_path):
+    from specdesk.app.measurements import read, record
+    from specdesk.app.pairing import measured_on_placement
+    from specdesk.app.placement import placement_label
+
+    on_device = {"target": {"device": "RPC0", "description": "127.0.0.1:50052", "n_gpu_layers": 3, "n_layers": 3}}
+    assert placement_label(on_device) == "RPC0[127.0.0.1:50052] 3/3"
+    assert placement_label({"target": {"device": "CPU", "n_gpu_layers": 0}}) == placement_label(None) == "CPU"
+    path = tmp_path / "measurements.jsonl"
+    target, draft = demo_family["target_gguf"], demo_family["draft_gguf"]
+    record(target, draft, "llama.cpp", "draft", 4, 3.0, 0.8, 64, 0.0, path, placement=placement_label(on_device))
+    record(target, draft, "llama.cpp", "draft", 2, 1.2, 0.7, 64, 0.0, path)
+    records = read(path) + [{"target": target, "draft": draft, "method": "draft", "k": 3, "speedup": 1.1}]
+    here = measured_on_placement(records, target, 0)  # this machine: the CPU (older records count as CPU)
+    assert sorted(r["k"] for r in here) == [2, 3]
