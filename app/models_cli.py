@@ -120,8 +120,13 @@ def cmd_pair(args) -> int:
 
     if args.ctx < 0:
         raise SpecDeskError(f"--ctx {args.ctx} is out of range: use 0 (the model's own) or a positive size")
+    from specdesk.engines.llama.placement import Placement
+
+    placement = Placement.parse(args.device, args.gpu_layers, "--gpu-layers")
+    draft_placement = Placement.parse(args.draft_device, args.draft_gpu_layers, "--draft-gpu-layers")
     entries = scan(args)
-    report = pair(args.target, entries, n_ctx=args.ctx, draft_path=args.draft)
+    report = pair(args.target, entries, n_ctx=args.ctx, draft_path=args.draft, placement=placement,
+                  draft_placement=draft_placement)
     payload = report.to_json()
     if args.json:
         print(json.dumps(payload))
@@ -141,6 +146,8 @@ def cmd_pair(args) -> int:
     verdict = "fits" if m.fits else "does NOT fit"
     print(f"memory at context {m.n_ctx}: needs {human_bytes(m.required_bytes)}, {human_bytes(m.available_bytes)} "
           f"free: {verdict}" + (f" (draft {Path(report.memory_draft).name})" if report.memory_draft else ""))
+    if report.placement is not None:
+        print(f"placement: {report.placement.describe()}")
     return 0
 
 
@@ -179,6 +186,11 @@ def add_models_parser(sub) -> None:
     p.add_argument("--target", required=True, help="a GGUF file")
     p.add_argument("--draft", help="count this draft in the memory estimate (default: the best one)")
     p.add_argument("--ctx", type=int, default=0, help="context size (default: the model's, at most 4096)")
+    p.add_argument("--device", default="auto", help="where the target would sit (auto, CPU, or a device "
+                                                    "`specdesk devices` lists)")
+    p.add_argument("--gpu-layers", default="auto", help="its layers there (auto, all, a number)")
+    p.add_argument("--draft-device", default="auto", help="where the draft would sit")
+    p.add_argument("--draft-gpu-layers", default="auto", help="its layers there")
     common(p, library=True)
     p.set_defaults(func=cmd_pair)
 

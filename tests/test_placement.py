@@ -229,3 +229,23 @@ def test_measurements_belong_to_their_placement(demo_family, tmp_path):
     records = read(path) + [{"target": target, "draft": draft, "method": "draft", "k": 3, "speedup": 1.1}]
     here = measured_on_placement(records, target, 0)  # this machine: the CPU (older records count as CPU)
     assert sorted(r["k"] for r in here) == [2, 3]
+
+
+def test_pairing_says_where_each_model_would_sit_per_device(demo_family):
+    from specdesk.app.library import read_model
+    from specdesk.app.pairing import estimate_placement, estimate_memory, pair
+
+    report = pair(demo_family["target_gguf"], [read_model(demo_family["draft_gguf"])], records=[])
+    assert report.placement.describe().startswith("target CPU · draft CPU; RAM needs ")
+    assert report.to_json()["memory"]["placement"]["fits"] is True
+    # on a device with room for everything: every layer there, and the RAM keeps the rest
+    target, draft = read_model(demo_family["target_gguf"]), read_model(demo_family["draft_gguf"])
+    memory = estimate_memory(target, draft)
+    card = gpu(4 * GIB)
+    placed = estimate_placement(memory, target.path, draft.path, devices=[CPU_DEVICE, card])
+    n_layers = model_layout(validated_header(target.path)).n_layers
+    assert placed.target["n_gpu_layers"] == n_layers and placed.draft["device"] == "CUDA0"
+    ram, on_card = placed.devices
+    assert on_card.device == "CUDA0" and 0 < on_card.required_bytes < card.free_bytes
+    assert ram.required_bytes < memory.required_bytes and placed.fits
+    assert f"target {n_layers}/{n_layers} layers on CUDA0 (a card)" in placed.describe()

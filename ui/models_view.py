@@ -544,12 +544,27 @@ class ModelsView(QWidget):
 
         dialog = PairingDialog(target, self)
         entries = list(self.entries)
-        job = self._jobs.submit(_Task(work=lambda job: pair(target.path, entries, n_ctx=n_ctx),
+        placement, draft_placement = self._placements()
+        job = self._jobs.submit(_Task(work=lambda job: pair(target.path, entries, n_ctx=n_ctx, placement=placement,
+                                                            draft_placement=draft_placement),
                                       shown=lambda report: self._pairing_done(job.job_id, report),
                                       refused=lambda message, cancelled: self._pairing_refused(job.job_id, message)))
         self._dialogs[job.job_id] = dialog
         dialog.show()
         return dialog
+
+    def _placements(self) -> tuple:
+        """The settings' placement of the target and the draft (app/settings.py), for pairing's
+        per-device estimate; a value settings refused is auto."""
+        from specdesk.engines.llama.placement import Placement
+
+        s = self._settings
+        if s is None:
+            return Placement(), Placement()
+        try:
+            return (Placement.parse(s.device, s.gpu_layers), Placement.parse(s.draft_device, s.draft_gpu_layers))
+        except SpecDeskError:
+            return Placement(), Placement()
 
     # --- results ------------------------------------------------------------------
     @Slot(object)
