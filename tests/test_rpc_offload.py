@@ -188,3 +188,37 @@ def test_a_zoo_target_with_some_layers_on_the_device_equals_the_cpu(rpc_server):
         for config in (SpecConfig(), SpecConfig(method="ngram", k=4), spec):
             assert greedy_tokens(client, config) == expected, config.method
         assert client.placement_report()["target"]["n_gpu_layers"] == n_layers // 2
+
+
+def local_offload_devices() -> list[str]:
+    from specdesk.engines.llama.devices import llama_devices
+
+    return [d.name for d in llama_devices() if d.kind != "cpu" and not d.backend.upper().startswith("RPC")]
+
+
+@pytest.mark.skipif(not local_offload_devices(), reason="no GPU backend device in this llama.cpp build")
+@pytest.mark.parametrize("device", local_offload_devices() or ["none"])
+def test_speculation_on_each_local_gpu_device_is_lossless(family, device):
+    """A GPU build's own devices (CUDA, Metal, Vulkan: lavapipe runs llama.cpp's Vulkan backend on
+    a CPU): every layer there, speculation's greedy tokens equal that placement's baseline (a
+    GPU's kernels need not round like the CPU's, so the CPU's tokens are not the reference)."""
+    with open_client(family["target_gguf"], device=device, gpu_layers="all", draft_device=device,
+                     draft_gpu_layers="all") as client:
+        client.load_draft(family["draft_gguf"])
+        assert client.placement_report()["target"]["device"] == device
+        baseline = greedy_tokens(client, SpecConfig())
+        for spec in (SpecConfig(method="ngram", k=4), SpecConfig(method="draft", k=4, draft_path=family["draft_gguf"])):
+            assert greedy_tokens(client, spec) == baseline, spec.method
+
+
+def test_a_busy_rpc_server_is_one_line_not_a_hang(family, rpc_server):
+    """rpc-server serves one client at a time: a second one is told so, and the first goes on."""
+    from specdesk.engines.llama.rpc import probe
+    from specdesk.engines.types import SpecDeskError
+
+    with open_client(family["target_gguf"], rpc_server, device=rpc_server.endpoint, gpu_layers="all") as client:
+        with pytest.raises(SpecDeskError, match=rf"^--rpc {rpc_server.endpoint}: the server did not answer within "
+                                                r"1 s \(busy with another client"):
+            probe(rpc_server.endpoint, timeout_s=1.0)
+        assert len(greedy_tokens(client, SpecConfig())) == MAX_TOKENS
+    assert probe(rpc_server.endpoint) == 1  # free again once the engine process let go
