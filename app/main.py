@@ -319,8 +319,10 @@ def build_parser(add_more: Optional[Callable[[argparse.ArgumentParser, Any], Non
 
     p = sub.add_parser("demo", help="the embedded demo model family")
     p.add_argument("action", choices=["build"])
-    p.add_argument("--small", action="store_true", help="train the tiny test family (about a minute)")
-    p.add_argument("--retrain", action="store_true", help="rerun the full training recipe (hours on a CPU)")
+    p.add_argument("--small", action="store_true", help="the small family the tests use (shipped, like the full one)")
+    p.add_argument("--retrain", action="store_true",
+                   help="run the training recipe here instead of using the shipped weights "
+                        "(full: hours on a CPU; with --small: minutes)")
     p.add_argument("--out", help="folder for the built family (default: the user cache)")
     p.set_defaults(func=cmd_demo)
 

@@ -10,7 +10,7 @@ os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 
 @pytest.fixture(scope="session")
 def demo_cache_dir(request: pytest.FixtureRequest) -> Path:
-    """A SPECDESK_CACHE_DIR kept across pytest runs, so the ~30 s small training runs once.
+    """A SPECDESK_CACHE_DIR kept across pytest runs for files derived from the shipped weights.
 
     Reuse is safe: builds are keyed by the recipe and verified by hash before use.
     """
@@ -22,7 +22,10 @@ def demo_cache_dir(request: pytest.FixtureRequest) -> Path:
 
 @pytest.fixture(scope="session")
 def demo_family(demo_cache_dir: Path) -> dict[str, str]:
-    """The small demo family (roles -> paths: target_gguf, draft_gguf, target_hf, draft_hf, ...)."""
+    """The small demo family (roles -> paths: target_gguf, draft_gguf, target_hf, draft_hf, ...),
+    derived from the trained weights shipped in assets/demo-small/: every machine tests the same
+    weights (training here would give each CPU's float kernels slightly different ones), and the
+    suite trains nothing."""
     from specdesk.app.demo.install import build_family
 
     previous = os.environ.get("SPECDESK_CACHE_DIR")

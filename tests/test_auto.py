@@ -266,7 +266,9 @@ def test_torch_greedy_auto_equals_baseline(demo_family, tmp_path):
 
 def test_llama_sampled_auto_matches_plain_sampling(demo_family, tmp_path):
     """The distribution test of the other methods (tests/test_llama_engine.py), on auto over
-    the n-gram methods and the draft model."""
+    the n-gram methods and the draft model.
+    Property of the shipped small family relied on: on the repetitive prompt auto's methods get at least
+    50 draft tokens accepted over the runs."""
     from specdesk.engines.llama.engine import LlamaEngine
     from test_llama_engine import REPETITIVE, _chi_square_same, _token_counts
 
@@ -348,6 +350,8 @@ def test_a_losing_hidden_state_drafter_is_let_go():
 
 
 def test_torch_sampled_auto_matches_plain_sampling(demo_family, tmp_path):
+    """Property of the shipped small family relied on: on the repetitive prompt auto's methods get at least
+    50 draft tokens accepted over the runs."""
     pytest.importorskip("torch")
     from specdesk.engines.torch.engine import TorchEngine
     from test_llama_engine import REPETITIVE, _chi_square_same, _token_counts

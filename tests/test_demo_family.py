@@ -207,14 +207,13 @@ def test_damaged_derived_files_are_rebuilt(demo_family: dict[str, str], demo_cac
 
 
 def _ship_small_family(demo_cache_dir: Path, assets: Path) -> Path:
-    """An assets/ folder holding the session's small family as if it were the shipped one."""
-    from specdesk.app.demo.install import TRAINED_FILES
-    from specdesk.app.demo.recipe import SMALL
+    """An assets/ folder holding the shipped small family in the full family's place."""
+    from specdesk.app.demo.install import TRAINED_FILES, shipped_folder
 
     shipped = assets / "demo"
     shipped.mkdir(parents=True)
     for name in ("card.json", *TRAINED_FILES):
-        shutil.copy(demo_cache_dir / "demo-train" / SMALL.key() / name, shipped / name)
+        shutil.copy(shipped_folder(small=True) / name, shipped / name)
     return shipped
 
 
@@ -244,7 +243,8 @@ from specdesk.engines.types import SpecDeskError
 
 roles = build_family(out=sys.argv[1])
 errors = []
-for needs_torch in (lambda: build_family(small=True, out=sys.argv[1] + "-small"), lambda: load_hf(roles["core_hf"])):
+for needs_torch in (lambda: build_family(small=True, retrain=True, out=sys.argv[1] + "-small"),
+                   lambda: load_hf(roles["core_hf"])):
     try:
         needs_torch()
     except SpecDeskError as e:

@@ -1,6 +1,7 @@
 """The demo recipe's training: the shared loop on the engine's Transformer, and a draft
 that starts as a layer-pruned copy of the core."""
 
+import json
 from dataclasses import replace
 
 import numpy as np
@@ -76,3 +77,32 @@ def test_interrupted_training_resumes_to_the_same_weights(tmp_path):
         assert torch.equal(weight, again.state_dict()[name]), name
         assert torch.equal(weight, resumed.state_dict()[name]), name
     assert not torch.equal(straight.lm_head.weight, untrained.lm_head.weight)
+
+
+def test_the_whole_recipe_still_runs_end_to_end(tmp_path, monkeypatch):
+    """The recipe that made the shipped families runs, at a few steps per stage, and its
+    output installs like the shipped weights: a card vouching for every trained file, and
+    GGUF and HF files that load. Nothing is asserted about the weights it trains, which
+    differ between CPUs; the tests run on the shipped small family instead."""
+    from specdesk.app.demo import install
+    from specdesk.app.demo.recipe import SMALL, train_family
+
+    few = dict(steps=3, warmup_steps=1, batch_size=2, seq_len=32)
+    spec = replace(SMALL, corpus_bytes=60_000,
+                   core_training=replace(SMALL.core_training, **few, eval_every=3),
+                   draft_training=replace(SMALL.draft_training, **few, eval_every=3),
+                   mtp_training=replace(SMALL.mtp_training, **few),
+                   dflash_training=replace(SMALL.dflash_training, **few))
+    trained = tmp_path / "trained"
+    card = train_family(spec, trained)
+    assert card["recipe_key"] == spec.key() != SMALL.key()
+    assert install.verify_trained(trained) == json.loads(json.dumps(card))  # as card.json holds it
+    assert set(install.trained_files(card)) == set(install.TRAINED_FILES)
+
+    out = tmp_path / "family"
+    install._derive(trained, card, out, progress=lambda message: None)
+    import llama_cpp
+
+    for role in ("target", "draft"):
+        gguf = out / install.UNIT_PATHS[f"{role}_gguf"]
+        llama_cpp.Llama(model_path=str(gguf), n_ctx=64, n_threads=1, verbose=False).close()

@@ -103,7 +103,9 @@ def test_chat_replies_record_acceptance_and_tok_s_but_no_speedup(tmp_path):
 
 
 def test_chat_replies_in_the_app_and_the_terminal_are_recorded(demo_family, monkeypatch):
-    """A real chat on the demo pair: the app's session (fixed draft, then auto) and the terminal chat."""
+    """A real chat on the demo pair: the app's session (fixed draft, then auto) and the terminal chat.
+    Property of the shipped small family relied on: the demo draft has some token accepted in the fixed-
+    draft reply."""
     import threading
 
     from specdesk.app import session

@@ -88,6 +88,8 @@ def test_a_conversation_keeps_room_for_the_reply_up_to_half_the_context(local):
 
 
 def test_a_session_keeps_its_engine_and_a_refused_draft_keeps_the_previous_one(demo_family, tmp_path):
+    """Property of the shipped small family relied on: the demo draft has some token accepted in a 12-token
+    reply."""
     bad_draft = tmp_path / "bad.gguf"
     bad_draft.write_bytes(b"not a gguf")
     app = session.Session()

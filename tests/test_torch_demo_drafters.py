@@ -16,7 +16,7 @@ from safetensors.numpy import load_file, save_file  # noqa: E402
 
 from specdesk.app.demo.dflash import DFlashSpec, dflash_hf_config  # noqa: E402
 from specdesk.app.demo.config import from_card  # noqa: E402
-from specdesk.app.demo.recipe import SMALL  # noqa: E402
+from specdesk.app.demo.install import shipped_folder  # noqa: E402
 from specdesk.engines.torch.context import TorchContext, TorchModel  # noqa: E402
 from specdesk.engines.torch.dflash import DFlashDrafter  # noqa: E402
 from specdesk.engines.torch.mtp import MtpDrafter  # noqa: E402
@@ -26,7 +26,7 @@ from test_torch_loader import write_checkpoint  # noqa: E402
 
 @pytest.fixture(scope="module")
 def trained(demo_family, demo_cache_dir) -> Path:
-    return demo_cache_dir / "demo-train" / SMALL.key()
+    return shipped_folder(small=True)
 
 
 def _tokens(model: TorchModel) -> list[int]:

@@ -129,6 +129,8 @@ def test_tokenizer_and_template_match_llama_cpp(demo_family):
 @pytest.mark.parametrize("method", METHODS)
 @pytest.mark.parametrize("k", [1, 4])
 def test_greedy_speculative_equals_baseline(engine, family, method, k):
+    """Property of the shipped small family relied on: every method but the seeded EAGLE-3 head has some
+    draft token accepted over these prompts (identical weights on every machine: assets/demo-small)."""
     spec = spec_for(method, k, family)
     drafted = accepted = 0
     for prompt in PROMPTS[:12]:
@@ -215,7 +217,9 @@ def test_sampling_distribution_matches_plain_sampling(engine, family, method, sa
     """The tokens at positions 0 and 2 follow plain sampling (T=0.8, top-p 0.95; and top-k 12), with
     the draft's q (draft model) or a one-hot q (n-gram methods and the native drafters, which draft
     their top-1 token) in the acceptance ratio. 4000 runs per arm; the power check: the same test rejects the speculative
-    sample with 6% of it moved to one token."""
+    sample with 6% of it moved to one token.
+    Property of the shipped small family relied on: on these prompts every method but EAGLE-3 gets at
+    least 50 draft tokens accepted over the runs."""
     prompt, plain = plain_counts(engine, REPETITIVE if method.startswith("ngram") else PROMPTS[0], sampling)
     speculative, accepted = _token_counts(engine, prompt, spec_for(method, 3, family), sampling, RUNS,
                                           POSITIONS)

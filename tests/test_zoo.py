@@ -127,16 +127,27 @@ def test_every_template_renders_or_is_refused_in_one_line(built):
 def promote_token(src: str, dst: Path, token: int, instead_of: int) -> Path:
     """A copy of a GGUF whose output row for `token` is 1.05 x that of `instead_of`: where the
     model would emit `instead_of` (a positive logit), it now emits `token`."""
-    from gguf import GGUFReader, GGUFValueType, GGUFWriter
+    from gguf import GGMLQuantizationType, GGUFReader, GGUFValueType, GGUFWriter
 
     reader = GGUFReader(src)
+    head = "output.weight" if any(t.name == "output.weight" for t in reader.tensors) else "token_embd.weight"
+    [head_tensor] = [t for t in reader.tensors if t.name == head]
+    if head_tensor.tensor_type in (GGMLQuantizationType.F16, GGMLQuantizationType.F32):
+        # A float head: copy the file and change the one row in place (rewriting a 262k-token
+        # vocabulary's file tensor by tensor took most of this test's time).
+        shutil.copyfile(src, dst)
+        rows = np.memmap(dst, dtype=head_tensor.data.dtype, mode="r+", offset=int(head_tensor.data_offset),
+                         shape=tuple(head_tensor.data.shape))
+        rows[token] = rows[instead_of] * 1.05
+        rows.flush()
+        del rows
+        return dst
     writer = GGUFWriter(str(dst), reader.fields["general.architecture"].contents())
     for name, field in reader.fields.items():
         if name.startswith("GGUF.") or name == "general.architecture":
             continue
         main = field.types[0]
         writer.add_key_value(name, field.contents(), main, sub_type=field.types[-1] if main == GGUFValueType.ARRAY else None)
-    head = "output.weight" if any(t.name == "output.weight" for t in reader.tensors) else "token_embd.weight"
     for tensor in reader.tensors:
         data = np.array(tensor.data)
         if tensor.name == head:
@@ -207,6 +218,8 @@ def test_torch_engine_stops_at_every_end_of_generation_token(built, family, tmp_
 @pytest.mark.parametrize("quant", list(zoo.QUANTS))
 @pytest.mark.parametrize("family", FAMILIES)
 def test_llama_greedy_speculation_is_lossless_through_chat(built, family, quant):
+    """Property of the shipped small family relied on: the zoo's draft (the target's own first layers,
+    built by the zoo) has some token accepted."""
     paths = built(family, quant)
     engine = LlamaEngine(paths["target_gguf"], n_ctx=1024, n_threads=2)
     prompt = chat_prompt(engine, CONVERSATION)

@@ -221,9 +221,9 @@ class MainWindow(QMainWindow):
             self.loads_reported += 1
 
     def _offer_small_demo(self) -> None:
-        if ask(self, "The built-in demo models are not installed.\n\nBuild the small demo family on this "
-                     "machine now? It takes about a minute (and needs PyTorch); its replies are rough, but "
-                     "speculation and its charts work on it."):
+        if ask(self, "The built-in demo models are not installed.\n\nUse the small demo family instead? "
+                     "Where it did not ship with this install it is trained on this machine (several minutes, "
+                     "and it needs PyTorch); its replies are rough, but speculation and its charts work on it."):
             self.settings.demo_size = "small"
             self.load_models()
 

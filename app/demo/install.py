@@ -1,12 +1,13 @@
 """Build the demo family's usable files: a widened target and the draft, as GGUF and HF.
 
-Trained weights come from assets/demo/ (shipped), or from running the recipe here (small
-for tests, or full with retrain). Everything else is derived in seconds and cached under
+Trained weights come from assets/demo/ (the full family) or assets/demo-small/ (the small
+family the tests use), both shipped and verified by hash, so every machine runs identical
+weights; `retrain` runs the recipe here instead. Everything else is derived in seconds and cached under
 cache_dir()/demo/<recipe key>/, with a manifest of sha256 and size per file: a reused file
 is checked first, and anything missing, truncated or corrupt is rebuilt, never loaded.
 
-Deriving needs numpy only, so the shipped family installs without torch; training (small
-or retrain) needs the optional `torch` extra.
+Deriving needs numpy only, so a shipped family installs without torch; training (retrain)
+needs the optional `torch` extra.
 """
 
 from __future__ import annotations
@@ -64,11 +65,16 @@ def sha256_file(path: Path) -> str:  # not recipe's: importing recipe imports to
     return digest.hexdigest()
 
 
+def shipped_folder(small: bool = False) -> Path:
+    """Where the trained weights of the shipped full (or small) family live."""
+    return assets_dir() / ("demo-small" if small else "demo")
+
+
 def verify_trained(folder: Path, shipped: bool = False) -> dict:
     """Check a trained family folder against its card.json; returns the card."""
     if shipped:
         remedy = ("reinstall SpecDesk, or train the family here with `specdesk demo build --retrain` "
-                  "(`--small` for a quick, weaker one)")
+                  "(add `--small` for the small test family)")
     else:
         remedy = f"delete {folder} and build again"
     card_path = folder / "card.json"
@@ -237,15 +243,19 @@ def build_family(
 
     Roles: target_gguf, draft_gguf, target_hf (with an MTP layer), draft_hf, core_hf, dflash_hf (HF folders),
     tokenizer (tokenizer.json), card (card.json).
-    Trained weights come from a small training run here (`small`), a full one (`retrain`),
-    or assets/demo/ (the default, which takes seconds).
+    Trained weights come from assets/ (the default, which takes seconds: the full family, or
+    the small one the tests use) or from running the recipe here (`retrain`).
     """
     progress = progress or _quiet
-    if small or retrain:
+    if small and not retrain and not (shipped_folder(small=True) / "card.json").is_file():
+        # The installers leave the small (test) family out: train it here, as before it shipped.
+        progress(f"no shipped small demo family in {shipped_folder(small=True)}: training it here")
+        trained, card = _train(small, False, progress)
+    elif retrain:
         trained, card = _train(small, retrain, progress)
     else:
-        trained = assets_dir() / "demo"
-        progress(f"verifying the shipped demo family in {trained}")
+        trained = shipped_folder(small)
+        progress(f"verifying the shipped {'small ' if small else ''}demo family in {trained}")
         card = verify_trained(trained, shipped=True)
     out = Path(out) if out is not None else cache_dir() / "demo" / card["recipe_key"]
     _derive(trained, card, out, progress)
@@ -259,8 +269,8 @@ if __name__ == "__main__":
     import sys
 
     parser = argparse.ArgumentParser(description="Build the SpecDesk demo model family")
-    parser.add_argument("--small", action="store_true", help="train the small test recipe here (~30 s)")
-    parser.add_argument("--retrain", action="store_true", help="train the full recipe here instead of using assets/")
+    parser.add_argument("--small", action="store_true", help="the small test family instead of the full one")
+    parser.add_argument("--retrain", action="store_true", help="train the recipe here instead of using assets/")
     parser.add_argument("--out", type=Path, help="output folder (default: the cache)")
     args = parser.parse_args()
     try:
