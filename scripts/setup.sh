@@ -1,18 +1,86 @@
 #!/usr/bin/env bash
 # Creates .venv at the repository root and installs SpecDesk into it (idempotent).
+#
+#   scripts/setup.sh                   set up (or bring up to date) .venv
+#   scripts/setup.sh --print-backend   print the llama.cpp backend set-up would build, and why
+#
+# llama-cpp-python is compiled here for one llama.cpp backend, chosen from what the machine
+# has (scripts/llama_backend.py: Metal, CUDA, HIP, Vulkan or the CPU; SPECDESK_LLAMA_BACKEND
+# overrides it), with portable CPU code and the RPC backend. The wheel is built first, into
+# a cache keyed by those flags, and only a wheel that built is installed: a GPU build that
+# fails falls back to the CPU build, and .venv is never left half-installed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON="${PYTHON:-python3}"
-if [ ! -x .venv/bin/python ]; then
-    echo "setup: creating .venv" >&2
-    "$PYTHON" -m venv .venv
+LLAMA_VERSION="$("$PYTHON" -c 'import sys; sys.path.insert(0, "scripts"); import llama_backend; print(llama_backend.LLAMA_CPP_PYTHON)')"
+# The virtual environment; tests of set-up point it elsewhere.
+VENV="${SPECDESK_VENV:-.venv}"
+
+choice="$("$PYTHON" scripts/llama_backend.py choose)"
+backend="${choice%%$'\t'*}"
+reason="${choice#*$'\t'}"
+if [ "${1:-}" = "--print-backend" ]; then
+    baseline="$("$PYTHON" scripts/llama_backend.py cpu-baseline)"
+    echo "llama.cpp backend: $backend ($reason); CPU code: ${baseline%%$'\t'*} (${baseline#*$'\t'})"
+    exit 0
 fi
-stamp=".venv/.specdesk-installed"
-if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || [ scripts/setup.sh -nt "$stamp" ]; then
-    echo "setup: installing dependencies (llama-cpp-python compiles on first install: several minutes)" >&2
-    .venv/bin/python -m pip install --quiet --upgrade pip
+
+if [ ! -x "$VENV/bin/python" ]; then
+    echo "setup: creating $VENV" >&2
+    "$PYTHON" -m venv "$VENV"
+fi
+
+# The llama-cpp-python wheel for a backend: built once per backend, CPU baseline and Python,
+# kept under the user's cache, so a new checkout or a rebuilt .venv does not compile again.
+llama_wheel() {
+    local backend="$1" args dir log
+    args="$("$PYTHON" scripts/llama_backend.py cmake-args "$backend")"
+    dir="$("$PYTHON" scripts/llama_backend.py wheel-dir "$backend" "$VENV/bin/python")"
+    if [ -f "$dir.failed/build.log" ]; then
+        echo "setup: the $backend build of llama-cpp-python failed before (its log: $dir.failed/build.log; delete that folder to try again)" >&2
+        return 1
+    fi
+    if ! ls "$dir"/llama_cpp_python-*.whl >/dev/null 2>&1; then
+        echo "setup: compiling llama-cpp-python $LLAMA_VERSION for $backend (several minutes, once): $args" >&2
+        rm -rf "$dir.partial" && mkdir -p "$dir.partial"
+        log="$dir.partial/build.log"
+        if ! CMAKE_ARGS="$args" "$VENV/bin/python" -m pip wheel --quiet --no-deps --no-cache-dir \
+                --no-binary llama-cpp-python "llama-cpp-python==$LLAMA_VERSION" -w "$dir.partial" >"$log" 2>&1; then
+            rm -rf "$dir.failed" && mv "$dir.partial" "$dir.failed"
+            echo "setup: the $backend build of llama-cpp-python failed; its log: $dir.failed/build.log" >&2
+            return 1
+        fi
+        rm -f "$log"
+        rm -rf "$dir" && mv "$dir.partial" "$dir"
+    fi
+    ls "$dir"/llama_cpp_python-*.whl
+}
+
+stamp="$VENV/.specdesk-installed"
+if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || [ scripts/setup.sh -nt "$stamp" ] \
+        || [ scripts/llama_backend.py -nt "$stamp" ] || [ "$(cut -d' ' -f1 "$stamp")" != "$backend" ]; then
+    echo "setup: llama.cpp backend $backend ($reason)" >&2
+    echo "setup: installing dependencies" >&2
+    rm -f "$stamp"
+    "$VENV/bin/python" -m pip install --quiet --upgrade pip
+    requested="$backend"
+    if ! wheel="$(llama_wheel "$backend")"; then
+        if [ "$backend" = cpu ]; then
+            exit 1
+        fi
+        echo "setup: falling back to the CPU build of llama.cpp (the $backend build failed, see above)" >&2
+        backend=cpu
+        wheel="$(llama_wheel cpu)"
+    fi
+    "$VENV/bin/python" -m pip install --quiet --force-reinstall --no-deps "$wheel"
+    # llama-cpp-python's own dependencies, from its wheel's metadata.
+    "$VENV/bin/python" -m pip install --quiet "$wheel"
+    echo "$requested $backend" > "$VENV/.specdesk-llama"
+    if [ -n "${SPECDESK_SETUP_LLAMA_ONLY:-}" ]; then  # set-up's own tests stop here
+        exit 0
+    fi
     # The PyTorch build is pinned so pip picks the CPU wheel where one is available.
-    .venv/bin/python -m pip install --quiet "torch==2.13.0"
-    .venv/bin/python -m pip install --quiet -e ".[torch,test]"
-    touch "$stamp"
+    "$VENV/bin/python" -m pip install --quiet "torch==2.13.0"
+    "$VENV/bin/python" -m pip install --quiet -e ".[torch,test]"
+    echo "$requested $backend" > "$stamp"
 fi
