@@ -11,7 +11,7 @@ faked platform (SPECDESK_PLATFORM="<system> <machine>", as `uname -s` and `uname
 
 The choice: SPECDESK_LLAMA_BACKEND if set; Metal on macOS arm64; CUDA where nvcc is found
 and an NVIDIA GPU is seen; HIP where hipcc is found and an AMD GPU is seen; Vulkan where
-glslc and the Vulkan headers are found; otherwise the CPU. A compiler without a GPU to run
+glslc and the Vulkan headers are found and a GPU is seen; otherwise the CPU. A compiler without a GPU to run
 on (a CUDA toolkit on a CI runner, say) does not choose its backend: the build would take
 long and could not be used here.
 
@@ -67,6 +67,19 @@ def _amd_gpus() -> list[str]:
     return []
 
 
+def _vulkan_gpus() -> list[str]:
+    """GPUs a Vulkan driver offers (lavapipe, a Vulkan driver on the CPU, is not one)."""
+    if shutil.which("vulkaninfo"):
+        names, kind = [], None
+        for line in _run(["vulkaninfo", "--summary"]).splitlines():
+            if "deviceType" in line:
+                kind = line.split("=")[-1].strip()
+            elif "deviceName" in line and kind and "GPU" in kind:
+                names.append(line.split("=")[-1].strip())
+        return names
+    return [str(p) for p in sorted(Path("/dev/dri").glob("renderD*"))] if Path("/dev/dri").is_dir() else []
+
+
 def _vulkan_headers() -> str | None:
     roots = [os.environ.get("VULKAN_SDK", ""), "/usr", "/usr/local", "/opt/homebrew"]
     for root in filter(None, roots):
@@ -104,8 +117,11 @@ def choose() -> tuple[str, str]:
     glslc = shutil.which("glslc")
     headers = _vulkan_headers()
     if glslc and headers:
-        return "vulkan", f"the Vulkan SDK: glslc at {glslc} and {headers}"
-    if glslc:
+        gpus = _vulkan_gpus()
+        if gpus:
+            return "vulkan", f"the Vulkan SDK (glslc at {glslc}, {headers}) and a GPU ({gpus[0]})"
+        passed_over.append(f"the Vulkan SDK at {glslc} but no GPU for it (vulkaninfo lists none)")
+    elif glslc:
         passed_over.append(f"glslc at {glslc} but no Vulkan headers (vulkan/vulkan.h)")
     if passed_over:
         return "cpu", "; ".join(passed_over) + " (SPECDESK_LLAMA_BACKEND=<backend> builds one anyway)"

@@ -12,7 +12,9 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-SYSTEM_PATH = "/usr/bin:/bin"  # no /usr/local/bin: a real CUDA toolkit there must not leak in
+# The tools --print-backend runs besides the stubs: nothing of this machine's own toolkits
+# (a real CUDA toolkit, glslc) may leak into the faked machine.
+SHELL_TOOLS = ("dirname", "cat")
 
 
 def _stub(folder: Path, name: str, output: str = "", status: int = 0) -> None:
@@ -28,10 +30,13 @@ def _print_backend(tmp_path: Path, tools: dict[str, str] = {}, platform_name: st
     stubs.mkdir(exist_ok=True)
     for name, output in tools.items():
         _stub(stubs, name, output)
-    environment = {"PATH": f"{stubs}:{SYSTEM_PATH}", "HOME": str(tmp_path), "PYTHON": sys.executable,
+    for tool in SHELL_TOOLS:
+        if not (stubs / tool).exists():
+            (stubs / tool).symlink_to(shutil.which(tool))
+    environment = {"PATH": str(stubs), "HOME": str(tmp_path), "PYTHON": sys.executable,
                    "SPECDESK_PLATFORM": platform_name, **env}
-    return subprocess.run(["bash", str(ROOT / "scripts" / "setup.sh"), "--print-backend"], env=environment,
-                          capture_output=True, text=True, timeout=60)
+    return subprocess.run([shutil.which("bash"), str(ROOT / "scripts" / "setup.sh"), "--print-backend"],
+                          env=environment, capture_output=True, text=True, timeout=60)
 
 
 def _choice(done: subprocess.CompletedProcess) -> str:
@@ -76,13 +81,19 @@ def test_glslc_with_the_vulkan_headers_gets_vulkan(tmp_path):
     sdk = tmp_path / "vulkan-sdk"
     (sdk / "include" / "vulkan").mkdir(parents=True)
     (sdk / "include" / "vulkan" / "vulkan.h").write_text("/* the SDK's header */\n")
-    line = _choice(_print_backend(tmp_path, {"glslc": ""}, VULKAN_SDK=str(sdk)))
-    assert line.startswith("llama.cpp backend: vulkan (the Vulkan SDK: glslc at ")
+    gpu = "GPU0:\n    deviceType         = PHYSICAL_DEVICE_TYPE_DISCRETE_GPU\n    deviceName         = AMD Radeon RX 6800"
+    line = _choice(_print_backend(tmp_path, {"glslc": "", "vulkaninfo": gpu}, VULKAN_SDK=str(sdk)))
+    assert line.startswith("llama.cpp backend: vulkan (the Vulkan SDK (glslc at ") and "AMD Radeon RX 6800" in line
+    cpu_only = tmp_path / "lavapipe"
+    cpu_only.mkdir()
+    lavapipe = gpu.replace("DISCRETE_GPU", "CPU").replace("AMD Radeon RX 6800", "llvmpipe (LLVM 15.0.6, 256 bits)")
+    line = _choice(_print_backend(cpu_only, {"glslc": "", "vulkaninfo": lavapipe}, VULKAN_SDK=str(sdk)))
+    assert line.startswith("llama.cpp backend: cpu (the Vulkan SDK at ") and "no GPU for it" in line
 
 
 def test_cuda_is_preferred_when_several_toolkits_are_there(tmp_path):
     line = _choice(_print_backend(tmp_path, {"nvcc": "", "nvidia-smi": NVIDIA, "hipcc": "", "rocminfo": ROCM,
-                                             "glslc": ""}))
+                                             "glslc": "", "vulkaninfo": ""}))
     assert line.startswith("llama.cpp backend: cuda ")
 
 
