@@ -295,11 +295,33 @@ def cmd_demo(args) -> int:
     return 0
 
 
+class _VersionAction(argparse.Action):
+    def __call__(self, parser, namespace, values, option_string=None):
+        from specdesk.app.about import version_text
+
+        print(version_text())
+        parser.exit(0)
+
+
+def cmd_devices(args) -> int:
+    """Every device llama.cpp and PyTorch can use here, as JSON."""
+    from specdesk.engines.torch.device import torch_devices
+
+    from specdesk.app.placement import llama_device_report
+    from specdesk.engines.llama.rpc import parse_endpoints
+
+    report = {"llama_cpp": llama_device_report(parse_endpoints(args.rpc)), "torch": torch_devices()}
+    print(json.dumps(report, indent=None if args.compact else 2))
+    return 0
+
+
 def build_parser(add_more: Optional[Callable[[argparse.ArgumentParser, Any], None]] = None
                  ) -> argparse.ArgumentParser:
     """The terminal subcommands; `add_more(parser, subparsers)` lets the entry point above
     (specdesk.ui.cli) add the desktop app's own."""
     parser = argparse.ArgumentParser(prog="specdesk", description=__doc__.splitlines()[0])
+    parser.add_argument("--version", action=_VersionAction, nargs=0,
+                        help="print the version and the llama.cpp build (backend, CPU code, GPU offload)")
     sub = parser.add_subparsers(dest="command")
     from specdesk.app.served import add_endpoint_options
 
@@ -325,6 +347,13 @@ def build_parser(add_more: Optional[Callable[[argparse.ArgumentParser, Any], Non
                         "(full: hours on a CPU; with --small: minutes)")
     p.add_argument("--out", help="folder for the built family (default: the user cache)")
     p.set_defaults(func=cmd_demo)
+
+    p = sub.add_parser("devices", help="list the devices llama.cpp and PyTorch can use here (JSON)")
+    p.add_argument("--compact", action="store_true", help="one line of JSON")
+    from specdesk.app.placement import add_rpc_option
+
+    add_rpc_option(p)
+    p.set_defaults(func=cmd_devices)
 
     from specdesk.app.models_cli import add_models_parser
 

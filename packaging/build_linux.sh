@@ -61,6 +61,9 @@ done
 # folders) are compiled into some libraries: rewrite them, then prove none is left.
 "$PYTHON" packaging/bundle_paths.py scrub "$bundle"
 "$PYTHON" packaging/bundle_paths.py check "$bundle"
+# The llama.cpp libraries must run on CPUs other than this one: nothing above the named
+# baseline (x86-64-v3: AVX2, FMA, F16C, BMI2), and no AVX-512 anywhere (scripts/llama_backend.py).
+"$PYTHON" packaging/check_instructions.py "$bundle" --baseline "${SPECDESK_CPU_BASELINE:-x86-64-v3}"
 
 size=$(du -sb "$bundle" | cut -f1)
 echo "build_linux: $bundle is $((size / 1000 / 1000)) MB unpacked ($size bytes)" >&2
@@ -73,6 +76,17 @@ if [ "$selftest" = 1 ]; then
     # From an unrelated folder, with no venv on PATH: the bundle must need nothing of ours.
     (cd / && env -u VIRTUAL_ENV -u PYTHONPATH -u PYTHONHOME PATH=/usr/bin:/bin OMP_NUM_THREADS=1 \
         "$OLDPWD/$bundle/specdesk" --selftest)
+    # Again on an emulated CPU with nothing above the baseline (QEMU user mode: a Haswell has
+    # AVX2 and FMA, no AVX-512): an instruction the disassembly missed would stop it with SIGILL.
+    if [ "$(uname -m)" = x86_64 ] && command -v qemu-x86_64 >/dev/null 2>&1; then
+        cpu_model="${SPECDESK_QEMU_CPU:-Haswell-v4}"
+        echo "build_linux: self-test on an emulated $cpu_model CPU (qemu-x86_64)" >&2
+        (cd / && env -u VIRTUAL_ENV -u PYTHONPATH -u PYTHONHOME PATH=/usr/bin:/bin OMP_NUM_THREADS=1 \
+            QEMU_CPU="$cpu_model" qemu-x86_64 "$OLDPWD/$bundle/specdesk" --selftest 2> >(grep -v "TCG doesn't support" >&2))
+    else
+        echo "build_linux: qemu-x86_64 is not installed (Debian: qemu-user): the CPU-capped self-test is skipped," \
+             "the disassembly check stands alone" >&2
+    fi
 fi
 
 if [ "$archive" = 1 ]; then

@@ -34,6 +34,13 @@ missing=""
 for pkg_lib in libxcb-cursor0:libxcb-cursor.so.0 libxcb-icccm4:libxcb-icccm.so.4 libxcb-keysyms1:libxcb-keysyms.so.1; do
     ldconfig -p 2>/dev/null | grep -q "${pkg_lib#*:}" || missing="$missing ${pkg_lib%%:*}"
 done
+# The self-test's second run, on an emulated CPU without AVX-512 (packaging/build_linux.sh):
+# installed where this can, skipped (and said so by the build) where not.
+if [ "$(uname -m)" = x86_64 ] && ! command -v qemu-x86_64 >/dev/null 2>&1 \
+        && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    echo "bundle_check: apt-get install qemu-user" >&2
+    apt-get install -y -qq qemu-user >/dev/null || echo "bundle_check: qemu-user did not install" >&2
+fi
 if [ -n "$missing" ]; then
     if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
         echo "bundle_check: apt-get install$missing" >&2

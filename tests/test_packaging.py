@@ -25,7 +25,7 @@ sys.path.insert(0, str(PACKAGING))
 import bundle_key  # noqa: E402
 import bundle_paths  # noqa: E402
 
-CHECKS = ("assets", "qt", "demo family", "speculative")
+CHECKS = ("assets", "qt", "demo family", "llama.cpp", "speculative")
 
 
 def run_specdesk(args: list[str], env_extra: dict[str, str], timeout: float = 300) -> subprocess.CompletedProcess:
@@ -60,7 +60,7 @@ def test_selftest_names_the_check_that_failed(tmp_path):
     assert result.returncode == 1
     assert f"selftest: assets: FAILED ({tmp_path} lacks demo/card.json" in result.stdout
     assert result.stdout.splitlines()[-1].startswith(
-        "selftest: FAILED: assets: ") and "(not run: qt, demo family, speculative" in result.stdout
+        "selftest: FAILED: assets: ") and "(not run: qt, demo family, llama.cpp, speculative" in result.stdout
 
 
 # --- the spec against the code it freezes ---------------------------------------------
@@ -248,3 +248,46 @@ def test_bundle_check_is_silent_when_nothing_changed_and_builds_without_a_stamp(
     same = subprocess.run(["bash", "scripts/bundle_check.sh"], cwd=ROOT, capture_output=True, text=True, env=env,
                           timeout=120)
     assert (same.returncode, same.stdout, same.stderr) == (0, "", "")
+
+
+# --- instruction check ---------------------------------------------------------------
+FAKE_KERNEL = """
+#include <immintrin.h>
+void add(const float *a, const float *b, float *out, int n) {
+    for (int i = 0; i + 16 <= n; i += 16) {
+        _mm512_storeu_ps(out + i, _mm512_add_ps(_mm512_loadu_ps(a + i), _mm512_loadu_ps(b + i)));
+    }
+}
+"""
+
+
+def _fake_library(folder: Path, flags: list[str], source: str = FAKE_KERNEL) -> Path:
+    """A real shared library named like ggml's, compiled with these instruction-set flags."""
+    folder.mkdir(parents=True)
+    (folder / "kernel.c").write_text(source)
+    library = folder / "libggml-cpu.so"
+    subprocess.run(["gcc", "-O2", "-shared", "-fPIC", *flags, str(folder / "kernel.c"), "-o", str(library)],
+                   check=True, capture_output=True, timeout=120)
+    return library
+
+
+@pytest.mark.skipif(os.uname().machine != "x86_64" or not __import__("shutil").which("gcc"), reason="x86-64 with gcc")
+def test_instruction_check_refuses_avx512_and_anything_above_the_baseline(tmp_path):
+    import check_instructions
+
+    avx512 = _fake_library(tmp_path / "avx512", ["-mavx512f"])
+    findings = check_instructions.check_library(avx512, "x86-64-v3")
+    assert findings and all("AVX-512" in f for f in findings) and ": add: " in findings[0]
+    assert check_instructions.main([str(avx512.parent)]) == 1
+
+    avx2_source = FAKE_KERNEL.replace("__m512", "__m256").replace("_mm512_", "_mm256_").replace("16", "8")
+    avx2 = _fake_library(tmp_path / "avx2", ["-mavx2", "-mfma"], avx2_source)
+    assert check_instructions.check_library(avx2, "x86-64-v3") == []
+    assert check_instructions.main([str(avx2.parent), "--baseline", "x86-64-v3"]) == 0
+    assert any("above x86-64-v2" in f for f in check_instructions.check_library(avx2, "x86-64-v2"))
+
+
+def test_linux_build_checks_the_instructions_of_what_it_ships():
+    script = (PACKAGING / "build_linux.sh").read_text()
+    assert "packaging/check_instructions.py" in script
+    assert script.index("check_instructions.py") < script.index("--selftest")

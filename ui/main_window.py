@@ -127,6 +127,9 @@ class MainWindow(QMainWindow):
         self.worker.errored.connect(self._on_errored)
         self.worker.busy_changed.connect(self._on_busy)
         self.served = ServedChat(self)  # Servers > Add server…: the chat on a served engine
+        help_menu = self.menuBar().addMenu("&Help")
+        self.about_action = help_menu.addAction("About SpecDesk…")
+        self.about_action.triggered.connect(self.show_about)
 
         self._refresh_chat_list()
         if self.settings.last_chat_id is not None and self.history.chat(self.settings.last_chat_id):
@@ -435,6 +438,17 @@ class MainWindow(QMainWindow):
         self.busy_bar.setVisible(self._load_job is not None)
         if not self.worker.busy:
             self.timer.stop()
+
+    def about_text(self) -> str:
+        from PySide6 import __version__ as pyside_version
+
+        from specdesk.app.about import about_text
+
+        return f"{about_text()}\nQt (PySide6) {pyside_version}"
+
+    def show_about(self) -> None:
+        """Versions and the llama.cpp build: which backend, which CPU code, whether GPU offload works."""
+        QMessageBox.about(self, "About SpecDesk", self.about_text().replace("\n", "<br>"))
 
     def _update_actions(self) -> None:
         loading = self._load_job is not None

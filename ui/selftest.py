@@ -91,6 +91,16 @@ def check_demo_family(state: dict) -> str:
     return "derived from the shipped weights"
 
 
+def check_llama_build(state: dict) -> str:
+    """llama.cpp's libraries load; which backend and CPU code this install carries."""
+    from specdesk.engines.llama.devices import llama_build
+
+    build = llama_build()
+    offload = "yes" if build["gpu_offload"] and build["backend"] != "cpu" else "no"
+    return (f"backend {build['backend']}, CPU code {build['cpu_variant']} ({' '.join(build['cpu_features'])}), "
+            f"backends {', '.join(build['backends'])}; GPU offload: {offload}")
+
+
 def check_speculative(state: dict) -> str:
     """Greedy speculative decoding with the demo draft must reproduce the baseline exactly."""
     from specdesk.app.compare import run_once
@@ -139,6 +149,7 @@ CHECKS: tuple[tuple[str, Callable[[dict], str]], ...] = (
     ("assets", check_assets),
     ("qt", check_qt),
     ("demo family", check_demo_family),
+    ("llama.cpp", check_llama_build),
     ("speculative", check_speculative),
 )
 

@@ -63,3 +63,25 @@ def choose_dtype(device: str, requested: Optional[str] = "auto"):
     if device == "mps":
         return torch.float16
     return torch.float32
+
+
+def torch_devices() -> list[dict]:
+    """The devices this PyTorch can run on, with memory where torch reports it; [] without torch."""
+    try:
+        import torch
+    except ImportError:
+        return []
+    import os
+
+    pages = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 0
+    devices = [{"name": "cpu", "description": f"CPU, torch {torch.__version__}", "kind": "cpu",
+                "total_bytes": int(pages)}]
+    if torch.cuda.is_available():
+        for index in range(torch.cuda.device_count()):
+            free, total = torch.cuda.mem_get_info(index)
+            devices.append({"name": f"cuda:{index}", "description": device_name("cuda") if index == 0
+                            else torch.cuda.get_device_name(index), "kind": "gpu",
+                            "free_bytes": int(free), "total_bytes": int(total)})
+    if _mps_available(torch):
+        devices.append({"name": "mps", "description": "Apple Metal (MPS)", "kind": "gpu"})
+    return devices

@@ -10,6 +10,10 @@
 # which runs on the machine that downloads it after the usual Gatekeeper confirmation;
 # set CODESIGN_IDENTITY to sign with a Developer ID instead (notarisation is not scripted).
 # PYTHON overrides the interpreter (default: .venv/bin/python).
+#
+# Backend: Metal on Apple silicon (scripts/llama_backend.py chooses it on macOS arm64, and
+# llama-cpp-python turns it on there), as the interpreter's llama-cpp-python was built; the
+# self-test prints the backend the bundle carries.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 

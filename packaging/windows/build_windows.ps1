@@ -7,6 +7,11 @@
 # Needs the packaging extra (pip install -e ".[packaging]", plus ".[torch]" for full) and,
 # for the installer, Inno Setup 6 (iscc on PATH or in its default folder; choco install innosetup).
 # $env:PYTHON overrides the interpreter (default: .venv\Scripts\python.exe).
+#
+# Backend: the bundle carries the llama.cpp that the interpreter's llama-cpp-python was built
+# with. Installers are built with CUDA 12 (scripts/llama_backend.py cmake-args cuda, plus
+# GGML_CUDA_NO_VMM so it loads without an NVIDIA driver) and x86-64-v3 CPU code (AVX2, never
+# the build machine's own): .github/workflows/installers.yml. The self-test prints both.
 param(
     [ValidateSet("gguf", "full")] [string] $Flavour = "gguf",
     [switch] $NoInstaller,
