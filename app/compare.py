@@ -29,6 +29,7 @@ class RunResult:
     text: str
     stats: RunStats
     finish_reason: Optional[str]
+    auto_report: Optional[dict] = None  # method auto: StepEvent.auto_report of the run's last step
 
 
 @dataclass(frozen=True)
@@ -100,6 +101,7 @@ def run_once(engine, request: GenerationRequest, cancel: Optional[threading.Even
     tokens: list[int] = []
     text: list[str] = []
     finish_reason = None
+    auto_report = None
     first = True
     for event in engine.generate(request, cancel):
         if first:
@@ -111,6 +113,7 @@ def run_once(engine, request: GenerationRequest, cancel: Optional[threading.Even
         tokens.extend(event.tokens)
         text.append(event.text)
         finish_reason = event.finish_reason or finish_reason
+        auto_report = event.auto_report or auto_report
         if on_event is not None:
             on_event(event)
     if first:
@@ -118,7 +121,7 @@ def run_once(engine, request: GenerationRequest, cancel: Optional[threading.Even
         finish_reason = "cancelled"
     elif cancel.is_set() and finish_reason is None:
         finish_reason = "cancelled"
-    return RunResult(tuple(tokens), "".join(text), accumulator.finish(), finish_reason)
+    return RunResult(tuple(tokens), "".join(text), accumulator.finish(), finish_reason, auto_report)
 
 
 def merge_stats(stats: Iterable[RunStats]) -> RunStats:
@@ -173,6 +176,20 @@ class CompareReport:
             return None
         return all(r.identical for r in self.results)
 
+    def auto_report(self) -> dict:
+        """Method auto over all prompts: its share of steps by method and k, and the costs it
+        used at the end (from the last prompt's run)."""
+        reports = [r.speculative.auto_report for r in self.results if r.speculative.auto_report]
+        steps = sum(r["steps"] for r in reports)
+        shares: dict[str, float] = {}
+        for report in reports:
+            for label, share in report["steps_by_choice"].items():
+                shares[label] = shares.get(label, 0.0) + share * report["steps"]
+        return {"steps": steps,
+                "steps_by_choice": {label: round(n / steps, 3) for label, n in
+                                    sorted(shares.items(), key=lambda item: -item[1])} if steps else {},
+                "costs": reports[-1]["costs"] if reports else None}
+
     def to_json(self) -> dict:
         base, spec = self.baseline, self.speculative
         return {
@@ -193,6 +210,7 @@ class CompareReport:
                 "per_position_acceptance": [round(a, 4) for a in spec.per_position_acceptance],
             },
             "speedup": round(self.speedup, 4),
+            **({"auto": self.auto_report()} if self.method == "auto" else {}),
             "identical_outputs": self.identical_outputs,
             "divergences": [d.to_json() for d in self.divergences],
         }

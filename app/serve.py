@@ -287,9 +287,11 @@ class Metrics:
         return "\n".join(lines) + "\n"
 
 
-def speculation_summary(stats: RunStats, drafts: int, spec: SpecConfig) -> dict:
-    """The "specdesk" field of a response: what speculation did for this request."""
+def speculation_summary(stats: RunStats, drafts: int, spec: SpecConfig, auto_report: Optional[dict] = None) -> dict:
+    """The "specdesk" field of a response: what speculation did for this request (with method
+    auto, also its share of steps by method and k and the costs it chose with)."""
     return {
+        **({"auto": auto_report} if auto_report else {}),
         "method": spec.method, "k": spec.draft_tokens,
         "drafts": drafts, "draft_tokens": stats.drafted, "accepted_tokens": stats.accepted,
         "acceptance_rate": round(stats.acceptance_rate, 6),
@@ -454,7 +456,7 @@ class Service:
                 elif kind == "result":
                     result, n_prompt = value
                     finish = "stop" if stopper.stopped or result.finish_reason == "eos" else "length"
-                    summary = speculation_summary(result.stats, drafts[0], params.spec)
+                    summary = speculation_summary(result.stats, drafts[0], params.spec, result.auto_report)
                     self.metrics.record(summary, n_prompt, finish)
                     yield Outcome(stopper.flush(), result, n_prompt, finish, summary)
                     return

@@ -10,13 +10,20 @@ Then one summary line per engine: auto over the best fixed configuration and ove
 The `mtp-only` target is the demo target exported with its MTP layer (llama.cpp), with auto
 limited to MTP and no speculation: the case where every method may lose.
 
-Usage: python benchmarks/auto.py [--engines llama,torch,mtp-only] [--prompts N] [--max-tokens 64] [--rounds R]
+`--prompts FILE` takes any prompt set (held-out sets: benchmarks/heldout/); `--busy-from F`
+starts `--busy-loops N` CPU-bound processes after the fraction F of the timed runs, so auto is
+measured on a machine whose state changes under it (every configuration alike: they are
+interleaved). The auto line also gives the costs auto chose with at the end.
+
+Usage: python benchmarks/auto.py [--engines llama,torch,mtp-only] [--prompts FILE] [--n-prompts N]
+       [--max-tokens 64] [--rounds R] [--busy-from 0.5 --busy-loops 2]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing
 import sys
 from collections import Counter
 from typing import Optional
@@ -43,7 +50,32 @@ def label(spec: SpecConfig) -> str:
     return spec.method if spec.method in ("none", "auto") else f"{spec.method} k={spec.k}"
 
 
-def bench(kind: str, engine, configs: list[SpecConfig], prompts: list[str], max_tokens: int, rounds: int = 1) -> None:
+def _spin() -> None:
+    while True:
+        pass
+
+
+class BusyLoops:
+    """N processes that keep a core busy each, from start() until stop()."""
+
+    def __init__(self, n: int):
+        self.n, self.processes = n, []
+
+    def start(self) -> None:
+        if not self.processes:
+            self.processes = [multiprocessing.Process(target=_spin, daemon=True) for _ in range(self.n)]
+            for process in self.processes:
+                process.start()
+            print(json.dumps({"event": "busy loops started", "n": self.n}), file=sys.stderr, flush=True)
+
+    def stop(self) -> None:
+        for process in self.processes:
+            process.terminate()
+        self.processes = []
+
+
+def bench(kind: str, engine, configs: list[SpecConfig], prompts: list[str], max_tokens: int, rounds: int = 1,
+          busy_from: float = 2.0, busy: Optional[BusyLoops] = None) -> None:
     sampling = SamplingParams()
     encoded = [engine.tokenize(p) for p in prompts]
     for spec in configs:  # first-call allocations and auto's cost measurement, untimed
@@ -53,7 +85,11 @@ def bench(kind: str, engine, configs: list[SpecConfig], prompts: list[str], max_
     seconds = Counter()
     outputs: dict[str, list] = {label(s): [] for s in configs}
     chosen: Counter = Counter()
-    for index, prompt in enumerate(encoded * rounds):
+    auto_costs = None
+    runs = encoded * rounds
+    for index, prompt in enumerate(runs):
+        if busy is not None and index >= busy_from * len(runs):
+            busy.start()
         order = configs if index % 2 == 0 else configs[::-1]
         for spec in order:
             engine.reset_chat()
@@ -63,6 +99,8 @@ def bench(kind: str, engine, configs: list[SpecConfig], prompts: list[str], max_
             tokens[label(spec)] += result.stats.tokens
             seconds[label(spec)] += result.stats.seconds
             outputs[label(spec)].append(result.tokens)
+            if result.auto_report:
+                auto_costs = result.auto_report["costs"]
     rates = {name: tokens[name] / seconds[name] for name in outputs}
     for name in outputs:
         line = {"engine": kind, "config": name, "tokens": tokens[name], "seconds": round(seconds[name], 3),
@@ -71,6 +109,7 @@ def bench(kind: str, engine, configs: list[SpecConfig], prompts: list[str], max_
         if name == "auto":
             steps = sum(chosen.values())
             line["steps_by_method"] = {m: round(n / steps, 3) for m, n in chosen.most_common()}
+            line["costs_at_end"] = auto_costs
         print(json.dumps(line), flush=True)
     fixed = {name: rate for name, rate in rates.items() if name not in ("none", "auto")}
     best = max(fixed, key=fixed.get)
@@ -83,7 +122,12 @@ def bench(kind: str, engine, configs: list[SpecConfig], prompts: list[str], max_
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--engines", default="llama,torch,mtp-only")
-    parser.add_argument("--prompts", type=int, default=8, help="how many of the benchmark prompts")
+    parser.add_argument("--prompts", default=str(assets_dir() / "prompts" / "code.jsonl"),
+                        help='a JSONL prompt file, one {"prompt": ...} per line (default: the tuning prompts)')
+    parser.add_argument("--n-prompts", type=int, default=8, help="how many of its prompts")
+    parser.add_argument("--busy-from", type=float, default=None,
+                        help="start busy loops after this fraction of the timed runs (0: from the start)")
+    parser.add_argument("--busy-loops", type=int, default=2)
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--ks", default="1,2,3,4,6")
     parser.add_argument("--rounds", type=int, default=1, help="times through the prompts (less noise)")
@@ -93,7 +137,8 @@ def main() -> int:
     from specdesk.app.demo.install import build_family
 
     paths = build_family(small=args.small, progress=lambda m: print(m, file=sys.stderr))
-    prompts = load_prompts(assets_dir() / "prompts" / "code.jsonl")[:args.prompts]
+    prompts = load_prompts(args.prompts)[:args.n_prompts]
+    print(json.dumps({"prompts": args.prompts, "n": len(prompts), "busy_from": args.busy_from}), flush=True)
     ks = [int(k) for k in args.ks.split(",")]
     for kind in args.engines.split(","):
         if kind == "torch":
@@ -112,9 +157,13 @@ def main() -> int:
                 target = build_native(paths)["mtp_gguf"]
             engine = LlamaEngine(target, n_ctx=1024, n_threads=args.threads)
             draft = paths["draft_gguf"]
+        busy = BusyLoops(args.busy_loops) if args.busy_from is not None else None
         try:
-            bench(kind, engine, configurations(kind, draft, ks), prompts, args.max_tokens, args.rounds)
+            bench(kind, engine, configurations(kind, draft, ks), prompts, args.max_tokens, args.rounds,
+                  args.busy_from if args.busy_from is not None else 2.0, busy)
         finally:
+            if busy is not None:
+                busy.stop()
             engine.close()
     return 0
 

@@ -108,6 +108,8 @@ class StepEvent:
     finish_reason: Optional[str] = None  # "eos", "length", "cancelled" on the last event
     method: Optional[str] = None  # method auto: what drafted this step ("none": nothing did)
     reason: Optional[str] = None  # method auto: why, e.g. "draft, k = 3: expected 1.30x"
+    # method auto, on the run's last event: its share of steps by method and k, and the costs it used
+    auto_report: Optional[dict] = None
 
 
 @dataclass(frozen=True)

@@ -122,9 +122,12 @@ def pin_costs(engine, folder, k: int, draft: str, methods=TEST_METHODS) -> None:
     from specdesk.engines.speculation import auto
 
     engine.cost_cache_dir = folder
+    if draft:  # where the draft sits is part of the key: load it first, as the run will
+        engine.load_draft(draft)
     costs = Costs(tuple(1.0 + 0.15 * n for n in range(k + 1)), {"ngram": 0.001, "ngram-pool": 0.002, "draft": 0.08})
     (folder / f"costs-{auto.cost_key(engine, list(methods), k, draft)}.json").write_text(json.dumps(costs.to_json()))
-    auto._memory.clear()
+    auto._models.clear()
+    engine.cost_learning = False  # the pinned costs stay what the test chose
 
 
 # --- engines -------------------------------------------------------------------------------
@@ -232,12 +235,13 @@ def test_llama_greedy_auto_on_mtp_alone_equals_baseline(demo_family, demo_cache_
     costs = Costs((1.0, 1.7, 2.4, 3.1), {"mtp": 0.05}, {"mtp": 0.0})
     monkeypatch.setattr(auto, "RETIRE_AFTER", 10**6)  # kept fed through its pauses, re-probed after them
     (tmp_path / f"costs-{auto.cost_key(engine, ['mtp'], 3, None)}.json").write_text(json.dumps(costs.to_json()))
-    auto._memory.clear()
+    auto._models.clear()
+    engine.cost_learning = False  # the pinned costs stay what the test chose
     try:
         used = assert_greedy_identical(engine, SpecConfig("auto", k=3, auto_methods=("mtp",)), PROMPTS[:3], 64)
         assert {"mtp", "none"} <= used
     finally:
-        auto._memory.clear()
+        auto._models.clear()
         engine.close()
 
 
@@ -299,24 +303,24 @@ def test_costs_are_kept_per_target_and_threads(demo_family, tmp_path):
     engine = LlamaEngine(demo_family["target_gguf"], n_ctx=256, n_threads=1)
     engine.cost_cache_dir = tmp_path
     try:
-        auto._memory.clear()
+        auto._models.clear()
         proposers = {"ngram": NgramProposer()}
-        measured = auto.load_or_measure(engine, proposers, 2, None)
+        measured = auto.load_or_measure(engine, proposers, 2, None).costs()
         assert len(measured.pass_s) == 3 and all(s > 0 for s in measured.pass_s)
         [stored] = tmp_path.glob("costs-*.json")
         # A later process reads the file instead of measuring.
         stored.write_text(json.dumps({"pass_s": [1.0, 2.0, 3.0], "draft_token_s": {"ngram": 0.5}}))
-        auto._memory.clear()
-        assert auto.load_or_measure(engine, proposers, 2, None) == Costs((1.0, 2.0, 3.0), {"ngram": 0.5})
+        auto._models.clear()
+        assert auto.load_or_measure(engine, proposers, 2, None).costs() == Costs((1.0, 2.0, 3.0), {"ngram": 0.5})
         # A damaged file is measured again; other threads are another machine state.
         stored.write_text("{not json")
-        auto._memory.clear()
-        assert auto.load_or_measure(engine, proposers, 2, None).pass_s[0] != 1.0
+        auto._models.clear()
+        assert auto.load_or_measure(engine, proposers, 2, None).costs().pass_s[0] != 1.0
         engine.set_threads(2)
         auto.load_or_measure(engine, proposers, 2, None)
         assert len(list(tmp_path.glob("costs-*.json"))) == 2
     finally:
-        auto._memory.clear()
+        auto._models.clear()
         engine.close()
 
 
@@ -371,3 +375,102 @@ def test_torch_sampled_auto_matches_plain_sampling(demo_family, tmp_path):
             assert p_value > 0.01, f"position {position}: p = {p_value:.4g}"
     finally:
         engine.close()
+
+
+# --- costs learned from the passes auto runs ----------------------------------------------------
+def test_learned_costs_follow_the_passes_and_keep_the_probes_shape():
+    from specdesk.engines.speculation.auto import CostModel
+
+    probe = Costs((1.0, 1.2, 1.4, 1.6, 1.8), {"draft": 0.1})
+    model = CostModel(probe)
+    assert model.costs() == probe
+    for _ in range(3):  # the machine got twice as slow: sizes 1 and 5 measured, 2-4 follow the probe's shape
+        model.record_pass(1, 2.0)
+        model.record_pass(5, 3.6)
+    assert model.costs().pass_s == pytest.approx((2.0, 2.4, 2.8, 3.2, 3.6))
+    assert model.learned_sizes() == [1, 5]
+    model.record_pass(1, 50.0)  # one slow pass (a scheduling hiccup) moves nothing
+    assert model.costs().pass_s[0] == 2.0
+    for _ in range(3):
+        model.record_drafting("draft", 0.3)
+    assert model.costs().draft_token_s == {"draft": 0.3}
+    for _ in range(16):  # a longer pass measured cheaper than a shorter one: noise; never cheaper
+        model.record_pass(2, 5.0)
+    assert model.costs().pass_s[0] <= model.costs().pass_s[1] <= model.costs().pass_s[2]
+
+
+def test_learned_costs_are_saved_every_so_many_passes(monkeypatch):
+    from specdesk.engines.speculation import auto
+
+    saved = []
+    monkeypatch.setattr(auto, "SAVE_EVERY", 4)
+    model = auto.CostModel(Costs((1.0, 2.0), {}), on_update=saved.append)
+    for _ in range(8):
+        model.record_pass(2, 1.5)
+    assert len(saved) == 2 and saved[-1].pass_s == (0.75, 1.5)  # size 1 scaled as size 2 moved
+
+
+def test_a_machine_that_got_busy_makes_auto_draft_longer():
+    """Under load a long pass costs little more than a short one (scheduling dominates), so
+    drafts that did not pay on the probe's costs pay now: auto follows what its passes measure."""
+    probe = Costs((1.0, 1.8, 2.6, 3.4, 4.2), {"draft": 0.05})
+    proposer = AutoProposer({"draft": Fixed((5, 5, 5, 5))}, probe, 4)
+    proposer.estimates["draft"] = estimate([0.5] * 4)
+    assert proposer.decide(4).method == "none"
+    for n, seconds in ((1, 3.0), (5, 3.3)):
+        for _ in range(3):
+            proposer.record_timing(n, seconds, 0.0, 0.0)
+    choice = proposer.decide(4)
+    assert choice.method == "draft" and choice.k >= 3, choice
+
+
+def test_auto_reports_its_choices_and_costs_on_a_real_run(demo_family, tmp_path):
+    from specdesk.engines.llama.engine import LlamaEngine
+    from specdesk.engines.speculation import auto
+
+    engine = LlamaEngine(demo_family["target_gguf"], n_ctx=256, n_threads=1)
+    engine.cost_cache_dir = tmp_path
+    auto._models.clear()
+    try:
+        tokens = engine.tokenize(PROMPTS[0])
+        run(engine, tokens, SpecConfig("auto", k=4, draft_path=demo_family["draft_gguf"]), 32)
+        report = engine.last_proposer.report()
+        assert report["steps"] > 0 and sum(report["steps_by_choice"].values()) == pytest.approx(1.0, abs=0.01)
+        assert report["costs"]["passes_recorded"] >= report["steps"]  # and the last, one-token pass
+        assert len(report["costs"]["pass_ms"]) == 5
+    finally:
+        auto._models.clear()
+        engine.close()
+
+
+def test_compare_json_and_the_compare_tab_say_what_auto_chose(demo_family, tmp_path):
+    from specdesk.app.compare import compare
+    from specdesk.engines.llama.engine import LlamaEngine
+    from specdesk.engines.speculation import auto
+    from specdesk.ui.compare_view import auto_rows
+
+    engine = LlamaEngine(demo_family["target_gguf"], n_ctx=256, n_threads=1)
+    engine.cost_cache_dir = tmp_path
+    auto._models.clear()
+    try:
+        spec = SpecConfig("auto", k=4, draft_path=demo_family["draft_gguf"])
+        report = compare(engine, PROMPTS[:2], spec, SamplingParams(), 24, engine.tokenize, warm=False).to_json()
+    finally:
+        auto._models.clear()
+        engine.close()
+    summary = report["auto"]
+    assert summary["steps"] > 0 and sum(summary["steps_by_choice"].values()) == pytest.approx(1.0, abs=0.01)
+    assert len(summary["costs"]["pass_ms"]) == 5 and summary["costs"]["passes_recorded"] > 0
+    rows = dict(auto_rows(summary))
+    assert "pass over 1 token" in rows and rows["pass over 5 tokens"].endswith(")")
+    assert all(text.endswith("of steps") for label, text in rows.items() if label in summary["steps_by_choice"])
+
+
+def test_the_servers_specdesk_field_carries_autos_report():
+    from specdesk.app.compare import StatsAccumulator
+    from specdesk.app.serve import speculation_summary
+
+    report = {"steps": 3, "steps_by_choice": {"draft k=4": 1.0}, "costs": {"pass_ms": [1.0, 1.2]}}
+    summary = speculation_summary(StatsAccumulator(4).finish(), 3, SpecConfig("auto", k=4), report)
+    assert summary["auto"] == report and summary["method"] == "auto"
+    assert "auto" not in speculation_summary(StatsAccumulator(4).finish(), 3, SpecConfig("ngram", k=4))

@@ -170,7 +170,7 @@ def test_first_launch_without_demo_models_offers_to_build(qtbot, user_dirs, dial
         pass
     qtbot.waitUntil(lambda: len(dialogs) >= 2, timeout=LOAD_TIMEOUT_MS)
     assert dialogs[0][0] == "critical" and "demo family" in dialogs[0][1]
-    assert dialogs[1][0] == "question" and "Build the small demo family" in dialogs[1][1]
+    assert dialogs[1][0] == "question" and "Use the small demo family instead?" in dialogs[1][1]
     assert window.info is None and not window.chat_view.send_button.isEnabled()
     window.close()
 

@@ -11,10 +11,11 @@ from typing import Callable, Optional
 
 import numpy as np
 import pyqtgraph as pg
-from PySide6.QtCore import Signal
+from PySide6.QtCore import Qt, Signal
 from PySide6.QtGui import QFontDatabase, QTextCharFormat, QTextCursor
-from PySide6.QtWidgets import (QCheckBox, QGroupBox, QHBoxLayout, QLabel, QPlainTextEdit, QPushButton, QSplitter,
-                               QTextBrowser, QVBoxLayout, QWidget)
+from PySide6.QtWidgets import (QAbstractItemView, QCheckBox, QGroupBox, QHBoxLayout, QLabel, QPlainTextEdit,
+                               QPushButton, QSplitter, QTableWidget, QTableWidgetItem, QTextBrowser, QVBoxLayout,
+                               QWidget)
 
 from specdesk.engines.types import SamplingParams, SpecConfig, SpecDeskError
 
@@ -24,6 +25,20 @@ from .charts import integer_ticks, make_plot
 RequestSource = Callable[[], tuple[SpecConfig, SamplingParams, int]]
 SWEEP_KS = tuple(range(1, 9))
 PASS_COST_TITLE = "pass cost against k"
+
+
+def auto_rows(report: dict) -> list[tuple[str, str]]:
+    """Method auto's report as table rows: its share of steps by method and k, then the
+    pass costs it chose with (measured in its own passes, or the probe's scaled)."""
+    rows = [(label, f"{share:.0%} of steps") for label, share in report.get("steps_by_choice", {}).items()]
+    costs = report.get("costs") or {}
+    measured = set(costs.get("measured_sizes", []))
+    for n, ms in enumerate(costs.get("pass_ms", []), start=1):
+        rows.append((f"pass over {n} token{'s' if n > 1 else ''}",
+                     f"{ms:.2f} ms ({'measured' if n in measured else 'from the probe'})"))
+    for method, ms in costs.get("draft_token_ms", {}).items():
+        rows.append((f"{method} drafting", f"{ms:.3f} ms per token"))
+    return rows
 
 
 class RunPane(QGroupBox):
@@ -152,6 +167,15 @@ class CompareView(QWidget):
         self.verdict.setWordWrap(True)
         self.details = QLabel("", self)
         self.details.setWordWrap(True)
+        # Method auto: which method and k it chose how often, and the costs it chose with.
+        self.auto_table = QTableWidget(0, 2, self)
+        self.auto_table.setHorizontalHeaderLabels(["auto chose", ""])
+        self.auto_table.verticalHeader().setVisible(False)
+        self.auto_table.horizontalHeader().setStretchLastSection(True)
+        self.auto_table.setEditTriggers(QAbstractItemView.NoEditTriggers)
+        self.auto_table.setFocusPolicy(Qt.NoFocus)
+        self.auto_table.setMaximumHeight(140)
+        self.auto_table.setVisible(False)
 
         self.position_plot = make_plot("speculative: acceptance per draft position", "draft position", self)
         self.position_plot.setYRange(0, 1.05, padding=0)
@@ -203,6 +227,7 @@ class CompareView(QWidget):
         layout.addWidget(panes, 3)
         layout.addWidget(self.verdict)
         layout.addWidget(self.details)
+        layout.addWidget(self.auto_table)
         layout.addLayout(charts, 2)
 
         worker.stream.connect(self._on_stream)
@@ -399,10 +424,20 @@ class CompareView(QWidget):
                   else "")  # a server does not say how long drafting took
         self.details.setText(f"baseline {base.tok_per_s:.1f} tok/s · speculative {spec.tok_per_s:.1f} tok/s · "
                              f"{spec.accepted}/{spec.drafted} drafts accepted{timing}")
+        self.show_auto(report.auto_report() if getattr(report, "method", None) == "auto" else None)
         acceptance = spec.per_position_acceptance
         self.position_bars.setOpts(x=np.arange(1, len(acceptance) + 1), height=np.array(acceptance), width=0.6)
         self.position_plot.setXRange(0.4, max(1, len(acceptance)) + 0.6, padding=0)
         integer_ticks(self.position_plot, list(range(1, len(acceptance) + 1)))
+
+    def show_auto(self, report: Optional[dict]) -> None:
+        rows = auto_rows(report) if report else []
+        self.auto_table.setRowCount(len(rows))
+        for row, cells in enumerate(rows):
+            for column, text in enumerate(cells):
+                self.auto_table.setItem(row, column, QTableWidgetItem(text))
+        self.auto_table.resizeColumnToContents(0)
+        self.auto_table.setVisible(bool(rows))
 
     def _show_sweep(self, sweep) -> None:
         self.sweep_result = sweep

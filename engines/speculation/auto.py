@@ -1,9 +1,11 @@
 """The `auto` method: each step, the method and k with the highest expected tokens per second.
 
-Costs are this machine's: a target pass (with verification) over n = 1..K+1 tokens, and each
-method's drafting time per token, measured once per target, engine, device, threads and
-method set (`measure_costs`, kept on the engine and, where the engine names a folder, in a
-JSON file there). Acceptance is each method's running estimate per draft position from the
+Costs are this machine's now: a target pass (with verification) over n = 1..K+1 tokens, and
+each method's drafting time per token. A short probe per target, engine, device, threads and
+method set seeds them (`measure_costs`, kept in memory and, where the engine names a folder,
+in a JSON file there); every pass auto then runs is a measurement that updates them
+(`CostModel`: medians over a short window), so a machine that gets busier or quieter is
+followed within a few steps, and the file keeps what the replies learned. Acceptance is each method's running estimate per draft position from the
 steps it drafted (`AcceptanceEstimate`). `choose` is a pure function of the two.
 
 Lossless like every method: a step's choice depends only on the costs and on what earlier
@@ -18,6 +20,7 @@ import json
 import os
 import time
 import weakref
+from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Mapping, Optional, Sequence
@@ -132,6 +135,95 @@ class Choice:
     fallback: Optional[tuple[str, int]] = None  # (method, k) that drafts when this one finds nothing
 
 
+WINDOW = 16  # recent measurements kept per pass size and per method
+MIN_SAMPLES = 3  # a size's own median is trusted from this many measurements on
+SAVE_EVERY = 64  # recorded passes between writes of the learned costs to the cost cache
+
+
+def _median(values) -> float:
+    ordered = sorted(values)
+    middle = len(ordered) // 2
+    return ordered[middle] if len(ordered) % 2 else 0.5 * (ordered[middle - 1] + ordered[middle])
+
+
+class CostModel:
+    """Pass and drafting costs learned from the passes auto runs, seeded by a probe.
+
+    Every verified pass is a measurement: its size (tokens in it), its seconds, the chosen
+    method's drafting seconds per token, and a fed hidden-state drafter's catch-up. Each is
+    kept as the median of a short window, so a single slow pass (a scheduling hiccup) moves
+    nothing while a lasting change of the machine (load, battery, throttling) shows within a
+    few steps. A size not run lately is the probe's cost for it, scaled by how far the sizes
+    around it that were run moved from the probe: the probe gives the shape, the passes the level."""
+
+    def __init__(self, probe: Costs, on_update=None):
+        self.probe = probe
+        self.passes = [deque(maxlen=WINDOW) for _ in probe.pass_s]  # size n = index + 1
+        self.drafting = {m: deque(maxlen=WINDOW) for m in probe.draft_token_s}
+        self.observing = {m: deque(maxlen=WINDOW) for m in probe.observe_s}
+        self.recorded = 0
+        self._costs: Optional[Costs] = probe
+        self._on_update = on_update  # called with the learned Costs every SAVE_EVERY passes
+
+    def record_pass(self, n_tokens: int, seconds: float) -> None:
+        if 1 <= n_tokens <= len(self.passes) and seconds > 0:
+            self.passes[n_tokens - 1].append(seconds)
+            self._changed()
+
+    def record_drafting(self, method: str, seconds_per_token: float) -> None:
+        if method in self.drafting and seconds_per_token >= 0:
+            self.drafting[method].append(seconds_per_token)
+            self._changed()
+
+    def record_observing(self, method: str, seconds: float) -> None:
+        if method in self.observing and seconds >= 0:
+            self.observing[method].append(seconds)
+            self._changed()
+
+    def _changed(self) -> None:
+        self._costs = None
+        self.recorded += 1
+        if self._on_update is not None and self.recorded % SAVE_EVERY == 0:
+            self._on_update(self.costs())
+
+    def learned_sizes(self) -> list[int]:
+        return [n for n, window in enumerate(self.passes, start=1) if len(window) >= MIN_SAMPLES]
+
+    def costs(self) -> Costs:
+        """The current estimate (cached until the next measurement)."""
+        if self._costs is None:
+            self._costs = self._estimate()
+        return self._costs
+
+    def _estimate(self) -> Costs:
+        probe = self.probe.pass_s
+        learned = {n: _median(self.passes[n - 1]) for n in self.learned_sizes()}
+        sizes = sorted(learned)
+        # How far each measured size moved from the probe, interpolated between measured sizes
+        # (the nearest one's beyond them): under load a long pass moves less than a short one.
+        ratios = [learned[n] / probe[n - 1] for n in sizes]
+        pass_s = [learned[n] if n in learned else
+                  probe[n - 1] * (float(np.interp(n, sizes, ratios)) if sizes else 1.0)
+                  for n in range(1, len(probe) + 1)]
+        # Larger passes never cost less: where noise says so, the smaller size takes the larger's time.
+        for i in range(len(pass_s) - 2, -1, -1):
+            pass_s[i] = min(pass_s[i], pass_s[i + 1])
+
+        def level(windows, prior):
+            return {m: (_median(windows[m]) if len(windows[m]) >= MIN_SAMPLES else s) for m, s in prior.items()}
+
+        return Costs(tuple(pass_s), level(self.drafting, self.probe.draft_token_s),
+                     level(self.observing, self.probe.observe_s))
+
+    def describe(self) -> dict:
+        """What auto used: the pass costs (ms per size) and which sizes were measured in passes."""
+        costs = self.costs()
+        return {"pass_ms": [round(s * 1e3, 3) for s in costs.pass_s], "measured_sizes": self.learned_sizes(),
+                "draft_token_ms": {m: round(s * 1e3, 3) for m, s in costs.draft_token_s.items()},
+                "observe_ms": {m: round(s * 1e3, 3) for m, s in costs.observe_s.items()},
+                "passes_recorded": sum(len(w) for w in self.passes)}
+
+
 def expected_tokens(per_position: Sequence[float], k: int) -> float:
     """Tokens one step commits: the target's own plus each draft position reached and accepted."""
     tokens, reach = 1.0, 1.0
@@ -224,10 +316,12 @@ class AutoProposer:
     method). `observer`: the one sub-proposer that reads the target's hidden states (MTP),
     which the engine feeds every pass, whichever method drafted it."""
 
-    def __init__(self, proposers: Mapping[str, object], costs: Costs, max_k: int, observer: Optional[str] = None,
-                 learned: Optional[dict] = None):
+    def __init__(self, proposers: Mapping[str, object], costs: "Costs | CostModel", max_k: int,
+                 observer: Optional[str] = None, learned: Optional[dict] = None, learn_costs: bool = True):
         self.proposers = {m: proposers[m] for m in sorted(proposers, key=_method_order)}
-        self.costs = costs
+        # Costs learned from this run's passes (and the runs before it on the same models).
+        self.cost_model = costs if isinstance(costs, CostModel) else CostModel(costs)
+        self.learn_costs = learn_costs
         self.max_k = max_k
         self.observer = self.proposers.get(observer) if observer else None
         self.observer_method = observer if self.observer is not None else None
@@ -242,6 +336,27 @@ class AutoProposer:
         self.choice = Choice("none", 0, 1.0, "no speculation: not started")
         self._pending: Optional[tuple[str, int, int]] = None  # (method, k asked, drafted) of this step
         self._missed: Optional[str] = None  # the method that found nothing this step, before its fallback
+        self.usage: dict[str, int] = {}  # "method k=K" (or "none") -> steps, for reports
+
+    @property
+    def costs(self) -> Costs:
+        return self.cost_model.costs()
+
+    def record_timing(self, pass_tokens: int, pass_s: float, observe_s: float, draft_s: float) -> None:
+        """This step's measurements, before `accept`: the target pass over `pass_tokens` tokens
+        (verification included), a fed hidden-state drafter's catch-up on its rows, and the
+        drafting. A step whose lookup found nothing before its fallback drafted tells nothing
+        clean about either method's drafting cost, and is left out of that."""
+        if not self.learn_costs:
+            return
+        model = self.cost_model
+        model.record_pass(pass_tokens, pass_s)
+        if self.observer_method is not None:
+            model.record_observing(self.observer_method, observe_s)
+        if self._pending is not None and self._missed is None:
+            method, _, drafted = self._pending
+            if drafted and method != self.observer_method:
+                model.record_drafting(method, draft_s / drafted)
 
     def begin(self, prompt: Sequence[int]) -> None:
         for proposer in self.proposers.values():
@@ -291,6 +406,8 @@ class AutoProposer:
                 self.choice = Choice(fallback, fallback_k, self.choice.expected_speedup,
                                      f"{method} found nothing: {fallback}, k = {fallback_k} "
                                      f"(expected {self.choice.expected_speedup:.2f}x with {method})")
+        label = f"{self.choice.method} k={self.choice.k}" if draft.tokens else "none"
+        self.usage[label] = self.usage.get(label, 0) + 1
         self.counters.record_proposal(len(draft.tokens), time.perf_counter() - started)
         return draft
 
@@ -325,9 +442,17 @@ class AutoProposer:
     def stats(self) -> dict:
         return {"method": "auto", "choice": self.choice.reason, **self.counters.as_dict()}
 
+    def report(self) -> dict:
+        """What auto did and why, for compare's JSON and the server's `specdesk` field: its
+        share of steps by method and k, and the costs it chose with."""
+        steps = sum(self.usage.values()) or 1
+        return {"steps_by_choice": {label: round(n / steps, 3) for label, n in
+                                    sorted(self.usage.items(), key=lambda item: -item[1])},
+                "steps": sum(self.usage.values()), "costs": self.cost_model.describe()}
+
 
 # --- measuring costs ----------------------------------------------------------------
-_memory: dict[str, Costs] = {}
+_models: dict[str, CostModel] = {}  # cost key -> the model every run on those models learns into
 # engine -> (cost key, greedy) -> method -> its acceptance estimate, carried from one run to the next
 _learned: "weakref.WeakKeyDictionary[object, dict[tuple[str, bool], dict[str, AcceptanceEstimate]]]" = \
     weakref.WeakKeyDictionary()
@@ -354,12 +479,13 @@ def cost_key(engine, methods: Sequence[str], max_k: int, draft_path: Optional[st
 
 
 def load_or_measure(engine, proposers: Mapping[str, object], max_k: int, draft_path: Optional[str],
-                    observer: Optional[str] = None) -> Costs:
-    """The costs for this engine and method set: from memory, from the engine's cost folder
-    (`engine.cost_cache_dir`, when set), else measured now and stored in both."""
+                    observer: Optional[str] = None) -> CostModel:
+    """The cost model for this engine and method set: from memory, seeded from the engine's
+    cost folder (`engine.cost_cache_dir`, when set), else from a short probe now. What the
+    replies measure updates it, and the folder's copy every SAVE_EVERY passes."""
     key = cost_key(engine, list(proposers), max_k, draft_path)
-    if key in _memory:
-        return _memory[key]
+    if key in _models:
+        return _models[key]
     folder = getattr(engine, "cost_cache_dir", None)
     path = Path(folder) / f"costs-{key}.json" if folder else None
     costs = None
@@ -372,23 +498,30 @@ def load_or_measure(engine, proposers: Mapping[str, object], max_k: int, draft_p
             costs = None  # a damaged cache file is measured again
     if costs is None:
         costs = measure_costs(engine, proposers, max_k, observer)
-        if path is not None:
-            try:
-                path.parent.mkdir(parents=True, exist_ok=True)
-                tmp = path.with_suffix(".tmp")
-                tmp.write_text(json.dumps(costs.to_json()), encoding="utf-8")
-                os.replace(tmp, path)
-            except OSError:
-                pass  # a read-only cache folder costs a measurement next time, nothing more
-    _memory[key] = costs
-    return costs
+        _store(path, costs)
+    model = CostModel(costs, on_update=lambda learned: _store(path, learned))
+    _models[key] = model
+    return model
+
+
+def _store(path: Optional[Path], costs: Costs) -> None:
+    if path is None:
+        return
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(costs.to_json()), encoding="utf-8")
+        os.replace(tmp, path)
+    except OSError:
+        pass  # a read-only cache folder costs a measurement next time, nothing more
 
 
 def measure_costs(engine, proposers: Mapping[str, object], max_k: int, observer: Optional[str] = None,
-                  repeats: int = 5) -> Costs:
+                  repeats: int = 2) -> Costs:
     """Time the target pass (with greedy verification) over 1..K+1 tokens on a probe prompt,
     the fastest of `repeats` (never more than a larger size's), and each proposer's drafting
-    per token on the same prompt."""
+    per token on the same prompt. A seed only: the passes auto then runs correct it
+    (CostModel), so it is kept short rather than exact."""
     probe = list(engine.tokenize(PROBE_TEXT))
     while len(probe) < max_k + 8:
         probe = probe + probe
@@ -480,14 +613,15 @@ def make_auto_proposer(engine, spec, sampling: SamplingParams, rng: np.random.Ge
                                           sampling, rng)
     observer = "mtp" if "mtp" in proposers else None
     draft_path = spec.draft_path if "draft" in proposers else None
-    costs = load_or_measure(engine, proposers, spec.k, draft_path, observer)
+    model = load_or_measure(engine, proposers, spec.k, draft_path, observer)
     # Greedy and sampled runs accept differently: each learns apart.
     learned = _learned.setdefault(engine, {}).setdefault(
         (cost_key(engine, list(proposers), spec.k, draft_path), sampling.greedy), {})
-    if observer is not None and not worth_feeding(costs, observer, spec.k, learned.get(observer)):
+    if observer is not None and not worth_feeding(model.costs(), observer, spec.k, learned.get(observer)):
         del proposers[observer]  # never attached: its catch-up would cost more than it can save
         observer = None
-    return AutoProposer(proposers, costs, spec.k, observer, learned)
+    return AutoProposer(proposers, model, spec.k, observer, learned,
+                        learn_costs=getattr(engine, "cost_learning", True))
 
 
 def worth_feeding(costs: Costs, method: str, max_k: int, shown: Optional[AcceptanceEstimate] = None) -> bool:

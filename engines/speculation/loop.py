@@ -16,7 +16,6 @@ import numpy as np
 
 from ..text import IncrementalDetokenizer
 from ..types import Draft, GenerationRequest, SamplingParams, SpecDeskError, StepEvent
-from .auto import AutoProposer
 from .proposers import ModelSource, make_proposer
 from .protocols import Proposer
 from .verify import VerifyResult
@@ -121,7 +120,7 @@ def commit(draft_tokens: Sequence[int], accepted: int, next_token: int, remainin
 
 def step_event(n_drafted: int, accepted: int, committed: Sequence[int], from_draft: Sequence[bool], text: str,
                draft_s: float, verify_s: float, finish_reason: Optional[str], method: Optional[str] = None,
-               reason: Optional[str] = None) -> StepEvent:
+               reason: Optional[str] = None, auto_report: Optional[dict] = None) -> StepEvent:
     return StepEvent(
         tokens=tuple(committed),
         text=text,
@@ -135,6 +134,7 @@ def step_event(n_drafted: int, accepted: int, committed: Sequence[int], from_dra
         finish_reason=finish_reason,
         method=method,
         reason=reason,
+        auto_report=auto_report,
     )
 
 
@@ -220,6 +220,7 @@ def run_steps(engine: StepTarget, request: GenerationRequest, cancel: threading.
         n_past = ctx.n_past
         output = engine.target_pass([context[-1], *draft.tokens], proposer)
         result = engine.verify_pass(draft, output, request.sampling, rng)
+        passed = time.perf_counter()
         accepted = result.accepted
         ctx.rollback(n_past + 1 + accepted)
         # The rows of every token the target accepted, before any cut at eos or length.
@@ -228,14 +229,19 @@ def run_steps(engine: StepTarget, request: GenerationRequest, cancel: threading.
         committed, from_draft, finish_reason = commit(draft.tokens, accepted, result.next_token, remaining, room,
                                                       engine.target.is_eog, request.stop_at_eos)
         if proposer is not None:
+            record_timing = getattr(proposer, "record_timing", None)  # a proposer that learns costs (auto)
+            if record_timing is not None:
+                record_timing(1 + len(draft.tokens), passed - drafted, verified - passed, drafted - started)
             proposer.accept(accepted, committed)
         context.extend(committed)
         generated += len(committed)
         text = detok.push(committed)
         if finish_reason is not None:
             text += detok.flush()
-        choice = proposer.choice if isinstance(proposer, AutoProposer) else None
+        choice = getattr(proposer, "choice", None)  # a proposer that chooses a method each step (auto)
+        report = getattr(proposer, "report", None) if finish_reason is not None else None
         yield step_event(len(draft.tokens), accepted, committed, from_draft, text, drafted - started,
-                         verified - drafted, finish_reason, choice and choice.method, choice and choice.reason)
+                         verified - drafted, finish_reason, choice and choice.method, choice and choice.reason,
+                         report() if report is not None else None)
         if finish_reason is not None:
             return
