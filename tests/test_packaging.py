@@ -291,3 +291,24 @@ def test_linux_build_checks_the_instructions_of_what_it_ships():
     script = (PACKAGING / "build_linux.sh").read_text()
     assert "packaging/check_instructions.py" in script
     assert script.index("check_instructions.py") < script.index("--selftest")
+
+
+@pytest.mark.skipif(os.uname().machine != "x86_64" or not __import__("shutil").which("qemu-x86_64"),
+                    reason="x86-64 with qemu-user")
+def test_the_cpu_capped_run_stops_where_the_cpu_lacks_the_code_s_instructions(tmp_path):
+    """llama.cpp built for x86-64-v3 on an emulated Nehalem (SSE4.2, no AVX): SIGILL, one line."""
+    import llama_cpp
+
+    from specdesk.engines.llama.devices import llama_build
+
+    if llama_build()["cpu_variant"] not in ("x86-64-v3", "x86-64-v4"):
+        pytest.skip("this install's llama.cpp would run on a Nehalem")
+
+    lib = Path(llama_cpp.__file__).parent / "lib"
+    (tmp_path / "_internal" / "llama_cpp").mkdir(parents=True)
+    (tmp_path / "_internal" / "llama_cpp" / "lib").symlink_to(lib)
+    done = subprocess.run([sys.executable, str(PACKAGING / "cpu_capped_check.py"), str(tmp_path), "--cpu", "Nehalem"],
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert done.stderr.strip().splitlines()[-1].startswith(
+        "cpu_capped_check: the bundle's llama.cpp failed on an emulated Nehalem (signal 4: illegal instruction)")

@@ -1,0 +1,89 @@
+"""Runs a bundle's llama.cpp libraries on an emulated CPU with nothing above the baseline.
+
+    python packaging/cpu_capped_check.py BUNDLE_DIR [--cpu Haswell-v4] [--tokens 8]
+
+QEMU user mode (`qemu-x86_64`, Debian's qemu-user) emulates the CPU model it is given: a
+Haswell has AVX2, FMA, F16C and BMI2 and no AVX-512, so an instruction above x86-64-v3 that
+the disassembly check missed stops the run with SIGILL. The bundle's own executable cannot be
+run this way (its bootloader restarts itself with exec(), and the new image runs natively), so
+this interpreter runs under QEMU with llama-cpp-python pointed at the bundle's libraries
+(LLAMA_CPP_LIB_PATH): greedy decoding of the demo target, without and with the demo draft, must
+give the same tokens. The demo family is derived natively first (numpy under emulation is slow).
+Prints one JSON line; exit status 1 on a failure, 2 when QEMU is missing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+
+def inner(target: str, draft: str, tokens: int) -> int:
+    """Runs under QEMU: the generation itself."""
+    from specdesk.engines.llama.devices import llama_build
+    from specdesk.engines.llama.engine import LlamaEngine
+    from specdesk.engines.types import GenerationRequest, SamplingParams, SpecConfig
+    from specdesk.app.compare import run_once
+
+    engine = LlamaEngine(target, n_ctx=128, n_threads=1)
+    try:
+        prompt = tuple(engine.tokenize("def parse_args(argv):\n    "))
+        runs = [run_once(engine, GenerationRequest(prompt, tokens, SamplingParams(), spec, stop_at_eos=False)).tokens
+                for spec in (SpecConfig(), SpecConfig(method="draft", k=4, draft_path=draft))]
+    finally:
+        engine.close()
+    print(json.dumps({"cpu_variant": llama_build()["cpu_variant"], "tokens": len(runs[0]),
+                      "identical": runs[0] == runs[1]}))
+    return 0 if runs[0] == runs[1] and len(runs[0]) == tokens else 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("bundle", type=Path)
+    parser.add_argument("--cpu", default="Haswell-v4", help="QEMU's CPU model (qemu-x86_64 -cpu help)")
+    parser.add_argument("--tokens", type=int, default=8)
+    parser.add_argument("--inner", nargs=2, metavar=("TARGET", "DRAFT"), help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.inner:
+        return inner(*args.inner, args.tokens)
+    qemu = shutil.which("qemu-x86_64")
+    if qemu is None:
+        print("cpu_capped_check: qemu-x86_64 is missing: install qemu-user", file=sys.stderr)
+        return 2
+    libraries = args.bundle / "_internal" / "llama_cpp" / "lib"
+    if not libraries.is_dir():
+        print(f"cpu_capped_check: {libraries} is missing: not a built bundle", file=sys.stderr)
+        return 2
+    from specdesk.app.demo.install import build_family
+
+    with tempfile.TemporaryDirectory(prefix="specdesk-cpu-check-") as work:
+        os.environ["SPECDESK_CACHE_DIR"] = work
+        paths = build_family(out=Path(work) / "demo")
+        started = time.monotonic()
+        done = subprocess.run([qemu, "-cpu", args.cpu, sys.executable, __file__, str(args.bundle), "--tokens",
+                               str(args.tokens), "--inner", paths["target_gguf"], paths["draft_gguf"]],
+                              env={**os.environ, "LLAMA_CPP_LIB_PATH": str(libraries), "OMP_NUM_THREADS": "1"},
+                              capture_output=True, text=True)
+    seconds = round(time.monotonic() - started, 1)
+    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
+    result = json.loads(lines[-1]) if lines else {}
+    print(json.dumps({"emulated_cpu": args.cpu, **result, "seconds": seconds, "exit_status": done.returncode}))
+    if done.returncode != 0:
+        errors = [line for line in done.stderr.splitlines() if "TCG doesn't support" not in line]
+        signal = -done.returncode if done.returncode < 0 else None
+        print(f"cpu_capped_check: the bundle's llama.cpp failed on an emulated {args.cpu}"
+              + (f" (signal {signal}{': illegal instruction' if signal == 4 else ''})" if signal else "")
+              + (f": {errors[-1]}" if errors else ""), file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
