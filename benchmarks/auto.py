@@ -75,12 +75,17 @@ class BusyLoops:
 
 
 def bench(kind: str, engine, configs: list[SpecConfig], prompts: list[str], max_tokens: int, rounds: int = 1,
-          busy_from: float = 2.0, busy: Optional[BusyLoops] = None) -> None:
+          busy_from: float = 2.0, busy: Optional[BusyLoops] = None, busy_probe: bool = False) -> None:
     sampling = SamplingParams()
     encoded = [engine.tokenize(p) for p in prompts]
+    probe_load = BusyLoops(2) if busy_probe else None
+    if probe_load is not None:  # auto's first cost probe on a busy machine; the timed runs are quiet
+        probe_load.start()
     for spec in configs:  # first-call allocations and auto's cost measurement, untimed
         engine.reset_chat()
         run_once(engine, GenerationRequest(tuple(encoded[0]), max_tokens=4, sampling=sampling, spec=spec))
+    if probe_load is not None:
+        probe_load.stop()
     tokens = Counter()
     seconds = Counter()
     outputs: dict[str, list] = {label(s): [] for s in configs}
@@ -128,6 +133,10 @@ def main() -> int:
     parser.add_argument("--busy-from", type=float, default=None,
                         help="start busy loops after this fraction of the timed runs (0: from the start)")
     parser.add_argument("--busy-loops", type=int, default=2)
+    parser.add_argument("--probe-costs-only", action="store_true",
+                        help="auto keeps its first probe's costs (no learning from its passes), for comparison")
+    parser.add_argument("--busy-probe", action="store_true",
+                        help="two busy loops while auto takes its first cost probe (untimed), none after")
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--ks", default="1,2,3,4,6")
     parser.add_argument("--rounds", type=int, default=1, help="times through the prompts (less noise)")
@@ -157,10 +166,11 @@ def main() -> int:
                 target = build_native(paths)["mtp_gguf"]
             engine = LlamaEngine(target, n_ctx=1024, n_threads=args.threads)
             draft = paths["draft_gguf"]
+        engine.cost_learning = not args.probe_costs_only
         busy = BusyLoops(args.busy_loops) if args.busy_from is not None else None
         try:
             bench(kind, engine, configurations(kind, draft, ks), prompts, args.max_tokens, args.rounds,
-                  args.busy_from if args.busy_from is not None else 2.0, busy)
+                  args.busy_from if args.busy_from is not None else 2.0, busy, args.busy_probe)
         finally:
             if busy is not None:
                 busy.stop()

@@ -391,9 +391,15 @@ def test_learned_costs_follow_the_passes_and_keep_the_probes_shape():
     assert model.learned_sizes() == [1, 5]
     model.record_pass(1, 50.0)  # one slow pass (a scheduling hiccup) moves nothing
     assert model.costs().pass_s[0] == 2.0
-    for _ in range(3):
-        model.record_drafting("draft", 0.3)
-    assert model.costs().draft_token_s == {"draft": 0.3}
+    for _ in range(3):  # one draft length: the probe's cost per token, the rest a cost per step
+        model.record_drafting("draft", 4, 1.2)
+    assert model.costs().draft_token_s == {"draft": 0.1}
+    assert model.costs().draft_step_s["draft"] == pytest.approx(0.8)
+    for drafted, seconds in ((2, 0.7), (2, 0.7), (4, 1.1)):  # two lengths: a line through them
+        model.record_drafting("draft", drafted, seconds)
+    costs = model.costs()
+    assert costs.drafting_cost("draft", 2) == pytest.approx(costs.draft_step_s["draft"] + 2 * costs.draft_token_s["draft"])
+    assert 0.1 < costs.draft_token_s["draft"] < 0.3 and costs.draft_step_s["draft"] > 0.2
     for _ in range(16):  # a longer pass measured cheaper than a shorter one: noise; never cheaper
         model.record_pass(2, 5.0)
     assert model.costs().pass_s[0] <= model.costs().pass_s[1] <= model.costs().pass_s[2]

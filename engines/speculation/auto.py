@@ -52,6 +52,12 @@ class Costs:
     draft_token_s: Mapping[str, float]  # method -> seconds drafting per drafted token
     # method -> seconds a hidden-state drafter adds to every target pass while it is fed (its catch-up)
     observe_s: Mapping[str, float] = field(default_factory=dict)
+    # method -> seconds a drafting step costs besides its tokens (a draft model's catch-up on the
+    # tokens committed since its last step, the chooser itself)
+    draft_step_s: Mapping[str, float] = field(default_factory=dict)
+
+    def drafting_cost(self, method: str, drafted: float) -> float:
+        return self.draft_step_s.get(method, 0.0) + self.draft_token_s.get(method, 0.0) * drafted
 
     def pass_cost(self, n: float) -> float:
         """A pass over n tokens (fractional n: linear between measured sizes, the last size's
@@ -65,13 +71,14 @@ class Costs:
 
     def to_json(self) -> dict:
         return {"pass_s": list(self.pass_s), "draft_token_s": dict(self.draft_token_s),
-                "observe_s": dict(self.observe_s)}
+                "observe_s": dict(self.observe_s), "draft_step_s": dict(self.draft_step_s)}
 
     @classmethod
     def from_json(cls, data: dict) -> "Costs":
         return cls(tuple(float(x) for x in data["pass_s"]),
                    {str(m): float(s) for m, s in data["draft_token_s"].items()},
-                   {str(m): float(s) for m, s in data.get("observe_s", {}).items()})
+                   {str(m): float(s) for m, s in data.get("observe_s", {}).items()},
+                   {str(m): float(s) for m, s in data.get("draft_step_s", {}).items()})
 
 
 @dataclass
@@ -136,6 +143,11 @@ class Choice:
 
 
 WINDOW = 16  # recent measurements kept per pass size and per method
+# Drafting costs from the steps themselves: off, as measured on held-out prompts. A step's
+# drafting includes the draft model catching up on what was committed since, which in a run
+# that mixes methods grows with how rarely it drafts; learned, it made auto shun the draft
+# model (0.88-0.91x of the best fixed setting, against 0.99x with the probe's costs).
+LEARN_DRAFTING = False
 MIN_SAMPLES = 3  # a size's own median is trusted from this many measurements on
 SAVE_EVERY = 64  # recorded passes between writes of the learned costs to the cost cache
 
@@ -170,9 +182,9 @@ class CostModel:
             self.passes[n_tokens - 1].append(seconds)
             self._changed()
 
-    def record_drafting(self, method: str, seconds_per_token: float) -> None:
-        if method in self.drafting and seconds_per_token >= 0:
-            self.drafting[method].append(seconds_per_token)
+    def record_drafting(self, method: str, drafted: int, seconds: float) -> None:
+        if method in self.drafting and drafted > 0 and seconds >= 0:
+            self.drafting[method].append((drafted, seconds))
             self._changed()
 
     def record_observing(self, method: str, seconds: float) -> None:
@@ -212,14 +224,37 @@ class CostModel:
         def level(windows, prior):
             return {m: (_median(windows[m]) if len(windows[m]) >= MIN_SAMPLES else s) for m, s in prior.items()}
 
-        return Costs(tuple(pass_s), level(self.drafting, self.probe.draft_token_s),
-                     level(self.observing, self.probe.observe_s))
+        # Drafting runs on the same machine as the passes: without measurements of its own it
+        # moves as the passes moved from the probe (a probe taken while the machine was busy
+        # overstates both, and the passes that follow correct both).
+        moved = _median(ratios) if ratios else 1.0
+        per_token = {m: t * moved for m, t in self.probe.draft_token_s.items()}
+        per_step = {m: t * moved for m, t in self.probe.draft_step_s.items()}
+        for method, window in self.drafting.items():
+            if len(window) >= MIN_SAMPLES:
+                per_token[method], per_step[method] = self._drafting_line(window, self.probe.draft_token_s[method])
+        return Costs(tuple(pass_s), per_token, level(self.observing, self.probe.observe_s), per_step)
+
+    @staticmethod
+    def _drafting_line(window, probe_per_token: float) -> tuple[float, float]:
+        """(seconds per drafted token, seconds per step besides) from (drafted, seconds) steps: a
+        line through them where steps drafted different lengths; else the probe's per-token
+        cost, with what the steps took beyond it as the per-step part."""
+        counts = np.array([n for n, _ in window], dtype=float)
+        seconds = np.array([t for _, t in window], dtype=float)
+        if len(set(counts)) >= 2:
+            slope, intercept = np.polyfit(counts, seconds, 1)
+            if slope >= 0 and intercept >= 0:
+                return float(slope), float(intercept)
+        per_step = _median(list(seconds - probe_per_token * counts))
+        return probe_per_token, max(0.0, per_step)
 
     def describe(self) -> dict:
         """What auto used: the pass costs (ms per size) and which sizes were measured in passes."""
         costs = self.costs()
         return {"pass_ms": [round(s * 1e3, 3) for s in costs.pass_s], "measured_sizes": self.learned_sizes(),
                 "draft_token_ms": {m: round(s * 1e3, 3) for m, s in costs.draft_token_s.items()},
+                "draft_step_ms": {m: round(s * 1e3, 3) for m, s in costs.draft_step_s.items()},
                 "observe_ms": {m: round(s * 1e3, 3) for m, s in costs.observe_s.items()},
                 "passes_recorded": sum(len(w) for w in self.passes)}
 
@@ -245,12 +280,13 @@ def _outcomes(costs: Costs, method: str, per_position: Sequence[float], draft_sh
     over the positions; `extra_s`: what every step costs besides (a fed hidden-state drafter's
     catch-up). Plain floats: the chooser calls this for every method each step."""
     draft_s = costs.draft_token_s.get(method, 0.0)
+    step_s = costs.draft_step_s.get(method, 0.0) + extra_s
     tokens, reach, out = 1.0, 1.0, []
     for k in range(1, max_k + 1):
         reach *= per_position[k - 1]
         tokens += reach
         drafted = draft_share * k
-        out.append((tokens, draft_s * drafted + costs.pass_cost(1.0 + drafted) + extra_s))
+        out.append((tokens, step_s + draft_s * drafted + costs.pass_cost(1.0 + drafted)))
     return out
 
 
@@ -337,6 +373,7 @@ class AutoProposer:
         self._pending: Optional[tuple[str, int, int]] = None  # (method, k asked, drafted) of this step
         self._missed: Optional[str] = None  # the method that found nothing this step, before its fallback
         self.usage: dict[str, int] = {}  # "method k=K" (or "none") -> steps, for reports
+        self._previous_drafter: Optional[str] = None  # the method that drafted the step before
 
     @property
     def costs(self) -> Costs:
@@ -346,7 +383,8 @@ class AutoProposer:
         """This step's measurements, before `accept`: the target pass over `pass_tokens` tokens
         (verification included), a fed hidden-state drafter's catch-up on its rows, and the
         drafting. A step whose lookup found nothing before its fallback drafted tells nothing
-        clean about either method's drafting cost, and is left out of that."""
+        clean about either method's drafting cost, and is left out of that, as is a step right
+        after a switch of method."""
         if not self.learn_costs:
             return
         model = self.cost_model
@@ -355,8 +393,13 @@ class AutoProposer:
             model.record_observing(self.observer_method, observe_s)
         if self._pending is not None and self._missed is None:
             method, _, drafted = self._pending
-            if drafted and method != self.observer_method:
-                model.record_drafting(method, draft_s / drafted)
+            # Only a method that also drafted the step before: after a switch its drafting
+            # includes catching up on what other methods committed meanwhile, a cost of
+            # switching that would make a method look dearer the less it is used.
+            if (LEARN_DRAFTING and drafted and method != self.observer_method
+                    and method == self._previous_drafter):
+                model.record_drafting(method, drafted, draft_s)
+        self._previous_drafter = self._pending[0] if self._pending is not None else None
 
     def begin(self, prompt: Sequence[int]) -> None:
         for proposer in self.proposers.values():
@@ -364,6 +407,7 @@ class AutoProposer:
         self.steps = 0
         self.last_used = {m: 0 for m in self.proposers}
         self.last_chosen = {m: 0 for m in self.proposers}
+        self._previous_drafter = None  # a new prompt: every method catches up first
 
     def decide(self, k_budget: int) -> Choice:
         """This step's choice (from history only); a method unused for REPROBE_EVERY steps
