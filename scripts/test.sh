@@ -9,4 +9,4 @@ export QT_QPA_PLATFORM=offscreen
 if [ $# -eq 0 ]; then
     bash scripts/bundle_check.sh
 fi
-exec .venv/bin/python -m pytest -q "$@"
+exec .venv/bin/python -m pytest -q --durations=25 "$@"
