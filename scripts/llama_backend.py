@@ -89,12 +89,18 @@ def _vulkan_headers() -> str | None:
     return None
 
 
+def _forced(variable: str, allowed: tuple[str, ...]) -> str | None:
+    """An environment variable's choice, checked against what it may name."""
+    forced = os.environ.get(variable, "").strip().lower()
+    if forced and forced not in allowed:
+        raise SystemExit(f"{variable}={forced!r} is not one of {', '.join(allowed)}")
+    return forced or None
+
+
 def choose() -> tuple[str, str]:
     """(backend, one-line reason)."""
-    forced = os.environ.get("SPECDESK_LLAMA_BACKEND", "").strip().lower()
+    forced = _forced("SPECDESK_LLAMA_BACKEND", BACKENDS)
     if forced:
-        if forced not in BACKENDS:
-            raise SystemExit(f"SPECDESK_LLAMA_BACKEND={forced!r} is not one of {', '.join(BACKENDS)}")
         return forced, f"SPECDESK_LLAMA_BACKEND={forced}"
     system, arch = machine()
     if system == "Darwin":
@@ -141,10 +147,8 @@ def _cpu_flags() -> set[str]:
 
 def cpu_baseline() -> tuple[str, str]:
     """(baseline, reason) for the CPU code of an x86-64 build; other machines: ('default', ...)."""
-    forced = os.environ.get("SPECDESK_LLAMA_CPU", "").strip().lower()
+    forced = _forced("SPECDESK_LLAMA_CPU", BASELINES)
     if forced:
-        if forced not in BASELINES:
-            raise SystemExit(f"SPECDESK_LLAMA_CPU={forced!r} is not one of {', '.join(BASELINES)}")
         return forced, f"SPECDESK_LLAMA_CPU={forced}"
     system, arch = machine()
     if arch not in ("x86_64", "AMD64", "amd64"):
