@@ -156,6 +156,7 @@ class CompareReport:
     temperature: float
     results: tuple[PromptResult, ...]
     divergences: tuple[Divergence, ...] = ()  # greedy runs only: each prompt's first divergence
+    device: Optional[str] = None  # where the models sat (the engine's device_description)
 
     @property
     def baseline(self) -> RunStats:
@@ -194,6 +195,7 @@ class CompareReport:
         base, spec = self.baseline, self.speculative
         return {
             "engine": self.engine,
+            "device": self.device,
             "target": self.target,
             "draft": self.draft,
             "method": self.method,
@@ -257,7 +259,8 @@ def compare(engine, prompts: list[str], spec: SpecConfig, sampling: SamplingPara
             if divergence is not None:
                 divergences.append(divergence)
     return CompareReport(engine.name, str(engine.target.path), spec.draft_path, spec.method,
-                         spec.k, sampling.temperature, tuple(results), tuple(divergences))
+                         spec.k, sampling.temperature, tuple(results), tuple(divergences),
+                         getattr(engine, "device_description", None))
 
 
 MAX_PROMPTS_FILE_BYTES = 256 * 2**20

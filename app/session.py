@@ -148,7 +148,7 @@ class ModelInfo:
     chat_template: bool  # whether the model file has its own chat template
     unavailable: tuple[tuple[str, str], ...] = ()  # (method, why not) for the engine's other methods
     draft_verdicts: tuple[tuple[str, tuple[str, ...]], ...] = ()  # (draft choice, why it cannot serve; () fits)
-    placement: str = ""  # where the target and the draft sit, in words ("" for the PyTorch engine)
+    placement: str = ""  # where the target and the draft sit, in words (PyTorch: device and dtype)
     placement_report: Optional[dict] = None  # each model's device, layers and allocated bytes per device
 
 
@@ -165,7 +165,9 @@ def describe_engine(engine, draft_path: Optional[str], verdict_paths: dict[str, 
     report = facts.get("placement") or None
     return ModelInfo(str(engine.target.path), draft_path, engine.name, supported, engine.n_ctx, facts["threads"],
                      facts["n_params"], facts["size_bytes"], facts["has_chat_template"], unavailable,
-                     tuple(facts["verdicts"]), describe_placement(report), report)
+                     tuple(facts["verdicts"]),
+                     # llama.cpp: layers per device; PyTorch: its device and dtype ("CPU · float32")
+                     describe_placement(report) if report else engine.device_description, report)
 
 
 # --- prompts -------------------------------------------------------------------

@@ -277,3 +277,24 @@ def test_supported_methods_say_why_not(demo_family, family):
     mismatched = supported_methods(demo_family["draft_hf"], demo_family["dflash_hf"])
     assert "hidden_size" in mismatched["dflash"]
     assert "not a folder" in supported_methods(Path(demo_family["target_gguf"]))["none"]
+
+
+def test_the_device_and_dtype_are_reported_in_compare_json_and_the_status(demo_family):
+    """Where a PyTorch target ran, and in which dtype, as compare's JSON and the app's status line say it."""
+    from specdesk.app import session
+    from specdesk.app.compare import compare
+    from specdesk.engines.torch.engine import TorchEngine
+
+    engine = TorchEngine(demo_family["target_hf"], n_ctx=128, device="cpu", dtype="float32", n_threads=1)
+    try:
+        report = compare(engine, ["def f(x):\n"], SpecConfig(method="ngram", k=2), SamplingParams(), 4,
+                         engine.tokenize, warm=False).to_json()
+    finally:
+        engine.close()
+    assert report["device"] == "CPU · float32"
+    app = session.Session()
+    try:
+        info = app.load(demo_family["target_hf"], None, threads=1)
+        assert info.info.placement == "CPU · float32"
+    finally:
+        app.close()

@@ -81,7 +81,8 @@ class TorchEngine:
 
     @property
     def device_description(self) -> str:
-        return device_name(self.device)
+        """The device and the weights' dtype: "CUDA NVIDIA GeForce RTX 4090 · bfloat16"."""
+        return f"{device_name(self.device)} · {str(self.dtype).removeprefix('torch.')}"
 
     # --- models -------------------------------------------------------------
     def load_draft(self, path: str | os.PathLike, progress: Optional[Callable[[float], None]] = None):
