@@ -150,6 +150,7 @@ class ModelInfo:
     draft_verdicts: tuple[tuple[str, tuple[str, ...]], ...] = ()  # (draft choice, why it cannot serve; () fits)
     placement: str = ""  # where the target and the draft sit, in words (PyTorch: device and dtype)
     placement_report: Optional[dict] = None  # each model's device, layers and allocated bytes per device
+    notes: tuple[str, ...] = ()  # one line each: what loaded otherwise than the file asks (a bad template)
 
 
 def describe_engine(engine, draft_path: Optional[str], verdict_paths: dict[str, str],
@@ -167,7 +168,8 @@ def describe_engine(engine, draft_path: Optional[str], verdict_paths: dict[str, 
                      facts["n_params"], facts["size_bytes"], facts["has_chat_template"], unavailable,
                      tuple(facts["verdicts"]),
                      # llama.cpp: layers per device; PyTorch: its device and dtype ("CPU · float32")
-                     describe_placement(report) if report else engine.device_description, report)
+                     describe_placement(report) if report else engine.device_description, report,
+                     tuple(getattr(engine, "notes", ())))
 
 
 # --- prompts -------------------------------------------------------------------

@@ -477,6 +477,14 @@ def test_a_chat_template_that_is_not_utf8_loads_the_model_without_it(demo_family
     notes = [line for line in chat.stderr.splitlines() if "not valid UTF-8" in line]
     assert chat.returncode == 0 and len(notes) == 1 and "Traceback" not in chat.stderr, chat.stderr
     assert "model> " in chat.stdout  # and it answered
+    from specdesk.app import session
+
+    app = session.Session()  # the app's load: the same line reaches its status line (ModelInfo.notes)
+    try:
+        info = app.load(str(path), None, threads=1).info
+        assert len(info.notes) == 1 and "its chat template is not valid UTF-8" in info.notes[0]
+    finally:
+        app.close()
 
 
 def test_an_oversized_tokenizer_is_refused_before_it_is_parsed(tmp_path):

@@ -189,6 +189,9 @@ class MainWindow(QMainWindow):
         self.models_view.show_placement(info.placement)
         self.compare_view.set_placement(info.placement)
         self._show_model_status()
+        if info.notes:  # loaded, but otherwise than the file asks (a chat template it cannot use)
+            self.status_label.setText(" · ".join(info.notes))
+            self.status_label.setToolTip("\n".join(info.notes))
 
     def _show_model_status(self) -> None:
         info = self.info
