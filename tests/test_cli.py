@@ -13,7 +13,7 @@ from specdesk.app.main import main
 from llama_helpers import rewrite_gguf
 
 REPORT_KEYS = {"engine", "target", "draft", "method", "k", "temperature", "prompts", "baseline", "speculative",
-               "speedup", "identical_outputs", "divergences", "placement"}
+               "speedup", "identical_outputs", "divergences", "placement", "device"}
 
 
 def run_cli(capsys, *argv: str) -> tuple[int, str, str]:
