@@ -14,8 +14,8 @@ import threading
 from pathlib import Path
 from typing import Any, Callable, Iterator, Optional
 
-from specdesk.app.session import chat_tokens, open_engine as open_engine_process, prompt_tokenizer, resolve_demo
-from specdesk.app.settings import DEMO, DEMO_DFLASH, DEMO_HF
+from specdesk.app.runtime.session import chat_tokens, open_engine as open_engine_process, prompt_tokenizer, resolve_demo
+from specdesk.app.storage.settings import DEMO, DEMO_DFLASH, DEMO_HF
 from specdesk.engines.types import MAX_DRAFT_TOKENS, METHODS, SamplingParams, SpecConfig, SpecDeskError
 
 
@@ -50,7 +50,7 @@ def add_model_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--draft-p-min", type=float, default=0.0,
                         help="stop drafting when the draft's top probability falls below this (default 0: off)")
     parser.add_argument("--small-demo", action="store_true", help="use the small (test) demo family")
-    from specdesk.app.placement import add_placement_options
+    from specdesk.app.runtime.placement import add_placement_options
 
     add_placement_options(parser)
 
@@ -87,10 +87,10 @@ def build_configs(args, draft: Optional[str]) -> tuple[SpecConfig, SamplingParam
 
 
 def open_engine(target: str, args):
-    """The engine the options ask for, in its own process (app/session.open_engine): a crash in
+    """The engine the options ask for, in its own process (app/runtime/session.open_engine): a crash in
     a model ends that, not the CLI; so does a process that stops answering (the watchdog: a
     terminal has no Stop button)."""
-    from specdesk.app.placement import placement_options
+    from specdesk.app.runtime.placement import placement_options
 
     kind = getattr(args, "engine", "llama")
     engine = open_engine_process(target, args.ctx, args.threads, kind=kind, device=getattr(args, "device", "auto"),
@@ -153,7 +153,7 @@ def user_turns(messages: list[dict], on_new: Callable[[], None] = lambda: None) 
 
 def compare_prompts(args) -> list[str]:
     """`--prompt`, or the prompts of `--prompts FILE`, or the first four benchmark prompts."""
-    from specdesk.app.compare import load_prompts
+    from specdesk.app.runtime.compare import load_prompts
 
     if args.prompt is not None and args.prompts is not None:
         raise SpecDeskError("give either --prompt or --prompts, not both")
@@ -161,17 +161,17 @@ def compare_prompts(args) -> list[str]:
         return load_prompts(args.prompts)
     if args.prompt is not None:
         return [args.prompt]
-    from specdesk.app.paths import assets_dir
+    from specdesk.app.storage.paths import assets_dir
 
     return load_prompts(assets_dir() / "prompts" / "code.jsonl")[:4]
 
 
 def cmd_compare(args) -> int:
-    if getattr(args, "endpoint", None):  # a served engine (app/served.py)
-        from specdesk.app.served import cmd_served_compare
+    if getattr(args, "endpoint", None):  # a served engine (app/serving/served.py)
+        from specdesk.app.serving.served import cmd_served_compare
 
         return cmd_served_compare(args)
-    from specdesk.app.compare import compare
+    from specdesk.app.runtime.compare import compare
 
     prompts = compare_prompts(args)
     target, draft = resolve_models(args)
@@ -194,9 +194,9 @@ def cmd_compare(args) -> int:
         placement = engine.placement_report() if hasattr(engine, "placement_report") else {}
     finally:
         engine.close()
-    from specdesk.app.measurements import record_compare
+    from specdesk.app.models.measurements import record_compare
 
-    from specdesk.app.placement import placement_label
+    from specdesk.app.runtime.placement import placement_label
 
     record_compare(report, placement=placement_label(placement))  # pairing ranks drafts by what was measured here
     payload = report.to_json()
@@ -213,13 +213,13 @@ def cmd_compare(args) -> int:
 
 # --- chat --------------------------------------------------------------------
 def cmd_chat(args) -> int:
-    if getattr(args, "endpoint", None):  # a served engine (app/served.py)
-        from specdesk.app.served import cmd_served_chat
+    if getattr(args, "endpoint", None):  # a served engine (app/serving/served.py)
+        from specdesk.app.serving.served import cmd_served_chat
 
         return cmd_served_chat(args)
-    from specdesk.app.compare import run_once
-    from specdesk.app.measurements import MethodTally
-    from specdesk.app.session import record_chat_reply
+    from specdesk.app.runtime.compare import run_once
+    from specdesk.app.models.measurements import MethodTally
+    from specdesk.app.runtime.session import record_chat_reply
     from specdesk.app.terminal import printable
     from specdesk.engines.types import GenerationRequest
 
@@ -307,7 +307,7 @@ def cmd_devices(args) -> int:
     """Every device llama.cpp and PyTorch can use here, as JSON."""
     from specdesk.engines.torch.device import torch_devices
 
-    from specdesk.app.placement import llama_device_report
+    from specdesk.app.runtime.placement import llama_device_report
     from specdesk.engines.llama.rpc import parse_endpoints
 
     report = {"llama_cpp": llama_device_report(parse_endpoints(args.rpc)), "torch": torch_devices()}
@@ -323,7 +323,7 @@ def build_parser(add_more: Optional[Callable[[argparse.ArgumentParser, Any], Non
     parser.add_argument("--version", action=_VersionAction, nargs=0,
                         help="print the version and the llama.cpp build (backend, CPU code, GPU offload)")
     sub = parser.add_subparsers(dest="command")
-    from specdesk.app.served import add_endpoint_options
+    from specdesk.app.serving.served import add_endpoint_options
 
     p = sub.add_parser("compare", help="run baseline and speculative decoding on the same prompts")
     add_model_options(p)
@@ -350,15 +350,15 @@ def build_parser(add_more: Optional[Callable[[argparse.ArgumentParser, Any], Non
 
     p = sub.add_parser("devices", help="list the devices llama.cpp and PyTorch can use here (JSON)")
     p.add_argument("--compact", action="store_true", help="one line of JSON")
-    from specdesk.app.placement import add_rpc_option
+    from specdesk.app.runtime.placement import add_rpc_option
 
     add_rpc_option(p)
     p.set_defaults(func=cmd_devices)
 
-    from specdesk.app.models_cli import add_models_parser
+    from specdesk.app.models.models_cli import add_models_parser
 
     add_models_parser(sub)
-    from specdesk.app.serve import add_serve_parser
+    from specdesk.app.serving.serve import add_serve_parser
 
     add_serve_parser(sub)
     if add_more is not None:
@@ -375,7 +375,7 @@ def run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         return args.func(args)
     except SpecDeskError as e:
         print(f"specdesk: error: {e}", file=sys.stderr)
-        if getattr(e, "details", ""):  # the engine process's last output (app/engine_client.py)
+        if getattr(e, "details", ""):  # the engine process's last output (app/runtime/engine_client.py)
             print(e.details, file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -28,8 +28,8 @@ import sys
 from collections import Counter
 from typing import Optional
 
-from specdesk.app.compare import run_once, load_prompts
-from specdesk.app.paths import assets_dir
+from specdesk.app.runtime.compare import run_once, load_prompts
+from specdesk.app.storage.paths import assets_dir
 from specdesk.engines.types import GenerationRequest, SamplingParams, SpecConfig
 
 

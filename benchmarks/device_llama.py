@@ -26,8 +26,8 @@ import time
 import urllib.request
 from typing import Optional
 
-from specdesk.app.compare import load_prompts, run_once
-from specdesk.app.paths import assets_dir
+from specdesk.app.runtime.compare import load_prompts, run_once
+from specdesk.app.storage.paths import assets_dir
 from specdesk.engines.llama.engine import LlamaEngine
 from specdesk.engines.llama.placement import Placement
 from specdesk.engines.types import GenerationRequest, SpecConfig

@@ -22,8 +22,8 @@ import json
 import sys
 import threading
 
-from specdesk.app.compare import load_prompts, run_once
-from specdesk.app.paths import assets_dir
+from specdesk.app.runtime.compare import load_prompts, run_once
+from specdesk.app.storage.paths import assets_dir
 from specdesk.engines.llama.engine import LlamaEngine
 from specdesk.engines.llama.placement import Placement
 from specdesk.engines.types import GenerationRequest, SpecConfig

@@ -27,9 +27,9 @@ import sys
 import threading
 import time
 
-from specdesk.app.compare import load_prompts, run_once
-from specdesk.app.engine_client import EngineClient
-from specdesk.app.paths import assets_dir
+from specdesk.app.runtime.compare import load_prompts, run_once
+from specdesk.app.runtime.engine_client import EngineClient
+from specdesk.app.storage.paths import assets_dir
 from specdesk.engines.llama.engine import LlamaEngine
 from specdesk.engines.types import GenerationRequest, SamplingParams, SpecConfig
 

@@ -54,11 +54,11 @@ def main() -> int:
 
     from PySide6.QtCore import QTimer
 
-    from specdesk.app.compare import load_prompts, run_once
+    from specdesk.app.runtime.compare import load_prompts, run_once
     from specdesk.app.demo.install import build_family
-    from specdesk.app.paths import assets_dir
-    from specdesk.app.session import chat_tokens
-    from specdesk.app.settings import Settings
+    from specdesk.app.storage.paths import assets_dir
+    from specdesk.app.runtime.session import chat_tokens
+    from specdesk.app.storage.settings import Settings
     from specdesk.engines.llama.engine import LlamaEngine
     from specdesk.engines.types import GenerationRequest, SamplingParams, SpecConfig
     from specdesk.ui.app import make_app

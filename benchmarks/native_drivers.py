@@ -44,8 +44,8 @@ from importlib import metadata
 from pathlib import Path
 from typing import Optional
 
-from specdesk.app.compare import load_prompts
-from specdesk.app.paths import assets_dir, cache_dir
+from specdesk.app.runtime.compare import load_prompts
+from specdesk.app.storage.paths import assets_dir, cache_dir
 from specdesk.engines.llama.engine import LlamaEngine
 from specdesk.engines.types import GenerationRequest, SpecConfig
 

@@ -2,7 +2,7 @@
 
 By default it builds (once, cached) and starts llama-server from the vendored llama.cpp twice
 on the demo pair, with --metrics: without a draft (the baseline) and with the demo draft
-(draft-simple, k tokens). Then app/served.compare_served runs every prompt on both, alternating
+(draft-simple, k tokens). Then app/serving/served.compare_served runs every prompt on both, alternating
 which goes first, greedy, and prints one JSON line: the local compare's JSON (tok/s measured
 from each stream, the speculative server's own acceptance, tokens per pass and per-position
 acceptance, identical greedy text) plus where each arm ran.
@@ -24,10 +24,10 @@ import sys
 import time
 from pathlib import Path
 
-from specdesk.app.compare import load_prompts
-from specdesk.app.endpoint import Endpoint
-from specdesk.app.paths import assets_dir
-from specdesk.app.served import compare_served, report_json
+from specdesk.app.runtime.compare import load_prompts
+from specdesk.app.serving.endpoint import Endpoint
+from specdesk.app.storage.paths import assets_dir
+from specdesk.app.serving.served import compare_served, report_json
 from specdesk.engines.types import SamplingParams
 
 

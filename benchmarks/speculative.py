@@ -30,8 +30,8 @@ from pathlib import Path
 
 import numpy as np
 
-from specdesk.app.compare import compare, load_prompts
-from specdesk.app.paths import assets_dir
+from specdesk.app.runtime.compare import compare, load_prompts
+from specdesk.app.storage.paths import assets_dir
 from specdesk.engines.llama.binding import GgufContext
 from specdesk.engines.llama.engine import LlamaEngine
 from specdesk.engines.speculation.stats import expected_tokens_per_pass

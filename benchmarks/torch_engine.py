@@ -7,7 +7,7 @@ baseline decoding and its acceptance, all at the same k, on the same prompts.
 
 Each line is `specdesk compare --engine torch`'s report plus the device and dtype; a last
 line sums up acceptance per method. Baseline and speculative runs alternate per prompt
-(app/compare.py), so both see the same machine state.
+(app/runtime/compare.py), so both see the same machine state.
 """
 
 from __future__ import annotations
@@ -33,9 +33,9 @@ def main(argv=None) -> int:
     parser.add_argument("--small-demo", action="store_true", help="the small test family instead of the demo")
     args = parser.parse_args(argv)
 
-    from specdesk.app.compare import compare, load_prompts
+    from specdesk.app.runtime.compare import compare, load_prompts
     from specdesk.app.demo.install import build_family
-    from specdesk.app.paths import assets_dir
+    from specdesk.app.storage.paths import assets_dir
     from specdesk.engines.torch.engine import TorchEngine
     from specdesk.engines.types import SamplingParams, SpecConfig
 

@@ -41,7 +41,7 @@ from typing import Iterator, Optional
 
 import numpy as np
 
-from specdesk.app.paths import cache_dir
+from specdesk.app.storage.paths import cache_dir
 
 ZOO_VERSION = 1
 LOGIT_STD = 20.0  # logits' spread: top-2 gap ~ LOGIT_STD / sqrt(2 ln V), about 4 at 150k tokens

@@ -6,7 +6,7 @@ import sys
 from specdesk.ui.cli import main
 
 if __name__ == "__main__":
-    # The engine host (app/engine_client.py) is a 'spawn' child: the frozen executable starts
+    # The engine host (app/runtime/engine_client.py) is a 'spawn' child: the frozen executable starts
     # again as that child, and this hands it over to multiprocessing instead of running main().
     multiprocessing.freeze_support()
     sys.exit(main())

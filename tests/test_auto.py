@@ -9,8 +9,8 @@ import threading
 import numpy as np
 import pytest
 
-from specdesk.app.compare import load_prompts
-from specdesk.app.paths import assets_dir
+from specdesk.app.runtime.compare import load_prompts
+from specdesk.app.storage.paths import assets_dir
 from specdesk.engines.speculation.auto import (REPROBE_EVERY, AcceptanceEstimate, AutoProposer, Costs, choose, expected_speedup,
                                                expected_tokens)
 from specdesk.engines.types import GenerationRequest, SamplingParams, SpecConfig, SpecDeskError
@@ -450,7 +450,7 @@ def test_auto_reports_its_choices_and_costs_on_a_real_run(demo_family, tmp_path)
 
 
 def test_compare_json_and_the_compare_tab_say_what_auto_chose(demo_family, tmp_path):
-    from specdesk.app.compare import compare
+    from specdesk.app.runtime.compare import compare
     from specdesk.engines.llama.engine import LlamaEngine
     from specdesk.engines.speculation import auto
     from specdesk.ui.compare_view import auto_rows
@@ -473,8 +473,8 @@ def test_compare_json_and_the_compare_tab_say_what_auto_chose(demo_family, tmp_p
 
 
 def test_the_servers_specdesk_field_carries_autos_report():
-    from specdesk.app.compare import StatsAccumulator
-    from specdesk.app.serve import speculation_summary
+    from specdesk.app.runtime.compare import StatsAccumulator
+    from specdesk.app.serving.serve import speculation_summary
 
     report = {"steps": 3, "steps_by_choice": {"draft k=4": 1.0}, "costs": {"pass_ms": [1.0, 1.2]}}
     summary = speculation_summary(StatsAccumulator(4).finish(), 3, SpecConfig("auto", k=4), report)

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from specdesk.app.compare import (NEAR_TIE_LOGIT_GAP, PromptResult, RunResult, classify_divergence, compare)
-from specdesk.app.compare import load_prompts
-from specdesk.app.paths import assets_dir
+from specdesk.app.runtime.compare import (NEAR_TIE_LOGIT_GAP, PromptResult, RunResult, classify_divergence, compare)
+from specdesk.app.runtime.compare import load_prompts
+from specdesk.app.storage.paths import assets_dir
 from specdesk.engines.llama.engine import LlamaEngine
 from specdesk.engines.speculation.stats import StatsAccumulator
 from specdesk.engines.types import SamplingParams, SpecConfig
@@ -100,7 +100,7 @@ def test_a_broken_verifier_is_reported_as_a_mismatch(demo_family, monkeypatch):
 
 
 def test_the_engine_process_gives_the_same_top_logits(demo_family):
-    from specdesk.app.engine_client import EngineClient
+    from specdesk.app.runtime.engine_client import EngineClient
 
     local = LlamaEngine(demo_family["target_gguf"], n_ctx=256, n_threads=1)
     try:

@@ -1,4 +1,4 @@
-"""Served engines (app/endpoint.py, app/served.py): against a real `specdesk serve`, and against
+"""Served engines (app/serving/endpoint.py, app/serving/served.py): against a real `specdesk serve`, and against
 replayed recordings of vLLM and SGLang (tests/served/*.json, marked as recordings) for the
 servers that need GPUs. The real llama-server is in tests/test_llama_server.py.
 """
@@ -18,9 +18,9 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from served_replay import Replay, load  # noqa: E402
 
-from specdesk.app.endpoint import (Endpoint, EndpointError, StreamReader, base_url, parse_metrics,  # noqa: E402
+from specdesk.app.serving.endpoint import (Endpoint, EndpointError, StreamReader, base_url, parse_metrics,  # noqa: E402
                                    served_stats)
-from specdesk.app.served import compare_served  # noqa: E402
+from specdesk.app.serving.served import compare_served  # noqa: E402
 from specdesk.engines.types import SamplingParams  # noqa: E402
 
 CHAT = [{"role": "user", "content": "Write a function that parses command line arguments."}]
@@ -187,7 +187,7 @@ def test_compare_on_one_specdesk_serve_switches_speculation_off_per_request(serv
     assert report.baseline.drafted == 0 and report.speculative.drafted > 0
     firsts = [next(label for label, i in labels if i == index) for index in (0, 1)]
     assert firsts == ["baseline", "speculative"]  # the order alternates
-    from specdesk.app.served import report_json
+    from specdesk.app.serving.served import report_json
 
     payload = report_json(report, endpoint, None)
     assert {"baseline", "speculative", "speedup", "identical_outputs", "prompts"} <= set(payload)
@@ -384,7 +384,7 @@ def test_slow_or_silent_servers_end_in_one_line_within_their_timeouts():
 
 
 def test_terminal_escapes_from_a_server_are_never_printed(capsys, monkeypatch):
-    from specdesk.app.endpoint import printable
+    from specdesk.app.serving.endpoint import printable
     from specdesk.app.main import main
 
     assert printable("a\x1b[31mred\x1b[0m\x1b]0;title\x07 b\rc\x9b2Jd\u202eе\n\tok") == "ared bcdе\n\tok"
@@ -406,7 +406,7 @@ def test_terminal_escapes_from_a_server_are_never_printed(capsys, monkeypatch):
 
 
 def test_lines_are_split_within_their_limits():
-    from specdesk.app.endpoint import iter_lines
+    from specdesk.app.serving.endpoint import iter_lines
 
     reader = StreamReader("srv")
     assert list(iter_lines(iter([b"data: a\r\n", b"\ndata", b": b\n"]), threading.Event(), "srv", reader)) == \

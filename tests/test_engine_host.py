@@ -1,4 +1,4 @@
-"""The engine in its own process (app/engine_client.py, app/engine_host.py), on real llama.cpp.
+"""The engine in its own process (app/runtime/engine_client.py, app/runtime/engine_host.py), on real llama.cpp.
 
 A model that aborts llama.cpp must never take the caller down. The crash cases from the
 issue are GGUF files crafted here from the small demo target; the loader's checks now
@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from specdesk.app.engine_client import STOP_GRACE_S, EngineClient, EngineHostDied
-from specdesk.app.prompting import chat_prompt
+from specdesk.app.runtime.engine_client import STOP_GRACE_S, EngineClient, EngineHostDied
+from specdesk.app.chat.prompting import chat_prompt
 from specdesk.engines.types import GenerationRequest, SamplingParams, SpecConfig, SpecDeskError
 
 from llama_helpers import copy_gguf
@@ -231,7 +231,7 @@ def window(qtbot, demo_family, tmp_path, monkeypatch):
     pytest.importorskip("pytestqt")
     from PySide6.QtWidgets import QMessageBox
 
-    from specdesk.app.settings import Settings
+    from specdesk.app.storage.settings import Settings
     from specdesk.ui.main_window import MainWindow
 
     monkeypatch.setenv("SPECDESK_CONFIG_DIR", str(tmp_path / "config"))

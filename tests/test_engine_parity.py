@@ -8,9 +8,9 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from specdesk.app.compare import load_prompts  # noqa: E402
+from specdesk.app.runtime.compare import load_prompts  # noqa: E402
 from specdesk.app.demo.export_native_gguf import build_native  # noqa: E402
-from specdesk.app.paths import assets_dir  # noqa: E402
+from specdesk.app.storage.paths import assets_dir  # noqa: E402
 from specdesk.engines.speculation.drafting import confident_rows, top1_prob  # noqa: E402
 from specdesk.engines.speculation.proposers import make_proposer  # noqa: E402
 from specdesk.engines.types import SamplingParams, SpecConfig  # noqa: E402

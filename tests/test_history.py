@@ -10,7 +10,7 @@ import textwrap
 
 import pytest
 
-from specdesk.app.history import History
+from specdesk.app.storage.history import History
 from specdesk.engines.types import SpecDeskError
 
 
@@ -69,7 +69,7 @@ def test_killing_the_writer_loses_nothing_already_written(tmp_path):
     path = tmp_path / "h.sqlite3"
     script = textwrap.dedent(f"""
         import sys, time
-        from specdesk.app.history import History
+        from specdesk.app.storage.history import History
         history = History({str(path)!r})
         chat = history.create_chat("before the crash")
         for i in range(20):

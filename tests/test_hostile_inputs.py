@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-from specdesk.app.compare import load_prompts
-from specdesk.app.templates import TemplateLimits, render_chat
+from specdesk.app.runtime.compare import load_prompts
+from specdesk.app.chat.templates import TemplateLimits, render_chat
 from specdesk.engines.speculation.loop import PromptTooLong, check_prompt_text, is_prompt_too_long
 from specdesk.engines.types import SpecDeskError
 
@@ -182,7 +182,7 @@ def small_engine(demo_family):
 
 
 def test_a_50_mb_prompt_is_refused_before_tokenizing(small_engine):
-    from specdesk.app.prompting import text_tokens
+    from specdesk.app.chat.prompting import text_tokens
 
     prompt = "def parse(argv):\n    return argv\n" * (50 * 2**20 // 34)
     started = time.monotonic()
@@ -194,7 +194,7 @@ def test_a_50_mb_prompt_is_refused_before_tokenizing(small_engine):
 
 
 def test_text_that_may_fit_still_goes_to_the_tokenizer(small_engine):
-    from specdesk.app.prompting import text_tokens
+    from specdesk.app.chat.prompting import text_tokens
 
     # Longer than the context in characters, but not provably too long: tokenized, then the
     # engine's own token count decides.
@@ -206,7 +206,7 @@ def test_text_that_may_fit_still_goes_to_the_tokenizer(small_engine):
 def test_the_bound_never_exceeds_real_token_counts(small_engine):
     """Soundness of the quick check: on real text, and on text made of the vocabulary's
     longest token, no token covers more characters than max_token_chars says."""
-    from specdesk.app.paths import assets_dir
+    from specdesk.app.storage.paths import assets_dir
     from specdesk.engines.speculation.loop import max_token_chars
 
     model = small_engine.target
@@ -222,7 +222,7 @@ def test_the_bound_never_exceeds_real_token_counts(small_engine):
 
 
 def test_a_lone_surrogate_in_a_prompt_is_one_line(small_engine):
-    from specdesk.app.prompting import text_tokens
+    from specdesk.app.chat.prompting import text_tokens
 
     with pytest.raises(SpecDeskError, match=r"character 3 is a lone surrogate \('\\udc80'\)"):
         text_tokens(small_engine, "ab\udc80cd")
@@ -231,14 +231,14 @@ def test_a_lone_surrogate_in_a_prompt_is_one_line(small_engine):
 def test_a_huge_chat_message_is_refused_as_too_long_not_as_a_slow_template(small_engine):
     """The demo template loops over a message's lines: 2 million lines would stop it on its
     step limit, a reason that misleads. The message is refused as too long before rendering."""
-    from specdesk.app.prompting import chat_prompt
+    from specdesk.app.chat.prompting import chat_prompt
 
     with pytest.raises(PromptTooLong, match="the prompt is too long: 12,000,000 characters"):
         chat_prompt(small_engine, [{"role": "user", "content": "x = 1\n" * 2_000_000}])
 
 
 def test_a_long_conversation_keeps_the_most_turns_that_fit(small_engine):
-    from specdesk.app.prompting import chat_prompt, fit_chat
+    from specdesk.app.chat.prompting import chat_prompt, fit_chat
 
     conversation = [{"role": "user" if i % 2 == 0 else "assistant", "content": f"turn {i}: sort the list {i}"}
                     for i in range(3001)]
@@ -249,7 +249,7 @@ def test_a_long_conversation_keeps_the_most_turns_that_fit(small_engine):
 
 
 def test_a_conversation_drops_oldest_turns_before_one_long_message_is_refused(small_engine):
-    from specdesk.app.prompting import fit_chat
+    from specdesk.app.chat.prompting import fit_chat
 
     huge = "word " * 300_000
     conversation = [{"role": "user", "content": huge}, {"role": "assistant", "content": "ok"},
@@ -350,7 +350,7 @@ def test_screenshot_leaves_no_temporary_folders(demo_family, demo_cache_dir, tmp
 
 # --- settings.json and history.sqlite3 ------------------------------------------------
 def test_settings_with_hostile_values_fall_back_per_field_and_are_kept(tmp_path):
-    from specdesk.app.settings import Settings, read_settings
+    from specdesk.app.storage.settings import Settings, read_settings
 
     path = tmp_path / "settings.json"
     original = ('{"k": 6, "seed": 2147483648, "max_tokens": 99999999999999999999, "temperature": NaN, '
@@ -372,7 +372,7 @@ def test_settings_with_hostile_values_fall_back_per_field_and_are_kept(tmp_path)
     (b"[1, 2]", "is not a JSON object"),
 ])
 def test_unreadable_settings_give_defaults_and_are_kept(tmp_path, content, reason):
-    from specdesk.app.settings import Settings, read_settings
+    from specdesk.app.storage.settings import Settings, read_settings
 
     path = tmp_path / "settings.json"
     path.write_bytes(content)
@@ -384,7 +384,7 @@ def test_unreadable_settings_give_defaults_and_are_kept(tmp_path, content, reaso
 
 @pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="FIFOs are POSIX")
 def test_a_settings_fifo_does_not_block(tmp_path):
-    from specdesk.app.settings import read_settings
+    from specdesk.app.storage.settings import read_settings
 
     os.mkfifo(tmp_path / "settings.json")
     settings, notice = read_settings(tmp_path / "settings.json")
@@ -401,7 +401,7 @@ def foreign_database(path: Path) -> str:
 
 
 def test_another_programs_database_is_refused_untouched(tmp_path):
-    from specdesk.app.history import History
+    from specdesk.app.storage.history import History
 
     path = tmp_path / "history.sqlite3"
     digest = foreign_database(path)
@@ -412,7 +412,7 @@ def test_another_programs_database_is_refused_untouched(tmp_path):
 
 
 def test_a_database_with_our_table_names_but_not_our_columns_is_refused(tmp_path):
-    from specdesk.app.history import History
+    from specdesk.app.storage.history import History
 
     path = tmp_path / "history.sqlite3"
     db = sqlite3.connect(path)
@@ -425,7 +425,7 @@ def test_a_database_with_our_table_names_but_not_our_columns_is_refused(tmp_path
 
 
 def test_our_database_is_marked_and_an_unmarked_one_of_ours_is_adopted(tmp_path):
-    from specdesk.app.history import APPLICATION_ID, History
+    from specdesk.app.storage.history import APPLICATION_ID, History
 
     path = tmp_path / "history.sqlite3"
     history = History(path)
@@ -441,7 +441,7 @@ def test_our_database_is_marked_and_an_unmarked_one_of_ours_is_adopted(tmp_path)
 
 
 def test_a_history_path_that_is_a_folder_is_refused(tmp_path):
-    from specdesk.app.history import History
+    from specdesk.app.storage.history import History
 
     (tmp_path / "history.sqlite3").mkdir()
     with pytest.raises(SpecDeskError, match="not a regular file"):
@@ -449,7 +449,7 @@ def test_a_history_path_that_is_a_folder_is_refused(tmp_path):
 
 
 def test_a_temporary_history_removes_its_folder():
-    from specdesk.app.history import History
+    from specdesk.app.storage.history import History
 
     history = History.temporary()
     history.create_chat("session only")

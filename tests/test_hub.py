@@ -17,8 +17,8 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))
 from hub_server import HubServer  # noqa: E402
 
-from specdesk.app import hub  # noqa: E402
-from specdesk.app.library import LibraryConfig, scan_library  # noqa: E402
+from specdesk.app.models import hub  # noqa: E402
+from specdesk.app.models.library import LibraryConfig, scan_library  # noqa: E402
 from specdesk.engines.types import SpecDeskError  # noqa: E402
 
 GGUF_NAME = "tiny-Q4_K_M.gguf"
@@ -121,7 +121,7 @@ def test_cancel_then_resume_fetches_only_the_missing_bytes(server, tmp_path):
 
 CRASHING_DOWNLOAD = """
 import sys
-from specdesk.app import hub
+from specdesk.app.models import hub
 hub.download("acme/tiny-GGUF", sys.argv[1])
 """
 

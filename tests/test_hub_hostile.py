@@ -1,6 +1,6 @@
 """A hostile hub: what a server sends never writes outside the model cache, nor past the advertised size.
 
-Every test runs huggingface_hub and app/hub.py against the real local HTTP hub (tests/hub_server.py)
+Every test runs huggingface_hub and app/models/hub.py against the real local HTTP hub (tests/hub_server.py)
 in one of its hostile modes, and checks the one-line message and that the user's files beside the
 cache are exactly as they were.
 """
@@ -17,7 +17,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))
 from hub_server import HubServer  # noqa: E402
 
-from specdesk.app import hub  # noqa: E402
+from specdesk.app.models import hub  # noqa: E402
 from specdesk.app.main import main  # noqa: E402
 from specdesk.engines.types import SpecDeskError  # noqa: E402
 

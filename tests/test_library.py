@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
-from specdesk.app.library import (LibraryConfig, demo_family_paths, expand_location, load_sources, read_model,
+from specdesk.app.models.library import (LibraryConfig, demo_family_paths, expand_location, load_sources, read_model,
                                   scan_library, source_locations)
 
 
@@ -187,7 +187,7 @@ def test_every_source_has_locations_for_every_os():
 
 
 def test_demo_family_and_settings_feed_the_scan(demo_family, tmp_path):
-    from specdesk.app.settings import Settings
+    from specdesk.app.storage.settings import Settings
 
     root = Path(demo_family["target_gguf"]).parent.parent
     assert Path(demo_family["target_gguf"]) in demo_family_paths(root)

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 from scipy import stats as scipy_stats
 
-from specdesk.app.compare import load_prompts
-from specdesk.app.paths import assets_dir
+from specdesk.app.runtime.compare import load_prompts
+from specdesk.app.storage.paths import assets_dir
 from specdesk.engines.llama.binding import GgufContext, GgufModel
 from specdesk.engines.speculation.compat import incompatibilities
 from specdesk.engines.llama.engine import LlamaEngine

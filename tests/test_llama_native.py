@@ -8,9 +8,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from specdesk.app.compare import load_prompts
+from specdesk.app.runtime.compare import load_prompts
 from specdesk.app.demo.export_native_gguf import build_native, export_dflash, initial_dflash_folder
-from specdesk.app.paths import assets_dir
+from specdesk.app.storage.paths import assets_dir
 from specdesk.engines.llama.binding import GgufContext, GgufModel, llama_lib
 from specdesk.engines.llama.engine import LlamaEngine
 from specdesk.engines.llama.ext import SYMBOLS, Ext, available_methods

@@ -20,8 +20,8 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from specdesk.app.endpoint import Endpoint
-from specdesk.app.served import compare_served
+from specdesk.app.serving.endpoint import Endpoint
+from specdesk.app.serving.served import compare_served
 from specdesk.engines.types import SamplingParams
 
 SPEC = importlib.util.spec_from_file_location("native_drivers",

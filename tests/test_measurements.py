@@ -7,9 +7,9 @@ import dataclasses
 import json
 import shutil
 
-from specdesk.app import measurements
-from specdesk.app.library import read_model
-from specdesk.app.pairing import MemoryInfo, pair
+from specdesk.app.models import measurements
+from specdesk.app.models.library import read_model
+from specdesk.app.models.pairing import MemoryInfo, pair
 
 PLENTY = MemoryInfo(ram_available=64 << 30, ram_total=64 << 30)
 
@@ -108,7 +108,7 @@ def test_chat_replies_in_the_app_and_the_terminal_are_recorded(demo_family, monk
     draft reply."""
     import threading
 
-    from specdesk.app import session
+    from specdesk.app.runtime import session
     from specdesk.app.main import main
     from specdesk.engines.types import SamplingParams, SpecConfig
 

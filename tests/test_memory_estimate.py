@@ -1,4 +1,4 @@
-"""The memory estimate (app/pairing.estimate_memory) against a real-size model: the zoo's qwen2
+"""The memory estimate (app/models/pairing.estimate_memory) against a real-size model: the zoo's qwen2
 at Qwen2.5-0.5B's shapes (494 M parameters, 151,936 tokens, benchmarks/zoo.py) in F16 and
 Q4_K_M, loaded by the llama.cpp engine in a fresh process at the context the app picks, so the
 resident growth (VmRSS after the load and a short generation, minus before) is the model's alone.
@@ -17,8 +17,8 @@ import sys
 import pytest
 
 from benchmarks import zoo
-from specdesk.app.library import read_model
-from specdesk.app.pairing import MemoryInfo, estimate_memory
+from specdesk.app.models.library import read_model
+from specdesk.app.models.pairing import MemoryInfo, estimate_memory
 
 PLENTY = MemoryInfo(64 << 30, 64 << 30)
 

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from specdesk.app.library import LibraryConfig, read_model, scan_library
-from specdesk.app.pairing import check_draft
+from specdesk.app.models.library import LibraryConfig, read_model, scan_library
+from specdesk.app.models.pairing import check_draft
 from specdesk.engines.files import require_regular_file
 from specdesk.engines.llama.header import GgufFormatError, GgufHeader, read_gguf_header
 from specdesk.engines.types import SpecDeskError
@@ -196,7 +196,7 @@ def test_hostile_headers_are_refused_fast_in_one_line(tmp_path, name):
 
 SCAN_BOMB = textwrap.dedent("""
     import json, resource, sys, time
-    from specdesk.app.library import LibraryConfig, scan_library
+    from specdesk.app.models.library import LibraryConfig, scan_library
     def scan(folder):
         return scan_library(LibraryConfig(include_hf_cache=False, include_demo=False, include_apps=False,
                                           user_paths=[folder]))
@@ -477,7 +477,7 @@ def test_a_chat_template_that_is_not_utf8_loads_the_model_without_it(demo_family
     notes = [line for line in chat.stderr.splitlines() if "not valid UTF-8" in line]
     assert chat.returncode == 0 and len(notes) == 1 and "Traceback" not in chat.stderr, chat.stderr
     assert "model> " in chat.stdout  # and it answered
-    from specdesk.app import session
+    from specdesk.app.runtime import session
 
     app = session.Session()  # the app's load: the same line reaches its status line (ModelInfo.notes)
     try:

@@ -19,7 +19,7 @@ from PySide6.QtWidgets import QApplication, QMessageBox  # noqa: E402
 sys.path.insert(0, str(Path(__file__).parent))
 from hub_server import HubServer  # noqa: E402
 
-from specdesk.app.library import LibraryConfig  # noqa: E402
+from specdesk.app.models.library import LibraryConfig  # noqa: E402
 from specdesk.ui import models_view  # noqa: E402
 from specdesk.ui.models_view import ModelsView  # noqa: E402
 
@@ -195,7 +195,7 @@ def test_a_refused_download_shows_its_reason_in_the_queue(qtbot, make_view, hub)
 def test_pairing_dialog_shows_compatible_drafts_and_why_not(qtbot, make_view, demo_family, tmp_path, monkeypatch):
     from llama_helpers import rewrite_gguf
 
-    from specdesk.app import pairing
+    from specdesk.app.models import pairing
 
     # The verdict against a known amount of memory, not this machine's free RAM.
     monkeypatch.setattr(pairing, "available_memory", lambda: pairing.MemoryInfo(64 << 30, 64 << 30))
@@ -243,7 +243,7 @@ def test_closing_during_a_download_ends_the_threads_and_keeps_the_partial_file(q
 
 
 def test_the_main_window_has_a_models_tab(qtbot, tmp_path, monkeypatch, dialogs, demo_family):
-    from specdesk.app.settings import Settings
+    from specdesk.app.storage.settings import Settings
     from specdesk.ui.main_window import MainWindow
 
     monkeypatch.setenv("SPECDESK_CONFIG_DIR", str(tmp_path / "config"))
@@ -305,8 +305,8 @@ def test_zoo_models_list_their_shapes_and_pair_by_vocabulary(qtbot, tmp_path, mo
     library lists each one's architecture, quantization and vocabulary, names apart the files
     that share a header name, and pairing offers the family's draft and refuses the other
     family's with the vocabulary sizes."""
-    from specdesk.app import pairing
-    from specdesk.app.settings import Settings
+    from specdesk.app.models import pairing
+    from specdesk.app.storage.settings import Settings
     from specdesk.ui.main_window import MainWindow
 
     monkeypatch.setattr(pairing, "available_memory", lambda: pairing.MemoryInfo(64 << 30, 64 << 30))
@@ -363,7 +363,7 @@ def test_the_draft_picker_keeps_the_zoo_family_draft_and_hides_the_other_with_wh
                                                                                    dialogs):
     from PySide6.QtCore import Qt
 
-    from specdesk.app.settings import Settings
+    from specdesk.app.storage.settings import Settings
     from specdesk.ui.main_window import MainWindow
 
     mine = zoo_folder(tmp_path, monkeypatch)

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from llama_helpers import rewrite_gguf
-from specdesk.app.library import ModelEntry, read_model
-from specdesk.app.pairing import (MemoryInfo, available_memory, check_draft, estimate_memory, expected_speedup,
+from specdesk.app.models.library import ModelEntry, read_model
+from specdesk.app.models.pairing import (MemoryInfo, available_memory, check_draft, estimate_memory, expected_speedup,
                                   family_key, kv_cache_bytes, known_target, native_drafters, pair)
 from specdesk.engines.types import SpecDeskError
 
@@ -132,7 +132,7 @@ def test_family_key_strips_sizes_quantization_and_roles():
 
 
 def test_an_empty_family_key_never_matches():
-    from specdesk.app.pairing import same_family
+    from specdesk.app.models.pairing import same_family
 
     def entry(path):
         return ModelEntry(path=path, format="gguf", source="user", name=path, architecture="llama")
@@ -193,7 +193,7 @@ def test_gguf_native_drafters_and_the_mtp_export_are_listed_as_native(demo_famil
 def test_a_drafter_for_another_target_is_not_native(demo_family, native):
     from dataclasses import replace
 
-    from specdesk.app.pairing import gguf_drafter_misfit, mtp_twin
+    from specdesk.app.models.pairing import gguf_drafter_misfit, mtp_twin
 
     target = read_model(demo_family["target_gguf"])
     dflash, eagle = read_model(native["dflash_gguf"]), read_model(native["eagle3_gguf"])
@@ -237,7 +237,7 @@ def test_native_drafters_from_the_file_the_library_and_the_table(tmp_path):
 
 
 def _shape(n_layer):
-    from specdesk.app.library import Shape
+    from specdesk.app.models.library import Shape
 
     return Shape(n_layer=n_layer)
 
@@ -309,7 +309,7 @@ def test_memory_estimate_is_within_15_percent_of_measured_resident_memory(demo_f
 
 
 def test_models_pair_json(demo_family, variants, tmp_path, monkeypatch, capsys):
-    from specdesk.app import pairing
+    from specdesk.app.models import pairing
     from specdesk.app.main import main
 
     monkeypatch.setattr(pairing, "available_memory", lambda: PLENTY)  # the verdict, not this machine's free RAM
@@ -336,7 +336,7 @@ def test_models_pair_json(demo_family, variants, tmp_path, monkeypatch, capsys):
 
 
 def test_a_missing_drafter_table_means_no_suggestions(tmp_path, monkeypatch):
-    from specdesk.app.pairing import load_drafter_table
+    from specdesk.app.models.pairing import load_drafter_table
 
     monkeypatch.setenv("SPECDESK_ASSETS_DIR", str(tmp_path / "no-assets"))
     assert load_drafter_table() == []
@@ -347,7 +347,7 @@ def test_a_missing_drafter_table_means_no_suggestions(tmp_path, monkeypatch):
 def test_an_unmeasured_draft_is_scaled_to_what_this_machine_measured_for_another(demo_family, tmp_path):
     """A second file of a measured draft borrows its measured acceptance, and every assumed
     figure is scaled by how far this machine's measurement fell from the speedup model's."""
-    from specdesk.app.pairing import score_draft
+    from specdesk.app.models.pairing import score_draft
 
     target = read_model(demo_family["target_gguf"], "demo")
     measured_path = demo_family["draft_gguf"]
@@ -374,7 +374,7 @@ def test_a_vocabulary_that_ends_llama_cpp_costs_only_its_own_verdict(demo_family
     import threading
     import time
 
-    from specdesk.app.vocab_check import vocab_verdicts
+    from specdesk.app.models.vocab_check import vocab_verdicts
 
     monkeypatch.setenv("SPECDESK_LLAMA_LOG", "1")  # llama.cpp's own log: each model load is seen starting
     drafts = []

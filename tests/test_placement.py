@@ -1,4 +1,4 @@
-"""Where a GGUF model's layers sit (engines/llama/placement.py, app/placement.py): the values a
+"""Where a GGUF model's layers sit (engines/llama/placement.py, app/runtime/placement.py): the values a
 user gives, the layers `auto` chooses, and one line for every bad value, from the CLI too.
 The offload itself, on llama.cpp's RPC backend, is tests/test_rpc_offload.py."""
 
@@ -168,7 +168,7 @@ def test_devices_with_a_dead_rpc_server_is_one_line_from_a_real_process():
 
 
 def test_settings_keep_the_placement_and_refuse_bad_values():
-    from specdesk.app.settings import Settings
+    from specdesk.app.storage.settings import Settings
 
     settings, refused = Settings.checked({"device": "RPC0", "gpu_layers": "20", "draft_device": "CPU",
                                           "draft_gpu_layers": "0", "rpc_servers": "127.0.0.1:50052"})
@@ -181,7 +181,7 @@ def test_settings_keep_the_placement_and_refuse_bad_values():
 
 
 def test_the_limits_group_edits_the_placement(qtbot):
-    from specdesk.app.settings import Settings
+    from specdesk.app.storage.settings import Settings
     from specdesk.ui.controls import ControlsPanel
 
     settings = Settings(gpu_layers="12", rpc_servers="127.0.0.1:50052")
@@ -202,7 +202,7 @@ def test_the_limits_group_edits_the_placement(qtbot):
 
 
 def test_pass_cost_ratio_from_a_sweep():
-    from specdesk.app.placement import pass_cost_ratio
+    from specdesk.app.runtime.placement import pass_cost_ratio
     from specdesk.engines.types import RunStats
 
     def stats(passes: int, verify_s: float) -> RunStats:
@@ -215,9 +215,9 @@ def test_pass_cost_ratio_from_a_sweep():
 
 
 def test_measurements_belong_to_their_placement(demo_family, tmp_path):
-    from specdesk.app.measurements import read, record
-    from specdesk.app.pairing import measured_on_placement
-    from specdesk.app.placement import placement_label
+    from specdesk.app.models.measurements import read, record
+    from specdesk.app.models.pairing import measured_on_placement
+    from specdesk.app.runtime.placement import placement_label
 
     on_device = {"target": {"device": "RPC0", "description": "127.0.0.1:50052", "n_gpu_layers": 3, "n_layers": 3}}
     assert placement_label(on_device) == "RPC0[127.0.0.1:50052] 3/3"
@@ -232,8 +232,8 @@ def test_measurements_belong_to_their_placement(demo_family, tmp_path):
 
 
 def test_pairing_says_where_each_model_would_sit_per_device(demo_family):
-    from specdesk.app.library import read_model
-    from specdesk.app.pairing import estimate_placement, estimate_memory, pair
+    from specdesk.app.models.library import read_model
+    from specdesk.app.models.pairing import estimate_placement, estimate_memory, pair
 
     report = pair(demo_family["target_gguf"], [read_model(demo_family["draft_gguf"])], records=[])
     assert report.placement.describe().startswith("target CPU · draft CPU; RAM needs ")

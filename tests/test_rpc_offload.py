@@ -4,7 +4,7 @@ served by this machine's CPU from a child process (engines/llama/rpc.RpcServer).
 The demo target with all, some and none of its layers there gives the same greedy tokens as
 the CPU alone, for no speculation, ngram, a draft model (on the device and on the CPU) and the
 demo target exported with its MTP layer; the layers and bytes on each device are reported and
-the per-device estimate (engines/llama/placement.offload_bytes, as app/pairing uses it) is within
+the per-device estimate (engines/llama/placement.offload_bytes, as app/models/pairing uses it) is within
 15% of what the device allocated; a server that dies under a loaded model ends the engine
 process with one line, never the caller.
 """
@@ -19,7 +19,7 @@ import threading
 
 import pytest
 
-from specdesk.app.engine_client import EngineClient, EngineHostDied
+from specdesk.app.runtime.engine_client import EngineClient, EngineHostDied
 from specdesk.engines.llama.binding import llama_lib, validated_header
 from specdesk.engines.llama.placement import model_layout
 from specdesk.engines.types import GenerationRequest, SpecConfig
@@ -142,7 +142,7 @@ def test_a_dead_rpc_server_ends_the_engine_process_with_one_line(family):
 
 
 def test_the_app_session_says_where_models_sit_and_outlives_a_dead_server(family):
-    from specdesk.app.session import Session
+    from specdesk.app.runtime.session import Session
     from specdesk.engines.llama.rpc import RpcServer
     from specdesk.engines.types import SamplingParams, SpecDeskError
 

@@ -23,8 +23,8 @@ import pytest
 
 openai = pytest.importorskip("openai")
 
-from specdesk.app.compare import run_once  # noqa: E402
-from specdesk.app.prompting import chat_prompt  # noqa: E402
+from specdesk.app.runtime.compare import run_once  # noqa: E402
+from specdesk.app.chat.prompting import chat_prompt  # noqa: E402
 from specdesk.engines.types import GenerationRequest, SamplingParams, SpecConfig  # noqa: E402
 
 API_KEY = "sk-specdesk-test"
@@ -358,7 +358,7 @@ def test_a_client_that_goes_away_stops_its_generation(demo_family):
 
 
 def test_an_open_address_without_a_key_is_refused_unless_asked_for(demo_family):
-    from specdesk.app.serve import is_loopback
+    from specdesk.app.serving.serve import is_loopback
 
     assert is_loopback("127.0.0.1") and is_loopback("localhost") and is_loopback("::1")
     assert not is_loopback("0.0.0.0") and not is_loopback("no-such-host.invalid")
@@ -369,7 +369,7 @@ def test_an_open_address_without_a_key_is_refused_unless_asked_for(demo_family):
 
 
 def test_pure_body_checks():
-    from specdesk.app.serve import RequestError, json_depth, parse_body
+    from specdesk.app.serving.serve import RequestError, json_depth, parse_body
 
     assert json_depth(b'{"a": [1, {"b": "[[[[{{{"}], "c": "\\"]"}') == 3
     assert json_depth(b"[]" * 1000) == 1 and json_depth(b"") == 0
@@ -494,8 +494,8 @@ def test_an_unexpected_error_is_one_line_for_the_client_and_a_traceback_in_the_l
     import asyncio
     import errno
 
-    from specdesk.app.engine_client import EngineHostDied
-    from specdesk.app.serve import RequestError, as_request_error, quiet_accept_errors
+    from specdesk.app.runtime.engine_client import EngineHostDied
+    from specdesk.app.serving.serve import RequestError, as_request_error, quiet_accept_errors
 
     try:
         raise RuntimeError("KeyError: 'x'\n  File \"/secret/path.py\", line 1")

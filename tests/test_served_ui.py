@@ -19,9 +19,9 @@ from PySide6.QtWidgets import QDialogButtonBox, QGroupBox, QMessageBox  # noqa: 
 
 from served_replay import Replay, load  # noqa: E402
 
-from specdesk.app.credentials import keyring_available, store_key  # noqa: E402
-from specdesk.app.history import History  # noqa: E402
-from specdesk.app.settings import Settings  # noqa: E402
+from specdesk.app.storage.credentials import keyring_available, store_key  # noqa: E402
+from specdesk.app.storage.history import History  # noqa: E402
+from specdesk.app.storage.settings import Settings  # noqa: E402
 from specdesk.ui.main_window import MainWindow  # noqa: E402
 
 TIMEOUT_MS = 30_000

@@ -1,4 +1,4 @@
-"""The application layer (app/session.py) without a window: engine choice, drafter detection,
+"""The application layer (app/runtime/session.py) without a window: engine choice, drafter detection,
 demo resolution shared by the CLI and the app, the context rule, and a Session across loads."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ import threading
 
 import pytest
 
-from specdesk.app import session
-from specdesk.app.settings import DEMO, DEMO_DFLASH, DEMO_HF, DEMO_MTP
+from specdesk.app.runtime import session
+from specdesk.app.storage.settings import DEMO, DEMO_DFLASH, DEMO_HF, DEMO_MTP
 from specdesk.engines.types import SamplingParams, SpecConfig, SpecDeskError
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from specdesk.app.settings import DEMO, Settings, load_settings, save_settings, settings_path
+from specdesk.app.storage.settings import DEMO, Settings, load_settings, save_settings, settings_path
 
 
 def test_defaults_when_there_is_no_file(tmp_path):

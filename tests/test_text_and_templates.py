@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from specdesk.app.templates import render_chat
+from specdesk.app.chat.templates import render_chat
 from specdesk.engines.text import IncrementalDetokenizer
 from specdesk.engines.types import SpecDeskError
 

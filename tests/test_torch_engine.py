@@ -16,8 +16,8 @@ import pytest
 torch = pytest.importorskip("torch")
 
 
-from specdesk.app.compare import load_prompts  # noqa: E402
-from specdesk.app.paths import assets_dir  # noqa: E402
+from specdesk.app.runtime.compare import load_prompts  # noqa: E402
+from specdesk.app.storage.paths import assets_dir  # noqa: E402
 from specdesk.engines.torch.context import TorchContext, TorchModel  # noqa: E402
 from specdesk.engines.torch.engine import TorchEngine, supported_methods  # noqa: E402
 from specdesk.engines.types import GenerationRequest, SamplingParams, SpecConfig, SpecDeskError  # noqa: E402
@@ -103,7 +103,7 @@ def test_logits_match_llama_cpp_on_the_demo_target(demo_cache_dir, monkeypatch):
 
 def test_tokenizer_and_template_match_llama_cpp(demo_family):
     pytest.importorskip("llama_cpp")
-    from specdesk.app.templates import render_chat
+    from specdesk.app.chat.templates import render_chat
     from specdesk.engines.llama.binding import GgufModel
 
     gguf = GgufModel(demo_family["target_gguf"])
@@ -281,8 +281,8 @@ def test_supported_methods_say_why_not(demo_family, family):
 
 def test_the_device_and_dtype_are_reported_in_compare_json_and_the_status(demo_family):
     """Where a PyTorch target ran, and in which dtype, as compare's JSON and the app's status line say it."""
-    from specdesk.app import session
-    from specdesk.app.compare import compare
+    from specdesk.app.runtime import session
+    from specdesk.app.runtime.compare import compare
     from specdesk.engines.torch.engine import TorchEngine
 
     engine = TorchEngine(demo_family["target_hf"], n_ctx=128, device="cpu", dtype="float32", n_threads=1)

@@ -16,8 +16,8 @@ pytest.importorskip("pytestqt")
 from PySide6.QtCore import Qt, QTimer  # noqa: E402
 from PySide6.QtWidgets import QApplication, QMessageBox  # noqa: E402
 
-from specdesk.app.history import History  # noqa: E402
-from specdesk.app.settings import Settings, load_settings  # noqa: E402
+from specdesk.app.storage.history import History  # noqa: E402
+from specdesk.app.storage.settings import Settings, load_settings  # noqa: E402
 from specdesk.ui import markdown, theme  # noqa: E402
 from specdesk.ui.main_window import MainWindow  # noqa: E402
 from specdesk.ui.models_view import PairingDialog  # noqa: E402
@@ -476,7 +476,7 @@ def test_no_display_is_detected(monkeypatch):
 def test_screenshot_command_saves_both_views_and_the_pairing(qtbot, demo_family, demo_cache_dir, monkeypatch, tmp_path):
     from PySide6.QtGui import QImage
 
-    from specdesk.app import measurements
+    from specdesk.app.models import measurements
     from specdesk.ui.cli import main
 
     monkeypatch.setenv("SPECDESK_CACHE_DIR", str(demo_cache_dir))  # the small family the fixture built
@@ -503,7 +503,7 @@ def test_screenshot_command_saves_both_views_and_the_pairing(qtbot, demo_family,
 CHILD_APP = r"""
 import sys
 from specdesk.ui.app import make_app
-from specdesk.app.settings import Settings
+from specdesk.app.storage.settings import Settings
 from specdesk.ui.main_window import MainWindow
 
 app = make_app([])
@@ -580,7 +580,7 @@ def test_killing_the_app_mid_generation_keeps_earlier_messages(qtbot, open_windo
 def test_auto_says_what_drafts_and_why(qtbot, open_window):
     """Method auto: the status line names this step's method and k and the expected speedup
     (or that nothing beats a plain pass), and the reply's footer keeps the last choice."""
-    from specdesk.app.settings import DEMO_DFLASH, DEMO_MTP
+    from specdesk.app.storage.settings import DEMO_DFLASH, DEMO_MTP
 
     window = open_window(method="auto", max_tokens=24)
     assert window.controls.method() == "auto"

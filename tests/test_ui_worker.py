@@ -6,7 +6,7 @@ import threading
 
 import pytest
 
-from specdesk.app.session import chat_tokens, run_chat, run_sweep
+from specdesk.app.runtime.session import chat_tokens, run_chat, run_sweep
 from specdesk.engines.types import SamplingParams, SpecConfig, SpecDeskError, StepEvent
 from specdesk.ui.jobs import EventBatcher
 

@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 
 from benchmarks import zoo
-from specdesk.app.prompting import chat_prompt
-from specdesk.app.templates import TemplateLimits, render_chat
+from specdesk.app.chat.prompting import chat_prompt
+from specdesk.app.chat.templates import TemplateLimits, render_chat
 from specdesk.engines.llama.binding import GgufModel
 from specdesk.engines.llama.engine import LlamaEngine
 from specdesk.engines.speculation.compat import check_compatible

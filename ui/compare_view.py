@@ -1,6 +1,6 @@
 """The Compare tab: one prompt, baseline then speculative, side by side; and a k sweep.
 
-Both runs go through app/compare.py on the one engine worker, one after the other (run
+Both runs go through app/runtime/compare.py on the one engine worker, one after the other (run
 at the same time they would share cores and distort each other). Streamed text is
 buffered and drawn by `refresh()` from the window's repaint timer.
 """
@@ -198,7 +198,7 @@ class CompareView(QWidget):
         self.sweep_plot.setXRange(SWEEP_KS[0] - 0.5, SWEEP_KS[-1] + 0.5, padding=0)
         self.sweep_plot.enableAutoRange(y=False)  # from zero, so small differences are not magnified
         integer_ticks(self.sweep_plot, SWEEP_KS)
-        # What a verified pass costs against a one-token pass on the loaded placement (app/placement.pass_cost_ratio)
+        # What a verified pass costs against a one-token pass on the loaded placement (app/runtime/placement.pass_cost_ratio)
         self.cost_plot = make_plot(PASS_COST_TITLE, "k (draft tokens per step)", self)
         self.cost_plot.setLabel("left", "t(1 + k) / t(1)", color=theme.muted(self.palette()).name())
         self.cost_curve = self.cost_plot.plot(pen=pg.mkPen(theme.secondary(self.palette()), width=2), symbol="o",
@@ -332,7 +332,7 @@ class CompareView(QWidget):
         self._fit_sweep_range()
 
     def _show_pass_costs(self) -> None:
-        from specdesk.app.placement import pass_cost_ratio
+        from specdesk.app.runtime.placement import pass_cost_ratio
 
         if self._sweep_baseline is None:
             return

@@ -11,7 +11,7 @@ from PySide6.QtWidgets import (QComboBox, QDoubleSpinBox, QFileDialog, QFormLayo
                                QLineEdit, QListWidget, QListWidgetItem, QPushButton, QScrollArea, QSpinBox,
                                QVBoxLayout, QWidget)
 
-from specdesk.app.settings import DEMO, DEMO_DFLASH, DEMO_HF, DEMO_MTP, RANGES, Settings
+from specdesk.app.storage.settings import DEMO, DEMO_DFLASH, DEMO_HF, DEMO_MTP, RANGES, Settings
 from specdesk.engines.types import METHODS, SamplingParams, SpecConfig, SpecDeskError
 
 BROWSE = "\0browse"  # combo item data of "Open GGUF file…"
@@ -53,7 +53,7 @@ UNSUPPORTED_REASON = {  # when the engine gives no reason of its own
 
 def set_clamped(spin: QSpinBox | QDoubleSpinBox, value: float) -> None:
     """setValue within the box's range: QSpinBox.setValue raises OverflowError past 32 bits,
-    and a NaN would become the maximum. Settings are checked on load (app/settings.py);
+    and a NaN would become the maximum. Settings are checked on load (app/storage/settings.py);
     this keeps any other caller from taking the window down."""
     if isinstance(value, float) and math.isnan(value):
         value = spin.minimum()

@@ -14,9 +14,9 @@ from typing import Optional
 from PySide6.QtCore import QCoreApplication, Qt, QTimer
 from PySide6.QtWidgets import QLabel, QMainWindow, QMessageBox, QProgressBar, QSplitter, QTabWidget
 
-from specdesk.app.history import History
-from specdesk.app.session import ModelInfo, file_label
-from specdesk.app.settings import DEMO, DEMO_HF, DEMO_MTP, Settings, read_settings, save_settings
+from specdesk.app.storage.history import History
+from specdesk.app.runtime.session import ModelInfo, file_label
+from specdesk.app.storage.settings import DEMO, DEMO_HF, DEMO_MTP, Settings, read_settings, save_settings
 from specdesk.engines.types import SpecConfig, SpecDeskError
 
 from .chat_view import ChatMessage, ChatView

@@ -24,8 +24,8 @@ from PySide6.QtWidgets import (QAbstractItemView, QCheckBox, QDialog, QDialogBut
                                QHBoxLayout, QHeaderView, QLabel, QLineEdit, QProgressBar, QPushButton,
                                QSplitter, QTableWidget, QTableWidgetItem, QVBoxLayout, QWidget)
 
-from specdesk.app.hub import DownloadCancelled, DownloadProgress, human_bytes
-from specdesk.app.library import LibraryConfig, ModelEntry
+from specdesk.app.models.hub import DownloadCancelled, DownloadProgress, human_bytes
+from specdesk.app.models.library import LibraryConfig, ModelEntry
 from specdesk.engines.types import SpecDeskError
 
 from .dialogs import show_error
@@ -255,7 +255,7 @@ class ModelsView(QWidget):
         self.status = QLabel("", self)
         self.source_boxes: dict[str, QCheckBox] = {}
         if self._settings is not None:  # other apps' folders, each switchable (kept in settings)
-            from specdesk.app.library import load_sources
+            from specdesk.app.models.library import load_sources
 
             for name, spec in load_sources().items():
                 box = QCheckBox(spec.get("label", name), self)
@@ -342,7 +342,7 @@ class ModelsView(QWidget):
 
     # --- library -----------------------------------------------------------------
     def refresh_library(self) -> int:
-        from specdesk.app.library import scan_library
+        from specdesk.app.models.library import scan_library
 
         self._scanned = True
         config = self._config_source()
@@ -379,7 +379,7 @@ class ModelsView(QWidget):
             self._settings.library_paths.append(path)
 
     def _show_library(self, entries: list[ModelEntry]) -> None:
-        from specdesk.app.pairing import native_drafters
+        from specdesk.app.models.pairing import native_drafters
 
         self.entries = entries
         self.library.setRowCount(0)
@@ -410,7 +410,7 @@ class ModelsView(QWidget):
 
     # --- hub ---------------------------------------------------------------------
     def search(self, text: str) -> int:
-        from specdesk.app.hub import search
+        from specdesk.app.models.hub import search
 
         gguf, author = self.gguf_only.isChecked(), self.author.text().strip() or None
         self.status.setText(f"searching for {text!r}…")
@@ -435,7 +435,7 @@ class ModelsView(QWidget):
             self.show_files(item.data(Qt.UserRole))
 
     def show_files(self, repo_id: str) -> int:
-        from specdesk.app.hub import list_files
+        from specdesk.app.models.hub import list_files
 
         self.current_repo = repo_id
         self.files.setRowCount(0)
@@ -483,7 +483,7 @@ class ModelsView(QWidget):
         return download_id
 
     def _start_download(self, d: DownloadRow) -> None:
-        from specdesk.app.hub import download
+        from specdesk.app.models.hub import download
 
         lane = self._downloads_lane
         throttle = Throttle(PROGRESS_INTERVAL_S, clock=time.monotonic)
@@ -540,7 +540,7 @@ class ModelsView(QWidget):
             self.open_pairing(entry)
 
     def open_pairing(self, target: ModelEntry, n_ctx: int = 0) -> PairingDialog:
-        from specdesk.app.pairing import pair
+        from specdesk.app.models.pairing import pair
 
         dialog = PairingDialog(target, self)
         entries = list(self.entries)
@@ -554,7 +554,7 @@ class ModelsView(QWidget):
         return dialog
 
     def _placements(self) -> tuple:
-        """The settings' placement of the target and the draft (app/settings.py), for pairing's
+        """The settings' placement of the target and the draft (app/storage/settings.py), for pairing's
         per-device estimate; a value settings refused is auto."""
         from specdesk.engines.llama.placement import Placement
 

@@ -60,8 +60,8 @@ def take_screenshots(out: Path, size: tuple[int, int] = (1280, 800), dark: bool 
                      suffix: str = "", progress: Optional[Callable[[str], None]] = None,
                      demo_size: str = "small") -> list[Path]:
     os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
-    from specdesk.app.history import History
-    from specdesk.app.settings import DEMO, Settings
+    from specdesk.app.storage.history import History
+    from specdesk.app.storage.settings import DEMO, Settings
 
     from .app import make_app
     from .main_window import MainWindow
@@ -135,9 +135,9 @@ def _pairing(app, window, path: Path, demo_size: str, say: Callable[[str], None]
     grab the pairing dialog for the demo target over the demo's files and a Q8_0 copy of the
     draft made in `scratch`: the draft ranked by what was measured, the copy by an assumption,
     the target exported with its MTP layer and the DFlash drafter among the native drafters."""
-    from specdesk.app.library import read_model
-    from specdesk.app.session import resolve_demo
-    from specdesk.app.settings import DEMO_DFLASH, DEMO_MTP
+    from specdesk.app.models.library import read_model
+    from specdesk.app.runtime.session import resolve_demo
+    from specdesk.app.storage.settings import DEMO_DFLASH, DEMO_MTP
 
     say("measuring the draft")
     controls = window.controls

@@ -49,7 +49,7 @@ def flavour() -> str:
 
 
 def check_assets(state: dict) -> str:
-    from specdesk.app.paths import assets_dir
+    from specdesk.app.storage.paths import assets_dir
 
     root = assets_dir()
     missing = [name for name in ("demo/card.json", "demo/tokenizer.json", "demo/core.safetensors",
@@ -103,7 +103,7 @@ def check_llama_build(state: dict) -> str:
 
 def check_speculative(state: dict) -> str:
     """Greedy speculative decoding with the demo draft must reproduce the baseline exactly."""
-    from specdesk.app.compare import run_once
+    from specdesk.app.runtime.compare import run_once
     from specdesk.engines.llama.engine import LlamaEngine
     from specdesk.engines.types import GenerationRequest, SamplingParams, SpecConfig
 

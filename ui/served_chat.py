@@ -1,13 +1,13 @@
 """Chat with a served engine in the window: "Servers > Add server…" and the chat on it.
 
 The dialog takes a base URL and an optional API key (kept in the OS keyring through
-app/credentials.py, never in settings.json), connects on a background thread (a `ProbeJob` on
+app/storage/credentials.py, never in settings.json), connects on a background thread (a `ProbeJob` on
 the served probe lane), lists the
 server's models and says which charts it can fill. While a server is in use, the chat tab
 streams from it: its chat and compare are typed jobs (`ServedChatJob`, `ServedCompareJob`) on
 a `JobThread` (ui/job_thread.py, the one worker base the engine worker runs on; connecting has
 a lane of its own, so Add server… never waits for a reply streaming), whose runner
-iterates `Endpoint.stream_chat` (app/endpoint.py) and sends coalesced batches
+iterates `Endpoint.stream_chat` (app/serving/endpoint.py) and sends coalesced batches
 (ui/jobs.EventBatcher) to the GUI as queued signals, as the engine worker does; the same chart
 panel draws tok/s from the stream and, when the reply ends, the server's own acceptance,
 tokens per pass and per-position numbers. A failed reply keeps its text, marked partial.
@@ -24,8 +24,8 @@ from PySide6.QtGui import QAction
 from PySide6.QtWidgets import (QComboBox, QDialog, QDialogButtonBox, QFormLayout, QGroupBox, QHBoxLayout, QLabel,
                                QLineEdit, QPushButton, QVBoxLayout, QWidget)
 
-from specdesk.app.credentials import load_key, store_key
-from specdesk.app.endpoint import Endpoint, EndpointError, ServedRun, ServerInfo, base_url
+from specdesk.app.storage.credentials import load_key, store_key
+from specdesk.app.serving.endpoint import Endpoint, EndpointError, ServedRun, ServerInfo, base_url
 from specdesk.engines.types import SamplingParams, StepEvent
 
 from .chat_view import ChatMessage
@@ -61,7 +61,7 @@ class ServedChatJob(Job):
 
 @dataclass(kw_only=True)
 class ServedCompareJob(Job):
-    """Baseline then speculative on one prompt, on the server (app/served.compare_served)."""
+    """Baseline then speculative on one prompt, on the server (app/serving/served.compare_served)."""
 
     kind: ClassVar[str] = "served_compare"
     endpoint: Endpoint
@@ -100,7 +100,7 @@ class _ServedRunner(JobRunner):
             batcher.flush()  # a failed reply's text so far reaches the window before the failure
 
     def _compare(self, job: ServedCompareJob):
-        from specdesk.app.served import compare_served
+        from specdesk.app.serving.served import compare_served
 
         batchers: dict[str, EventBatcher] = {}
 

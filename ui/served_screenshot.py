@@ -24,9 +24,9 @@ def take_served_screenshot(out: Path, url: str, api_key: Optional[str] = None, m
                            max_tokens: int = 160, temperature: float = 0.7,
                            progress: Optional[Callable[[str], None]] = None) -> Path:
     os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
-    from specdesk.app.endpoint import Endpoint
-    from specdesk.app.history import History
-    from specdesk.app.settings import Settings
+    from specdesk.app.serving.endpoint import Endpoint
+    from specdesk.app.storage.history import History
+    from specdesk.app.storage.settings import Settings
 
     from .app import make_app
     from .main_window import MainWindow

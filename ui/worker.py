@@ -3,14 +3,14 @@
 `EngineWorker` lives in the GUI thread and is the only way the UI talks to the engine:
 its methods queue a typed job (a `Job` dataclass below) on a `JobThread` (ui/job_thread.py)
 and return a job id at once; results come back as queued signals. What each job does is
-app/session.py's `Session`, which the worker thread owns: the engine is created, used and
+app/runtime/session.py's `Session`, which the worker thread owns: the engine is created, used and
 closed on that thread only.
 
 Cancel is a `threading.Event` per job, set directly from the GUI thread (the worker is
 busy inside the generator and would not see a queued call); the engine checks it between
 steps, so a stopped generation ends after the step in progress.
 
-The engine itself runs in its own process (app/engine_client.py): when that process dies or
+The engine itself runs in its own process (app/runtime/engine_client.py): when that process dies or
 is ended by Stop, the job fails with EngineHostDied, the worker forgets the engine and the
 error says so, with the process's last output as details; the worker thread carries on.
 """
@@ -24,8 +24,8 @@ from typing import Any, ClassVar, Optional
 
 from PySide6.QtCore import QObject, Qt, Signal, Slot
 
-from specdesk.app.engine_client import EngineHostDied
-from specdesk.app.session import ModelInfo, Session
+from specdesk.app.runtime.engine_client import EngineHostDied
+from specdesk.app.runtime.session import ModelInfo, Session
 from specdesk.engines.types import SamplingParams, SpecConfig, SpecDeskError, StepEvent
 
 from . import jobs
@@ -121,7 +121,7 @@ class _Runner(JobRunner):
 
     def __init__(self) -> None:
         super().__init__()
-        self.session = Session()  # the loaded target and its drafter (app/session.py)
+        self.session = Session()  # the loaded target and its drafter (app/runtime/session.py)
         self._handlers = {LoadJob: self._load, ChatJob: self._chat, CompareJob: self._compare,
                           SweepJob: self._sweep, NewChatJob: lambda job: self.session.new_chat()}
 

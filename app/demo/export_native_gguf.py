@@ -257,7 +257,7 @@ def _common_token(target_hf: Path) -> int:
 
     from tokenizers import Tokenizer
 
-    from ..paths import assets_dir
+    from ..storage.paths import assets_dir
 
     tokenizer = Tokenizer.from_file(str(target_hf / "tokenizer.json"))
     counts: Counter = Counter()

@@ -20,7 +20,7 @@ from typing import Callable
 
 from specdesk.engines.types import SpecDeskError
 
-from ..paths import assets_dir, cache_dir
+from ..storage.paths import assets_dir, cache_dir
 from .export_hf import require_torch, write_json_atomic, write_text_atomic
 
 EXPORT_VERSION = 2  # bump when derived files change for the same trained weights (2: numpy widening)

@@ -8,7 +8,7 @@ free memory with its KV cache, its compute buffer and a headroom; without an off
 `auto` is the CPU.
 
 The bytes a placement puts on its device come from the GGUF header alone (tensor sizes per
-block), so the app can say where a model will sit before loading it (app/pairing.py), and the
+block), so the app can say where a model will sit before loading it (app/models/pairing.py), and the
 engine uses the same numbers to choose `auto`'s layers.
 """
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Optional
 
-from .paths import data_dir
+from ..storage.paths import data_dir
 
 FILE_NAME = "measurements.jsonl"
 MAX_FILE_BYTES = 8 * 2**20
@@ -38,7 +38,7 @@ def record(target: str, draft: Optional[str], engine: str, method: str, k: int, 
            acceptance: float, tokens: int, temperature: float, path: Optional[Path] = None,
            placement: str = "CPU") -> None:
     """Append one measurement (a no-op when the folder cannot be written). `placement` is where
-    the target sat (app/placement.placement_label): a speedup belongs to its placement."""
+    the target sat (app/runtime/placement.placement_label): a speedup belongs to its placement."""
     line = {"target": _real(target), "draft": _real(draft), "engine": engine, "method": method, "k": k,
             "speedup": round(float(speedup), 4), "acceptance": round(float(acceptance), 4), "tokens": int(tokens),
             "temperature": temperature, "time": round(time.time()), "placement": placement}
@@ -56,7 +56,7 @@ def _append(line: dict, path: Optional[Path]) -> None:
 
 
 def record_compare(report, path: Optional[Path] = None, placement: str = "CPU") -> None:
-    """One compare report (app/compare.CompareReport): its speedup and acceptance, on `placement`."""
+    """One compare report (app/runtime/compare.CompareReport): its speedup and acceptance, on `placement`."""
     spec = report.speculative
     if spec.tokens and report.baseline.tokens:
         record(report.target, report.draft, report.engine, report.method, report.k, report.speedup,

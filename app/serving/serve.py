@@ -47,10 +47,10 @@ from specdesk.engines.speculation.loop import check_prompt_text
 from specdesk.engines.types import (MAX_DRAFT_TOKENS, METHODS, GenerationRequest, RunStats, SamplingParams,
                                     SpecConfig, SpecDeskError)
 
-from .compare import RunResult, run_once
-from .engine_client import EngineClient, EngineHostDied
-from .main import MAX_SEED
-from .session import load_drafter
+from ..runtime.compare import RunResult, run_once
+from ..runtime.engine_client import EngineClient, EngineHostDied
+from ..main import MAX_SEED
+from ..runtime.session import load_drafter
 
 log = logging.getLogger("specdesk.serve")
 
@@ -64,7 +64,7 @@ MAX_INT_FIELD = 2**31 - 1  # top_k, max_tokens: llama.cpp reads them as 32-bit i
 REQUEST_TIMEOUT_S = 30.0  # a client's request headers and body must arrive within this
 # An engine that produces nothing for this long (a long prompt's first token included) has its
 # request stopped with a 503; one that stops answering altogether is ended by the heartbeat
-# watchdog within seconds (app/engine_client.py). Long: a big prompt on a CPU takes minutes.
+# watchdog within seconds (app/runtime/engine_client.py). Long: a big prompt on a CPU takes minutes.
 ENGINE_TIMEOUT_S = 600.0
 MAX_WAITING = 64  # requests queued for the engine; more are refused with 503
 FALLBACK_TOKEN_CHARS = 1024  # characters a token may stand for, when the engine cannot say
@@ -864,7 +864,7 @@ def model_id_for(target: str) -> str:
 
 
 def add_serve_parser(sub) -> None:
-    from .main import add_model_options
+    from ..main import add_model_options
 
     p = sub.add_parser("serve", help="serve the models over an OpenAI-compatible HTTP API")
     add_model_options(p)
@@ -886,7 +886,7 @@ def add_serve_parser(sub) -> None:
 def cmd_serve(args: argparse.Namespace) -> int:
     import uvicorn
 
-    from .main import build_configs, open_engine, resolve_models
+    from ..main import build_configs, open_engine, resolve_models
 
     if not (0 <= args.port <= 65535):
         raise SpecDeskError(f"--port {args.port} is out of range: use 0 to 65535")

@@ -1,4 +1,4 @@
-"""EngineClient: an engine in its own process (app/engine_host.py), with the engine's interface.
+"""EngineClient: an engine in its own process (app/runtime/engine_host.py), with the engine's interface.
 
 `generate(request, cancel)` yields the same StepEvents as an in-process engine, so chat,
 compare, sweep and charts do not know the difference. What the process cannot survive (an

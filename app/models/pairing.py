@@ -4,9 +4,9 @@ which native drafters exist for it, and whether target + draft + caches fit in m
 Compatibility is the engine's own rule set (engines/speculation/compat.py), applied to each
 model's vocabulary as llama.cpp loads it (a vocab-only load: no weights are read), so a
 verdict here is exactly the one the engine gives when the pair is loaded. The loads happen
-in a child process (app/vocab_check.py): a vocabulary llama.cpp aborts on ends that process,
+in a child process (app/models/vocab_check.py): a vocabulary llama.cpp aborts on ends that process,
 never the app's window or the CLI. The expected
-benefit is what this machine measured for the pair (app/measurements.py) when it has, else
+benefit is what this machine measured for the pair (app/models/measurements.py) when it has, else
 the standard speculative-decoding speedup model (Leviathan et al. 2023) with an assumed
 acceptance rate and the draft/target cost ratio taken from their weight bytes.
 """
@@ -25,7 +25,7 @@ from specdesk.engines.memory import MemoryInfo, available_memory  # noqa: F401 -
 from specdesk.engines.types import MAX_DRAFT_TOKENS, SpecDeskError
 
 from .library import ModelEntry, Shape, find_entry, read_model
-from .paths import assets_dir
+from ..storage.paths import assets_dir
 
 log = logging.getLogger(__name__)
 
@@ -162,9 +162,9 @@ class PlacementEstimate:
 
 def measured_on_placement(records: list, target_path: str, n_ctx: int, placement=None) -> list:
     """The measurements taken where the target would sit now (a speedup measured on a CPU says
-    little about a GPU placement, app/placement.placement_label)."""
-    from specdesk.app.measurements import on_placement
-    from specdesk.app.placement import placement_label
+    little about a GPU placement, app/runtime/placement.placement_label)."""
+    from specdesk.app.models.measurements import on_placement
+    from specdesk.app.runtime.placement import placement_label
     from specdesk.engines.llama.binding import validated_header
     from specdesk.engines.llama.devices import llama_devices
     from specdesk.engines.llama.placement import Placement, resolve
@@ -270,7 +270,7 @@ class DraftVerdict:
 
 
 def score_draft(target: ModelEntry, draft: ModelEntry, records: Optional[list] = None) -> DraftVerdict:
-    """Measured numbers when this machine has compared the pair (app/measurements.py), else
+    """Measured numbers when this machine has compared the pair (app/models/measurements.py), else
     the speedup model on an assumed acceptance, labelled as such."""
     from .measurements import measured_for
 
@@ -506,7 +506,7 @@ def pair(target_path: str | os.PathLike, entries: Iterable[ModelEntry], n_ctx: i
          table: Optional[list] = None, records: Optional[list] = None,
          placement=None, draft_placement=None) -> PairingReport:
     """Rank the library's drafts for a target, by this machine's measurements where it has
-    them (`records`: app/measurements.read() by default); the memory estimate counts the
+    them (`records`: app/models/measurements.read() by default); the memory estimate counts the
     chosen draft (draft_path), else the best compatible one, and says per device where each
     would sit (`placement`, `draft_placement`: engines/llama/placement.Placement; default auto)."""
     from .measurements import read

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from specdesk.engines.types import SpecDeskError
 
-from .engine_client import describe_exit
+from ..runtime.engine_client import describe_exit
 
 ANSWER_TIMEOUT_S = 120.0  # one vocabulary load; the largest real ones take a second or two
 START_TIMEOUT_S = 120.0  # a fresh interpreter importing llama.cpp on a loaded machine

@@ -17,7 +17,7 @@ def assets_dir() -> Path:
         return Path(os.environ["SPECDESK_ASSETS_DIR"])
     if getattr(sys, "frozen", False):
         return Path(getattr(sys, "_MEIPASS", Path(sys.executable).parent)) / "assets"
-    return Path(__file__).resolve().parent.parent / "assets"
+    return Path(__file__).resolve().parents[2] / "assets"
 
 
 def cache_dir() -> Path:

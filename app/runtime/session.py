@@ -9,7 +9,7 @@ its drafter across jobs. Nothing here imports Qt: ui/worker.py runs a Session on
 thread, app/main.py's subcommands call the same functions in the terminal.
 
 Every function takes an engine as the `Engine` protocol describes it (the in-process engines
-or app/engine_client.EngineClient), and none asks which engine it is.
+or app/runtime/engine_client.EngineClient), and none asks which engine it is.
 """
 
 from __future__ import annotations
@@ -22,9 +22,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Optional, Sequence
 
-from specdesk.app.compare import CompareReport, RunResult, compare, run_once, warm_up
-from specdesk.app.prompting import chat_prompt, fit_chat, text_tokens
-from specdesk.app.settings import DEMO, DEMO_DFLASH, DEMO_HF, DEMO_MTP
+from specdesk.app.runtime.compare import CompareReport, RunResult, compare, run_once, warm_up
+from specdesk.app.chat.prompting import chat_prompt, fit_chat, text_tokens
+from specdesk.app.storage.settings import DEMO, DEMO_DFLASH, DEMO_HF, DEMO_MTP
 from specdesk.engines.types import GenerationRequest, RunStats, SamplingParams, SpecConfig, SpecDeskError, StepEvent
 
 NATIVE_DRAFTERS = ("dflash", "eagle3")  # drafters made for one target, loaded with load_native
@@ -44,11 +44,11 @@ def engine_kind(target: str) -> str:
 def open_engine(target: str, n_ctx: int = 0, threads: Optional[int] = None, *, kind: Optional[str] = None,
                 device: str = "auto", progress: Optional[Callable[[float], None]] = None,
                 cancel: Optional[threading.Event] = None, watchdog: bool = False, **placement):
-    """The engine in its own process (app/engine_host.py): a model that aborts or hangs there
+    """The engine in its own process (app/runtime/engine_host.py): a model that aborts or hangs there
     never takes the caller down. `kind` defaults to what the target's format runs on;
     `watchdog` ends a process that stops answering (see EngineClient); `placement` is where a
     GGUF's layers go (HostSpec: gpu_layers, draft_device, draft_gpu_layers, rpc)."""
-    from specdesk.app.engine_client import EngineClient
+    from specdesk.app.runtime.engine_client import EngineClient
 
     return EngineClient(target, kind=kind or engine_kind(target), n_ctx=n_ctx, n_threads=threads, device=device,
                         progress=progress, cancel=cancel, watchdog=watchdog, **placement)
@@ -155,13 +155,13 @@ class ModelInfo:
 
 def describe_engine(engine, draft_path: Optional[str], verdict_paths: dict[str, str],
                     draft_kind: str = "draft") -> ModelInfo:
-    """What is loaded, from the engine host's facts (app/engine_host.engine_facts); `verdict_paths`
+    """What is loaded, from the engine host's facts (app/runtime/engine_host.engine_facts); `verdict_paths`
     maps draft choices to the GGUF files whose fit with the target the host checks."""
     facts = engine.facts(draft_path, draft_kind, verdict_paths)
     availability = facts["availability"]
     supported = tuple(m for m, why in availability.items() if why is None)
     unavailable = tuple((m, why) for m, why in availability.items() if why is not None)
-    from specdesk.app.placement import describe_placement
+    from specdesk.app.runtime.placement import describe_placement
 
     report = facts.get("placement") or None
     return ModelInfo(str(engine.target.path), draft_path, engine.name, supported, engine.n_ctx, facts["threads"],
@@ -215,8 +215,8 @@ class SweepResult:
 def run_chat(engine, messages: list[dict], spec: SpecConfig, sampling: SamplingParams, max_tokens: int,
              cancel: threading.Event, on_event: Optional[Callable[[StepEvent], None]] = None) -> ChatResult:
     """The reply to a conversation (its oldest turns cut to fit the context); its acceptance
-    and tokens per second are recorded (app/measurements.record_chat)."""
-    from specdesk.app.measurements import MethodTally
+    and tokens per second are recorded (app/models/measurements.record_chat)."""
+    from specdesk.app.models.measurements import MethodTally
 
     tokens, dropped = chat_tokens(engine, messages, max_tokens)
     request = GenerationRequest(tuple(tokens), max_tokens=max_tokens, sampling=sampling, spec=spec)
@@ -234,7 +234,7 @@ def run_chat(engine, messages: list[dict], spec: SpecConfig, sampling: SamplingP
 
 def record_chat_reply(engine, spec: SpecConfig, sampling: SamplingParams, result: RunResult, tally=None) -> None:
     """A chat reply's measured acceptance and tokens per second, per target, draft, method and k."""
-    from specdesk.app.measurements import record_chat
+    from specdesk.app.models.measurements import record_chat
 
     record_chat(str(engine.target.path), spec.draft_path, engine.name, spec.method, spec.draft_tokens, result.stats,
                 sampling.temperature, tally)
@@ -251,8 +251,8 @@ def run_compare(engine, prompt: str, spec: SpecConfig, sampling: SamplingParams,
     def forward(label: str, index: int, event: StepEvent) -> None:
         on_event(label, 0 if label == "baseline" else spec.k, event)
 
-    from specdesk.app.measurements import record_compare
-    from specdesk.app.placement import engine_placement_label
+    from specdesk.app.models.measurements import record_compare
+    from specdesk.app.runtime.placement import engine_placement_label
 
     report = compare(engine, [prompt], spec, sampling, max_tokens, prompt_tokenizer(engine, chat),
                      forward if on_event is not None else None, cancel)
@@ -274,8 +274,8 @@ def run_sweep(engine, prompt: str, spec: SpecConfig, sampling: SamplingParams, m
         request = GenerationRequest(tuple(tokens), max_tokens=max_tokens, sampling=sampling, spec=config)
         return run_once(engine, request, cancel).stats
 
-    from specdesk.app.measurements import record
-    from specdesk.app.placement import engine_placement_label
+    from specdesk.app.models.measurements import record
+    from specdesk.app.runtime.placement import engine_placement_label
 
     placement = engine_placement_label(engine)
     baseline = once(dataclasses.replace(spec, method="none"))
@@ -327,7 +327,7 @@ class Session:
         `drafts` (paths or DEMO) could serve the target. A refused draft is reported in the
         outcome, not raised: the target stays usable. `placement` (Settings.placement) says
         where a GGUF target's and draft's layers go; a new placement loads the target again."""
-        from specdesk.app.engine_client import EngineHostDied
+        from specdesk.app.runtime.engine_client import EngineHostDied
         from specdesk.engines.llama.engine import default_threads
 
         requested_target, requested_draft = target, draft

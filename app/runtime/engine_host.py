@@ -2,7 +2,7 @@
 
 llama.cpp ends a process with GGML_ASSERT or an uncaught C++ exception on model files it
 cannot run, and a chat template or a kernel can hang; in a child process neither takes the
-app down (app/engine_client.py starts it and speaks for it). The protocol is pickled tuples
+app down (app/runtime/engine_client.py starts it and speaks for it). The protocol is pickled tuples
 over a multiprocessing Connection; StepEvents travel in small batches (SEND_INTERVAL_S):
 
     client -> host   ("generate", gen_id, GenerationRequest)   ("cancel", gen_id)
@@ -15,7 +15,7 @@ The host reads cancel messages between steps, where the in-process engine checks
 cancel event, so a stopped generation ends after the step in progress as before. The
 heartbeat comes from its own thread (llama.cpp's calls release the GIL): a host that sends
 nothing for a while is stopped (SIGSTOP, a debugger) or stuck in native code, however long
-its steps take, and a client with a watchdog ends it (app/engine_client.py).
+its steps take, and a client with a watchdog ends it (app/runtime/engine_client.py).
 Everything here runs in the child except `engine_facts`, which the client side never needs.
 """
 
@@ -91,7 +91,7 @@ class HostSpec:
 
 
 def open_engine(spec: HostSpec, progress: Optional[Callable[[float], None]] = None):
-    from specdesk.app.paths import cache_dir
+    from specdesk.app.storage.paths import cache_dir
 
     if spec.kind == "torch":
         from specdesk.engines.torch.engine import TorchEngine
@@ -151,7 +151,7 @@ def engine_facts(engine, draft_path: Optional[str] = None, draft_kind: str = "dr
 
 
 def chat_prompt(engine, messages: list[dict]) -> list[int]:
-    from specdesk.app.prompting import chat_prompt as render
+    from specdesk.app.chat.prompting import chat_prompt as render
 
     return render(engine, messages)
 

@@ -53,8 +53,8 @@ import httpx2
 
 from specdesk.engines.types import RunStats, SamplingParams, SpecDeskError, StepEvent
 
-from .compare import RunResult
-from .terminal import printable
+from ..runtime.compare import RunResult
+from ..terminal import printable
 
 KINDS = ("specdesk", "llama-server", "vllm", "sglang", "generic")
 METRIC_PREFIXES = {"specdesk": "specdesk", "llama-server": "llamacpp", "vllm": "vllm", "sglang": "sglang"}

@@ -1,8 +1,8 @@
-"""Chat and compare against served engines (app/endpoint.py): `specdesk chat --endpoint URL`
+"""Chat and compare against served engines (app/serving/endpoint.py): `specdesk chat --endpoint URL`
 and `specdesk compare --endpoint URL [--baseline-endpoint URL2]`.
 
 Compare runs each prompt on a baseline and a speculative arm, alternating which goes first,
-with the same sampling, and reports the local compare's JSON (app/compare.CompareReport).
+with the same sampling, and reports the local compare's JSON (app/runtime/compare.CompareReport).
 With one endpoint the baseline is the same server with speculation switched off per request
 (specdesk serve's "speculative" field); other servers cannot do that, so the baseline is a
 second endpoint (the same model served without speculation, or another speculation setup).
@@ -20,8 +20,8 @@ from typing import Callable, Optional
 
 from specdesk.engines.types import SamplingParams, SpecDeskError, StepEvent
 
-from .compare import CompareReport, PromptResult
-from .credentials import load_key
+from ..runtime.compare import CompareReport, PromptResult
+from ..storage.credentials import load_key
 from .endpoint import Endpoint, EndpointError, ServedRun, printable
 
 BASELINE = {"method": "none"}  # specdesk serve's per-request switch
@@ -143,7 +143,7 @@ def describe_numbers(run: ServedRun) -> str:
 
 
 def cmd_served_chat(args) -> int:
-    from .main import user_turns
+    from ..main import user_turns
 
     endpoint = open_endpoint(args.endpoint, args.endpoint_model, args.endpoint_api_key)
     sampling = served_sampling(args)
@@ -176,7 +176,7 @@ def cmd_served_chat(args) -> int:
 
 
 def cmd_served_compare(args) -> int:
-    from .main import compare_prompts, format_table
+    from ..main import compare_prompts, format_table
 
     prompts = compare_prompts(args)
     sampling = served_sampling(args)

@@ -14,7 +14,7 @@ from typing import Optional
 
 from specdesk.engines.types import SpecDeskError
 
-from .terminal import printable
+from ..terminal import printable
 
 
 def _say(message: str) -> None:
@@ -23,7 +23,7 @@ def _say(message: str) -> None:
 
 def library_config(args):
     from .library import LibraryConfig
-    from .settings import load_settings
+    from ..storage.settings import load_settings
 
     config = LibraryConfig.from_settings(load_settings())
     config.user_paths += list(args.path or [])

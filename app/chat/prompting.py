@@ -1,6 +1,6 @@
 """Prompts from text: checked against the context before tokenizing, a conversation in the
 model's chat template, and a conversation cut to the context (oldest turns first). The CLI,
-the app (app/session.py) and the engine process share these.
+the app (app/runtime/session.py) and the engine process share these.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ def chat_prompt(engine, messages: list[dict]) -> list[int]:
     before tokenizing when its text cannot fit the context."""
     if hasattr(engine, "chat_prompt"):  # an engine host renders the template itself (a template can hang)
         return engine.chat_prompt(messages)
-    from specdesk.app.templates import render_chat
+    from specdesk.app.chat.templates import render_chat
 
     model = engine.target
     # Before rendering, the messages' own text: a template shows it (a template that drops

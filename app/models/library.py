@@ -21,7 +21,7 @@ from typing import Callable, Iterable, Iterator, Optional
 
 from specdesk.engines.files import require_regular_file
 
-from .paths import assets_dir, cache_dir
+from ..storage.paths import assets_dir, cache_dir
 
 log = logging.getLogger(__name__)
 
@@ -311,7 +311,7 @@ def scan_hf_cache(root: Optional[Path] = None) -> Iterator[ModelEntry]:
 
 def demo_family_paths(root: Optional[Path] = None) -> list[Path]:
     """The demo family's GGUF files and HF folders that are already built (nothing is built here)."""
-    from .demo.install import MANIFEST, UNIT_PATHS
+    from ..demo.install import MANIFEST, UNIT_PATHS
 
     root = Path(root) if root is not None else cache_dir() / "demo"
     found: list[Path] = []

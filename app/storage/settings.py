@@ -100,7 +100,7 @@ class Settings:
         return dataclasses.asdict(self)
 
     def placement(self) -> dict:
-        """The engine process's placement options (app/engine_host.HostSpec) from these settings."""
+        """The engine process's placement options (app/runtime/engine_host.HostSpec) from these settings."""
         from specdesk.engines.llama.rpc import parse_endpoints
 
         return {"device": self.device, "gpu_layers": self.gpu_layers, "draft_device": self.draft_device,

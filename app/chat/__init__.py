@@ -1,0 +1,1 @@
+"""Chat formatting: chat templates (sandboxed) and prompts cut to the context."""

@@ -1,0 +1,1 @@
+"""Model files: the library on disk, the hub, pairing targets with drafts, measured speedups."""

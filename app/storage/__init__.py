@@ -1,0 +1,1 @@
+"""What SpecDesk keeps: chat history, settings, API keys, and where each lives."""
