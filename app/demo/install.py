@@ -22,10 +22,9 @@ from specdesk.engines.types import SpecDeskError
 
 from ..storage.paths import assets_dir, cache_dir
 from .export_hf import require_torch, write_json_atomic, write_text_atomic
+from .files import NATIVE_DRAFTER_FILES, TRAINED_FILES, sha256_file
 
 EXPORT_VERSION = 2  # bump when derived files change for the same trained weights (2: numpy widening)
-TRAINED_FILES = ("tokenizer.json", "core.safetensors", "draft.safetensors", "mtp.safetensors", "dflash.safetensors")
-NATIVE_DRAFTER_FILES = {"mtp": "mtp.safetensors", "dflash": "dflash.safetensors"}  # present when the card has them
 WIDEN_SEED = 0
 MANIFEST = "manifest.json"
 
@@ -55,14 +54,6 @@ Progress = Callable[[str], None]
 
 def _quiet(message: str) -> None:
     pass
-
-
-def sha256_file(path: Path) -> str:  # not recipe's: importing recipe imports torch
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def shipped_folder(small: bool = False) -> Path:

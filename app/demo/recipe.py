@@ -19,7 +19,7 @@ import numpy as np
 from .config import ModelConfig, TrainConfig, card_entry, llama_config, parameter_count
 from .corpus import iter_corpus, split_corpus
 from .dflash import DFlashSpec, DFlashTraining
-from .install import TRAINED_FILES, sha256_file
+from .files import TRAINED_FILES, sha256_file
 from .mtp import MtpTraining
 from .tokenizer import CHAT_TEMPLATE, special_ids, train_tokenizer
 from .train import log

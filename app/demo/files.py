@@ -1,0 +1,21 @@
+"""What a trained demo family folder holds, and how its files are fingerprinted.
+
+Both the recipe (which writes the folder) and the installer (which verifies it) read these;
+the module needs neither torch nor the other's code.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+TRAINED_FILES = ("tokenizer.json", "core.safetensors", "draft.safetensors", "mtp.safetensors", "dflash.safetensors")
+NATIVE_DRAFTER_FILES = {"mtp": "mtp.safetensors", "dflash": "dflash.safetensors"}  # present when the card has them
+
+
+def sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
