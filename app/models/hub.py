@@ -27,7 +27,9 @@ import hashlib
 import os
 import re
 import shutil
+import socket
 import threading
+import urllib.request
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath, PureWindowsPath
 from typing import Callable, Optional
@@ -46,6 +48,7 @@ REF_FORBIDDEN = re.compile(r"[\x00-\x20\x7f~^:?*\[\\]")  # what git refuses in a
 NAME_MAX_BYTES = 255  # the longest file name ext4, APFS and NTFS take
 CHUNK_BYTES = 1 << 20
 TIMEOUT_S = 30.0
+REACH_TIMEOUT_S = 3.0  # resolving the hub's host, and again connecting to it, before any request
 
 
 class DownloadCancelled(SpecDeskError):
@@ -180,6 +183,67 @@ def _explain(error: Exception, what: str) -> SpecDeskError:
                          f"check the network or HF_ENDPOINT")
 
 
+def _reach_point(url: str) -> tuple[str, int]:
+    """The host and port a request to `url` connects to first: the proxy's where the
+    environment names one for it (as huggingface_hub's client would use), else the URL's own."""
+    parts = urlparse(url)
+    host = parts.hostname or ""
+    proxy = None if urllib.request.proxy_bypass(host) else urllib.request.getproxies().get(parts.scheme)
+    if proxy:
+        parts = urlparse(proxy if "://" in proxy else "http://" + proxy)
+        host = parts.hostname or host
+    try:
+        port = parts.port
+    except ValueError:
+        port = None
+    return host, port or (443 if parts.scheme == "https" else 80)
+
+
+def offline_reason(url: str, timeout: float = REACH_TIMEOUT_S) -> Optional[str]:
+    """Why `url` cannot be reached, found with one try in at most about twice `timeout`
+    seconds (the host name does not resolve, the connection is refused or times out), or None
+    when a connection opens. The hub client retries five times with waits up to 8 s, which
+    tells an offline user nothing for half a minute."""
+    host, port = _reach_point(url)
+    found: list = []
+
+    def resolve() -> None:
+        try:
+            found.append(socket.getaddrinfo(host, port, type=socket.SOCK_STREAM))
+        except (OSError, UnicodeError) as e:
+            found.append(e)
+
+    # getaddrinfo takes no timeout: it runs on a thread that is left behind if the resolver hangs
+    resolver = threading.Thread(target=resolve, name="hub-resolve", daemon=True)
+    resolver.start()
+    resolver.join(timeout)
+    if not found:
+        return f"the host name {host} did not resolve within {timeout:g} s"
+    if isinstance(found[0], Exception):
+        return f"the host name {host} does not resolve"
+    last: Optional[OSError] = None
+    for family, kind, proto, _, address in found[0]:
+        try:
+            with socket.socket(family, kind, proto) as probe:
+                probe.settimeout(timeout)
+                probe.connect(address)
+            return None
+        except OSError as e:
+            last = e
+    if isinstance(last, ConnectionRefusedError):
+        return f"{host}:{port} refused the connection"
+    if isinstance(last, socket.timeout):
+        return f"{host}:{port} did not accept a connection within {timeout:g} s"
+    return f"{host}:{port}: {getattr(last, 'strerror', None) or last}"
+
+
+def require_online(what: str) -> None:
+    """One line, within a few seconds, when the hub (HF_ENDPOINT) cannot be reached at all."""
+    reason = offline_reason(endpoint())
+    if reason is not None:
+        raise SpecDeskError(f"{what}: cannot reach {endpoint()} ({reason}); check the network or HF_ENDPOINT")
+
+
 def _hub_errors():
     import httpx2
     from huggingface_hub.errors import HfHubHTTPError
@@ -191,6 +255,7 @@ def _hub_errors():
 def search(query: str = "", gguf_only: bool = False, author: Optional[str] = None,
            limit: int = 50) -> list[SearchResult]:
     """Models whose id contains `query`, most downloaded first."""
+    require_online(f"search {query!r}")
     try:
         models = list(_api().list_models(search=query or None, author=author or None,
                                          filter="gguf" if gguf_only else None, sort="downloads", limit=limit))
@@ -212,6 +277,7 @@ def list_files(repo_id: str, revision: Optional[str] = None, folder: Optional[st
     check_repo_id(repo_id)
     if revision is not None:
         check_revision(revision)
+    require_online(repo_id)
     try:
         tree = list(_api().list_repo_tree(repo_id, path_in_repo=folder, recursive=True, revision=revision))
     except _hub_errors() as e:

@@ -209,8 +209,8 @@ def _check_required_tensors(header: GgufHeader, n_layer: int, problems: list[str
 def _check_tensors(header: GgufHeader, problems: list[str]) -> None:
     for name, tensor in header.tensor_infos.items():
         if tensor.end > header.size:
-            problems.append(f"corrupt or truncated GGUF file: tensor {name} ends at byte {tensor.end} "
-                            f"but the file has {header.size} bytes")
+            problems.append(f"corrupt or truncated GGUF file (an interrupted download?): tensor {name} ends at "
+                            f"byte {tensor.end} but the file has {header.size} bytes; download it again")
             return
 
 
