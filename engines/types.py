@@ -11,12 +11,11 @@ from typing import Optional
 
 import numpy as np
 
-METHODS = ("none", "auto", "ngram", "ngram-pool", "draft", "mtp", "dflash", "eagle3")
+from .errors import SpecDeskError
+from .methods import method_info, method_names, needs_draft_model, proposing_methods
+
+METHODS = method_names()  # the method table's names (engines/methods.py), in its order
 MAX_DRAFT_TOKENS = 16
-
-
-class SpecDeskError(Exception):
-    """An error the user can act on; its message is shown as-is (no traceback)."""
 
 
 @dataclass(frozen=True)
@@ -50,17 +49,17 @@ class SpecConfig:
     auto_methods: tuple[str, ...] = ()  # method "auto": the methods it may choose from (empty: every one available)
 
     def __post_init__(self) -> None:
-        if self.method not in METHODS:
-            raise SpecDeskError(f"unknown method {self.method!r}: choose one of {', '.join(METHODS)}")
+        method_info(self.method)
         if self.method != "none" and not (1 <= self.k <= MAX_DRAFT_TOKENS):
             raise SpecDeskError(f"k = {self.k} is out of range: use 1 to {MAX_DRAFT_TOKENS}")
-        if self.method == "draft" and not self.draft_path:
-            raise SpecDeskError("method 'draft' needs a draft model: pass --draft PATH")
+        if needs_draft_model(self.method) and not self.draft_path:
+            raise SpecDeskError(f"method {self.method!r} needs a draft model: pass --draft PATH")
         if not (0.0 <= self.draft_p_min < 1.0):
             raise SpecDeskError(f"draft p-min {self.draft_p_min} is out of range: use 0 (off) up to below 1")
         for method in self.auto_methods:
-            if method not in METHODS or method in ("none", "auto"):
-                raise SpecDeskError(f"auto cannot choose {method!r}: name methods among {', '.join(METHODS[2:])}")
+            if method not in proposing_methods():
+                raise SpecDeskError(f"auto cannot choose {method!r}: "
+                                    f"name methods among {', '.join(proposing_methods())}")
         if not (1 <= self.ngram_min <= self.ngram_max):
             raise SpecDeskError(f"n-gram sizes {self.ngram_min}..{self.ngram_max} are invalid: need 1 <= min <= max")
 
