@@ -1,0 +1,86 @@
+""""Use this model": the draft that goes with a target, chosen as pairing ranks them, so that
+loading a model never starts with an incompatible draft left over from the one before."""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+from typing import Iterable, Optional
+
+from specdesk.engines.types import SpecDeskError
+
+from .library import ModelEntry, find_entry, read_model
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class UseChoice:
+    target: str
+    draft: Optional[str]  # a draft model or a drafter file; None: Auto drafts without one
+    why: str  # one line for the status bar: what goes with the target and on what grounds
+
+
+def _same(a: Optional[str], b: Optional[str]) -> bool:
+    return bool(a and b) and os.path.realpath(a) == os.path.realpath(b)
+
+
+def choose_for(target_path: str, entries: Iterable[ModelEntry], current_draft: Optional[str] = None,
+               records: Optional[list] = None) -> UseChoice:
+    """The draft for `target_path`: the current one if it still fits, else a local drafter file made
+    for this target (DFlash, EAGLE-3), else the best compatible draft model that pairing expects to
+    pay (measured on this machine first), else none. Refuses only a target that cannot load."""
+    from .pairing import native_drafters, pair
+
+    entries = list(entries)
+    target = find_entry(entries, target_path) or read_model(target_path)
+    if not target.ok:
+        raise SpecDeskError(target.error)
+    name = target.name or os.path.basename(target.path)
+    if target.format != "gguf":  # a PyTorch target: its own drafter folders only
+        local = [d for d in native_drafters(target, entries) if d["source"] == "local" and d.get("path")
+                 and d["method"] != "mtp"]
+        if current_draft and any(_same(d["path"], current_draft) for d in local):
+            return UseChoice(target.path, current_draft, f"{name}: kept the current drafter")
+        if local:
+            return UseChoice(target.path, local[0]["path"], f"{name}: with its {local[0]['method']} drafter "
+                                                            f"({os.path.basename(local[0]['path'])})")
+        return UseChoice(target.path, None, f"{name}: no drafter for it here; Auto drafts from the text itself")
+    report = pair(target.path, entries, records=records)
+    compatible = {os.path.realpath(v.path): v for v in report.compatible}
+    drafters = [d for d in report.native if d["source"] == "local" and d.get("path") and d["method"] != "mtp"
+                and not _same(d["path"], target.path)]
+    if current_draft and (os.path.realpath(current_draft) in compatible
+                          or any(_same(d["path"], current_draft) for d in drafters)):
+        return UseChoice(target.path, current_draft, f"{name}: kept the current draft")
+    if drafters:
+        d = drafters[0]
+        return UseChoice(target.path, d["path"], f"{name}: with the {d['method']} drafter made for it "
+                                                  f"({os.path.basename(d['path'])})")
+    paying = [v for v in report.compatible if v.score > 1.0]
+    if paying:
+        best = paying[0]
+        basis = "measured here" if best.basis == "measured" else "expected"
+        return UseChoice(target.path, best.path, f"{name}: with the draft {best.name} "
+                                                 f"({best.score:.2f}x {basis} at k = {best.k})")
+    why = ("no draft here fits its vocabulary" if not report.compatible else "no draft here is expected to pay")
+    if any(d["method"] == "mtp" and d["source"] == "in-file" for d in report.native):
+        why += "; its own MTP layers draft"
+    return UseChoice(target.path, None, f"{name}: {why}; Auto drafts without one")
+
+
+def draft_misfit(target_path: str, draft_path: str, entries: Iterable[ModelEntry]) -> Optional[str]:
+    """Why `draft_path` cannot draft for `target_path` (None: it can): the "Use as draft" check."""
+    from .pairing import check_draft, native_drafters
+
+    entries = list(entries)
+    target = find_entry(entries, target_path) or read_model(target_path)
+    draft = find_entry(entries, draft_path) or read_model(draft_path)
+    if not target.ok:
+        return target.error
+    if draft.drafter:
+        if any(d["source"] == "local" and _same(d.get("path"), draft.path) for d in native_drafters(target, [draft])):
+            return None
+    verdict = check_draft(target, draft)
+    return None if verdict.compatible else "; ".join(verdict.reasons)
