@@ -1,0 +1,92 @@
+"""The first-run card: it says what the demo model is, suggests a pair that fits, downloads both
+files from the hub (a local server that speaks its API) with progress, and hands them over."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+from hub_server import HubServer  # noqa: E402
+
+from specdesk.app.models.choose import choose_for  # noqa: E402
+from specdesk.app.models.curated import HubFile, SuggestedPair  # noqa: E402
+from specdesk.app.models.library import read_model  # noqa: E402
+from specdesk.ui import first_run  # noqa: E402
+from specdesk.ui.job_thread import running_threads  # noqa: E402
+
+TIMEOUT_MS = 120_000
+
+
+@pytest.fixture
+def served_pair(tmp_path, monkeypatch, demo_family):
+    """The demo target and draft served under a suggested pair's hub names."""
+    target, draft = Path(demo_family["target_gguf"]).read_bytes(), Path(demo_family["draft_gguf"]).read_bytes()
+    with HubServer() as server:
+        server.add_repo("acme/Demo-Target-GGUF", {"demo-target-F16.gguf": target}, tags=["gguf"])
+        server.add_repo("acme/Demo-Draft-GGUF", {"demo-draft-F16.gguf": draft}, tags=["gguf"])
+        monkeypatch.setenv("HF_ENDPOINT", server.url)
+        monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hf-cache"))
+        monkeypatch.setenv("HF_HOME", str(tmp_path / "hf-home"))
+        monkeypatch.delenv("HF_TOKEN", raising=False)
+        pair = SuggestedPair("Demo with its draft", HubFile("acme/Demo-Target-GGUF", "demo-target-F16.gguf", len(target)),
+                             HubFile("acme/Demo-Draft-GGUF", "demo-draft-F16.gguf", len(draft)), "tests",
+                             1 << 20)
+        server.throttle_s = 0.0005  # progress reaches the card before the end
+        yield server, pair
+
+
+def test_the_card_downloads_the_suggested_pair_and_hands_over_a_compatible_draft(qtbot, served_pair):
+    server, pair = served_pair
+    card = first_run.FirstRunCard(pair, 16_000_000_000, "RAM")
+    qtbot.addWidget(card)
+    card.show()
+    assert "demo model" in card.demo.text() and "standard library" in card.demo.text()
+    assert pair.name in card.suggestion.text() and "16.0 GB" in card.suggestion.text()
+    progress = []
+    card._lane.progressed.connect(lambda item: progress.append(item[1][2]))
+    with qtbot.waitSignal(card.use_pair, timeout=TIMEOUT_MS) as got:
+        card.get_button.click()
+        assert card.get_button.text() == "Cancel" and card.progress.isVisible()
+    target, draft = got.args
+    assert Path(target).name == "demo-target-F16.gguf" and Path(draft).name == "demo-draft-F16.gguf"
+    assert progress and progress == sorted(progress)  # one bar over both files, never going back
+    assert card.progress.value() == first_run.PROGRESS_STEPS
+    entries = [read_model(target), read_model(draft)]
+    assert choose_for(target, entries, records=[]).draft == draft  # the loaded draft is compatible
+    card.shutdown()
+    assert running_threads() == []
+
+
+def test_a_cancelled_download_resumes(qtbot, served_pair):
+    server, pair = served_pair
+    card = first_run.FirstRunCard(pair, 16 << 30, "RAM")
+    qtbot.addWidget(card)
+    server.hold_at = 4096
+    with qtbot.waitSignal(card._lane.failed, timeout=TIMEOUT_MS):
+        card.get_button.click()
+        qtbot.waitUntil(lambda: card.progress.value() > 0 or "downloading" in card.status.text(), timeout=TIMEOUT_MS)
+        card.get_button.click()  # Cancel
+        server.released.set()
+    assert card.get_button.text() == "Resume download"
+    assert "cancelled" in card.status.text()
+    server.hold_at = None
+    with qtbot.waitSignal(card.use_pair, timeout=TIMEOUT_MS):
+        card.get_button.click()
+    assert any(r.range and r.range.startswith("bytes=") and r.range != "bytes=0-" for r in server.log
+               if r.path.startswith("/cdn/"))  # picked up where it stopped
+    card.shutdown()
+    assert running_threads() == []
+
+
+def test_no_suggestion_on_a_machine_too_small_says_what_to_do(qtbot):
+    card = first_run.FirstRunCard(None, 1 << 30, "RAM")
+    qtbot.addWidget(card)
+    assert not card.get_button.isEnabled()
+    assert "too little" in card.suggestion.text() and "Models tab" in card.suggestion.text()
+    with qtbot.waitSignal(card.dismissed, timeout=1000):
+        card.close_button.click()
+    assert card.isHidden()
+    card.shutdown()

@@ -1,0 +1,192 @@
+"""The first-run card: what the demo model is, and a real target and draft pair sized to this
+machine (app/models/curated.py), downloaded with progress and handed to the window to load."""
+
+from __future__ import annotations
+
+import logging
+import time
+import traceback
+from dataclasses import dataclass
+from typing import Any, Callable, ClassVar, Optional
+
+from PySide6.QtCore import Qt, Signal, Slot
+from PySide6.QtWidgets import QFrame, QHBoxLayout, QLabel, QProgressBar, QPushButton, QVBoxLayout, QWidget
+
+from specdesk.app.models.curated import SuggestedPair
+from specdesk.app.models.hub import DownloadCancelled, DownloadProgress, human_bytes
+from specdesk.engines.types import SpecDeskError
+
+from .job_thread import Job, JobRunner, JobThread
+from .jobs import Throttle
+
+log = logging.getLogger(__name__)
+
+PROGRESS_STEPS = 1000
+PROGRESS_INTERVAL_S = 0.1
+
+DEMO_TEXT = (
+    "<b>You are chatting with SpecDesk's demo model.</b> It is a 63M-parameter model trained in an "
+    "afternoon on Python's standard library, with a 7M-parameter draft: it continues code, it does not "
+    "answer questions. It is here to show speculative decoding at work: tinted text is what the draft "
+    "guessed and the target accepted, and the charts beside the chat show what that saves.")
+
+
+@dataclass(kw_only=True)
+class PairDownload(Job):
+    """Both files of a suggested pair, one after the other; the value is (target_path, draft_path)."""
+
+    kind: ClassVar[str] = "first-run download"
+    pair: SuggestedPair
+    download: Callable  # app/models/hub.download
+
+
+class _PairRunner(JobRunner):
+    lane: Optional[JobThread] = None
+
+    def perform(self, job: PairDownload) -> tuple[str, str]:
+        total = job.pair.download_bytes
+        throttle = Throttle(PROGRESS_INTERVAL_S, clock=time.monotonic)
+        paths = []
+        before = 0
+        for role, f in (("target", job.pair.target), ("draft", job.pair.draft)):
+            def report(p: DownloadProgress, before=before, role=role, name=f.file) -> None:
+                if throttle.due() or p.done == p.total:
+                    throttle.mark()
+                    self.progressed.emit((job.job_id, (role, name, before + p.done, max(total, before + p.total))))
+
+            if job.cancel.is_set():
+                raise DownloadCancelled("cancelled")
+            paths.append(str(job.download(f.repo, f.file, cancel=job.cancel, progress=report)))
+            before += f.bytes
+        return paths[0], paths[1]
+
+    def failure(self, job: Job, error: Exception) -> tuple[str, bool]:
+        if isinstance(error, DownloadCancelled):
+            return "download cancelled; what was fetched is kept, and the next try resumes", True
+        if isinstance(error, SpecDeskError):
+            return str(error), False
+        log.error("first-run download failed:\n%s", "".join(traceback.format_exception(error)))
+        return f"{type(error).__name__}: {error}", False
+
+
+class FirstRunCard(QFrame):
+    """Shown above the chat until the user loads a model of their own or dismisses it."""
+
+    use_pair = Signal(str, str)  # target path, draft path: downloaded, to be loaded
+    dismissed = Signal()
+
+    def __init__(self, pair: Optional[SuggestedPair], memory_bytes: int, where: str,
+                 parent: Optional[QWidget] = None, download: Optional[Callable] = None):
+        super().__init__(parent)
+        from specdesk.app.models.hub import download as hub_download
+
+        self.setObjectName("firstRunCard")
+        self.setFrameShape(QFrame.StyledPanel)
+        self.pair = pair
+        self._download = download or hub_download
+        self._lane = JobThread("specdesk-first-run", _PairRunner, parent=self)
+        self._lane.done.connect(self._on_done)
+        self._lane.failed.connect(self._on_failed)
+        self._lane.progressed.connect(self._on_progress)
+        self._job: Optional[PairDownload] = None
+
+        self.demo = QLabel(DEMO_TEXT, self)
+        self.demo.setWordWrap(True)
+        self.demo.setTextFormat(Qt.RichText)
+        if pair is None:
+            text = (f"This machine has {human_bytes(memory_bytes)} for a model ({where}): too little for the "
+                    "models we suggest. Open a small GGUF file with Target ▸ Open, or search the hub in the "
+                    "Models tab.")
+        else:
+            text = (f"<b>For real chat on this machine</b> ({human_bytes(memory_bytes)} for a model, {where}): "
+                    f"{pair.name}, with the small model as its draft. Good for {pair.good_for}. "
+                    f"{human_bytes(pair.download_bytes)} to download from the Hugging Face hub "
+                    f"({pair.target.repo}, {pair.draft.repo}).")
+        self.suggestion = QLabel(text, self)
+        self.suggestion.setWordWrap(True)
+        self.suggestion.setTextFormat(Qt.RichText)
+        self.progress = QProgressBar(self)
+        self.progress.setRange(0, PROGRESS_STEPS)
+        self.progress.hide()
+        self.status = QLabel("", self)
+        self.status.setWordWrap(True)
+        self.get_button = QPushButton("Download and use", self)
+        self.get_button.setEnabled(pair is not None)
+        self.get_button.clicked.connect(self._get_clicked)
+        self.close_button = QPushButton("Not now", self)
+        self.close_button.clicked.connect(self.dismiss)
+
+        buttons = QHBoxLayout()
+        buttons.addWidget(self.get_button)
+        buttons.addWidget(self.close_button)
+        buttons.addStretch(1)
+        layout = QVBoxLayout(self)
+        layout.addWidget(self.demo)
+        layout.addWidget(self.suggestion)
+        layout.addWidget(self.progress)
+        layout.addWidget(self.status)
+        layout.addLayout(buttons)
+
+    def busy(self) -> bool:
+        return self._job is not None
+
+    def _get_clicked(self) -> None:
+        if self._job is not None:  # the button reads Cancel while downloading
+            self._job.cancel.set()
+            self.status.setText("cancelling…")
+            return
+        self.start_download()
+
+    def start_download(self) -> None:
+        if self.pair is None or self._job is not None:
+            return
+        self._job = self._lane.submit(PairDownload(pair=self.pair, download=self._download))
+        self.progress.setValue(0)
+        self.progress.show()
+        self.status.setText("starting the download…")
+        self.get_button.setText("Cancel")
+
+    @Slot(object)
+    def _on_progress(self, item) -> None:
+        _, (role, name, done, total) = item
+        self.progress.setValue(int(PROGRESS_STEPS * done / total) if total else 0)
+        self.status.setText(f"downloading the {role} ({name}): {human_bytes(done)} of {human_bytes(total)}")
+
+    @Slot(object)
+    def _on_done(self, item) -> None:
+        _, (target, draft) = item
+        self._job = None
+        self.progress.setValue(PROGRESS_STEPS)
+        self.status.setText("downloaded; loading…")
+        self.get_button.setText("Download and use")
+        self.use_pair.emit(target, draft)
+
+    @Slot(object)
+    def _on_failed(self, item) -> None:
+        _, (message, cancelled) = item
+        self._job = None
+        self.get_button.setText("Resume download" if cancelled else "Try again")
+        self.status.setText(message.splitlines()[0] if message else "the download failed")
+        self.status.setToolTip(message)
+
+    def dismiss(self) -> None:
+        if self._job is not None:
+            self._job.cancel.set()
+        self.hide()
+        self.dismissed.emit()
+
+    def shutdown(self) -> None:
+        self._lane.shutdown()
+
+
+def make_card(parent: Optional[QWidget] = None) -> FirstRunCard:
+    """The card with this machine's suggestion (app/models/curated.py)."""
+    from specdesk.app.models.curated import run_memory, suggest
+
+    memory, where = run_memory()
+    try:
+        pair = suggest(memory)
+    except SpecDeskError as e:
+        log.warning("no first-run suggestion: %s", e)
+        pair = None
+    return FirstRunCard(pair, memory, where, parent)
