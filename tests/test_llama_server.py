@@ -3,7 +3,7 @@ demo pair with --metrics: the numbers SpecDesk shows for a reply are the server'
 compare between llama-server without and with the draft model keeps greedy text identical.
 
 llama-server is built once and cached (benchmarks/native_drivers.py). The build takes long on
-a small machine (README, "Served engines"), so these tests build it only when
+a small machine (docs/serving.md, "Served engines"), so these tests build it only when
 SPECDESK_BUILD_LLAMA_SERVER=1 is set, and otherwise say how to build it and are skipped.
 """
 
