@@ -154,8 +154,12 @@ def test_search_list_and_download_with_progress(qtbot, make_view, hub, tmp_path)
         view.download_button.click()
     (download,) = view.downloads.values()
     assert Path(download.path).read_bytes() == hub.data
-    assert download.bar.value() == models_view.PROGRESS_STEPS and not download.button.isEnabled()
+    assert download.bar.value() == models_view.PROGRESS_STEPS
     assert states[0][0] == "queued" and ("running", states[-2][1]) == states[-2]
+    assert download.button.text() == "Use this model" and download.button.isEnabled()
+    with qtbot.waitSignal(view.use_model, timeout=TIMEOUT_MS) as used:
+        download.button.click()
+    assert used.args == [download.path]
     # The finished file joins the library.
     qtbot.waitUntil(lambda: any(e.path == download.path for e in view.entries), timeout=TIMEOUT_MS)
 

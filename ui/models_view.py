@@ -120,6 +120,7 @@ class PairingDialog(QDialog):
     native drafters, and the memory verdict for a target."""
 
     MAX_COLUMN_WIDTH = 420  # px: columns before "why" (names, paths) give it room to wrap in
+    use = Signal(str, str)  # "Use this pair": the target with the chosen compatible draft
 
     def __init__(self, target: ModelEntry, parent: Optional[QWidget] = None):
         super().__init__(parent)
@@ -127,7 +128,8 @@ class PairingDialog(QDialog):
         self.report = None
         self.setWindowTitle(f"Drafts for {model_label(target.name, target.path)}")
         self.resize(900, 560)
-        self.summary = QLabel(f"checking the library against {target.path}…", self)
+        self.summary = QLabel(f"checking the library against {model_label(target.name, target.path)}…", self)
+        self.summary.setToolTip(target.path)
         self.summary.setWordWrap(True)
         self.compatible = _table(["draft", "expected speedup", "k", "why"], self)
         self.incompatible = _table(["model", "why not"], self)
@@ -142,6 +144,13 @@ class PairingDialog(QDialog):
         self.memory.setWordWrap(True)
         buttons = QDialogButtonBox(QDialogButtonBox.Close, self)
         buttons.rejected.connect(self.reject)
+        self.use_button = buttons.addButton("Use this pair", QDialogButtonBox.AcceptRole)
+        self.use_button.setToolTip("load the target with the selected draft")
+        self.use_button.setEnabled(False)
+        self.use_button.clicked.connect(self._use_clicked)
+        self.compatible.itemSelectionChanged.connect(
+            lambda: self.use_button.setEnabled(self.compatible.currentRow() >= 0))
+        self.compatible.itemDoubleClicked.connect(lambda item: self._use_clicked())
         layout = QVBoxLayout(self)
         layout.addWidget(self.summary)
         layout.addWidget(QLabel("Compatible drafts", self))
@@ -174,7 +183,8 @@ class PairingDialog(QDialog):
             row = self.native.rowCount()
             self.native.insertRow(row)
             self.native.setItem(row, 0, _item(d["method"]))
-            self.native.setItem(row, 1, _item(d.get("path") or d.get("repo")))
+            where = d.get("path") or d.get("repo")
+            self.native.setItem(row, 1, _item(Path(where).name if d.get("path") else where, where))
             self.native.setItem(row, 2, _item(d.get("why") or d["source"]))
         for table in (self.compatible, self.incompatible, self.native):
             for column in range(table.columnCount() - 1):
@@ -183,7 +193,7 @@ class PairingDialog(QDialog):
         self.summary.setText(f"{len(report.compatible)} compatible draft(s), {len(report.incompatible)} other "
                              f"model(s) cannot draft for {model_label(self.target.name, self.target.path)}")
         m = report.memory
-        draft = f" + draft {report.memory_draft}" if report.memory_draft else ""
+        draft = f" + draft {Path(report.memory_draft).name}" if report.memory_draft else ""
         verdict = "fits" if m.fits else "does NOT fit"
         vram = f"; GPU {human_bytes(m.vram_free_bytes)} free" if m.vram_free_bytes is not None else ""
         self.memory.setText(f"Memory at context {m.n_ctx}: target{draft} need {human_bytes(m.required_bytes)} "
@@ -192,6 +202,15 @@ class PairingDialog(QDialog):
                             f"{human_bytes(m.available_bytes)} RAM free{vram}: {verdict}")
         if report.placement is not None:  # where each model will sit, per device
             self.memory.setText(f"{self.memory.text()}\nPlacement: {report.placement.describe()}")
+
+        if report.compatible:
+            self.compatible.selectRow(0)
+
+    def _use_clicked(self) -> None:
+        item = self.compatible.item(self.compatible.currentRow(), 0)
+        if item is not None:
+            self.use.emit(self.target.path, item.data(Qt.UserRole))
+            self.accept()
 
     def show_error(self, message: str) -> None:
         self.summary.setText(message)
@@ -204,6 +223,9 @@ class ModelsView(QWidget):
     download_changed = Signal(object)  # DownloadRow (state, message)
     pairing_ready = Signal(object)  # PairingReport
     failed = Signal(str)
+    use_model = Signal(str)  # "Use this model": load it as the target, with the draft that goes with it
+    use_as_draft = Signal(str)  # "Use as draft" for the loaded target
+    use_pair = Signal(str, str)  # a pairing row: this target with this draft
 
     def __init__(self, config_source: Optional[Callable[[], LibraryConfig]] = None,
                  parent: Optional[QWidget] = None, scan_when_shown: bool = True, settings=None):
@@ -252,6 +274,10 @@ class ModelsView(QWidget):
         self.refresh_button = QPushButton("Rescan", self)
         self.add_button = QPushButton("Add folder…", self)
         self.pair_button = QPushButton("Pair drafts…", self)
+        self.use_button = QPushButton("Use this model", self)
+        self.use_button.setToolTip("load it as the target, with the best compatible draft here (or none)")
+        self.use_draft_button = QPushButton("Use as draft", self)
+        self.use_draft_button.setToolTip("draft for the loaded target with it")
         self.status = QLabel("", self)
         self.source_boxes: dict[str, QCheckBox] = {}
         if self._settings is not None:  # other apps' folders, each switchable (kept in settings)
@@ -281,6 +307,8 @@ class ModelsView(QWidget):
         hub_layout.addWidget(lists, 1)
         downloads_box = QGroupBox("Downloads", self)
         QVBoxLayout(downloads_box).addWidget(self.download_table)
+        downloads_box.hide()  # until the first download: the library gets the room
+        self.downloads_box = downloads_box
         library_box = QGroupBox("Library", self)
         library_layout = QVBoxLayout(library_box)
         library_layout.addWidget(self.library, 1)
@@ -288,7 +316,7 @@ class ModelsView(QWidget):
         self.placement.setWordWrap(True)
         library_layout.addWidget(self.placement)
         buttons = QHBoxLayout()
-        for b in (self.refresh_button, self.add_button, self.pair_button):
+        for b in (self.use_button, self.use_draft_button, self.pair_button, self.refresh_button, self.add_button):
             buttons.addWidget(b)
         buttons.addStretch(1)
         if self.source_boxes:
@@ -300,7 +328,8 @@ class ModelsView(QWidget):
         for box in (hub_box, downloads_box, library_box):
             body.addWidget(box)
         body.setStretchFactor(0, 2)
-        body.setStretchFactor(2, 3)
+        body.setStretchFactor(1, 1)
+        body.setStretchFactor(2, 4)
         layout = QVBoxLayout(self)
         layout.addWidget(body, 1)
         layout.addWidget(self.status)
@@ -312,6 +341,9 @@ class ModelsView(QWidget):
         self.refresh_button.clicked.connect(self.refresh_library)
         self.add_button.clicked.connect(self._add_folder)
         self.pair_button.clicked.connect(self._pair_selected)
+        self.use_button.clicked.connect(lambda: self._use_selected(self.use_model))
+        self.use_draft_button.clicked.connect(lambda: self._use_selected(self.use_as_draft))
+        self.library.itemDoubleClicked.connect(lambda item: self._use_selected(self.use_model))
         self.library.itemSelectionChanged.connect(self._update_buttons)
         self.files.itemSelectionChanged.connect(self._update_buttons)
         self._update_buttons()
@@ -338,6 +370,8 @@ class ModelsView(QWidget):
     def _update_buttons(self) -> None:
         entry = self.selected_entry()
         self.pair_button.setEnabled(entry is not None and entry.ok and entry.format == "gguf")
+        self.use_button.setEnabled(entry is not None and entry.ok and not entry.drafter)
+        self.use_draft_button.setEnabled(entry is not None and entry.ok)
         self.download_button.setEnabled(self.files.currentRow() >= 0 and self.current_repo is not None)
 
     # --- library -----------------------------------------------------------------
@@ -478,6 +512,7 @@ class ModelsView(QWidget):
         self.download_table.setCellWidget(row, 3, button)
         entry = DownloadRow(download_id, repo_id, filename, row, bar, button)
         self.downloads[download_id] = entry
+        self.downloads_box.show()
         button.clicked.connect(lambda: self._download_button(download_id))
         self._start_download(entry)
         return download_id
@@ -503,7 +538,9 @@ class ModelsView(QWidget):
 
     def _download_button(self, download_id: int) -> None:
         d = self.downloads[download_id]
-        if d.state in ("queued", "running"):
+        if d.state == "done" and d.path:
+            self.use_model.emit(d.path)
+        elif d.state in ("queued", "running"):
             self.cancel_download(download_id)
         elif d.state in ("cancelled", "failed"):
             self._start_download(d)
@@ -519,8 +556,8 @@ class ModelsView(QWidget):
         self.download_table.item(d.row, 2).setText(message)
         self.download_table.item(d.row, 2).setToolTip(message)
         d.button.setText({"queued": "Cancel", "running": "Cancel", "cancelled": "Resume", "failed": "Retry"}
-                         .get(state, "Done"))
-        d.button.setEnabled(state != "done")
+                         .get(state, "Use this model"))
+        d.button.setEnabled(state != "done" or bool(d.path))
         self.download_changed.emit(d)
 
     @Slot(object)
@@ -534,6 +571,11 @@ class ModelsView(QWidget):
         self._set_state(d, "running", f"{human_bytes(p.done)} of {human_bytes(p.total)}{resumed}")
 
     # --- pairing ------------------------------------------------------------------
+    def _use_selected(self, signal) -> None:
+        entry = self.selected_entry()
+        if entry is not None and entry.ok:
+            signal.emit(entry.path)
+
     def _pair_selected(self) -> None:
         entry = self.selected_entry()
         if entry is not None:
@@ -543,6 +585,7 @@ class ModelsView(QWidget):
         from specdesk.app.models.pairing import pair
 
         dialog = PairingDialog(target, self)
+        dialog.use.connect(self.use_pair)
         entries = list(self.entries)
         placement, draft_placement = self._placements()
         job = self._jobs.submit(_Task(work=lambda job: pair(target.path, entries, n_ctx=n_ctx, placement=placement,
@@ -593,7 +636,8 @@ class ModelsView(QWidget):
         self._by_job.pop(d.job.job_id, None)
         d.path = path
         d.bar.setValue(PROGRESS_STEPS)
-        self._set_state(d, "done", f"done: {path}")
+        self._set_state(d, "done", "done")
+        self.download_table.item(d.row, 2).setToolTip(path)
         self.refresh_library()  # the new file joins the library
 
     def _download_refused(self, d: DownloadRow, message: str, cancelled: bool) -> None:
