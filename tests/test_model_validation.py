@@ -499,3 +499,47 @@ def test_an_oversized_tokenizer_is_refused_before_it_is_parsed(tmp_path):
         HfTokenizer(folder)
     assert time.monotonic() - started < GENEROUS_S
     assert one_line(str(refused.value)) and "is not a plausible tokenizer.json file" in str(refused.value)
+
+
+# --- what fits (engines/llama/fit.py) -----------------------------------------------------
+def test_the_default_context_is_the_models_own_at_most_4096():
+    from specdesk.engines.llama.fit import default_context
+
+    assert [default_context(c) for c in (None, 0, 2048, 4096, 32768)] == [4096, 4096, 2048, 4096, 4096]
+    assert default_context(32768, n_ctx=8192) == 8192 and default_context(None, n_ctx=100) == 100
+
+
+def test_the_kv_cache_counts_every_layers_own_heads():
+    from specdesk.engines.llama.fit import kv_bytes
+
+    assert kv_bytes(10, [(4, 16, 16)] * 3) == 10 * 3 * 4 * 32 * 2
+    assert kv_bytes(10, [(4, 16, 16), (0, 16, 16), (2, 8, 24)]) == 10 * (4 * 32 + 0 + 2 * 32) * 2
+
+
+@pytest.mark.parametrize("config, target, message", [
+    ({"target_layers": [1, 2], "embedding_length": 64, "fc_inputs": 128}, ("llama", 4, 64), None),
+    ({"target_layers": [1, 2], "embedding_length": 64, "fc_inputs": 128}, ("glm4moe", 4, 64),
+     "cannot hand out layer inputs of a 'glm4moe' model, so DFlash cannot run on it"),
+    ({"embedding_length": 64, "fc_inputs": 128}, ("llama", 4, 64),
+     "no dflash.target_layers: it does not say which target layers it reads"),
+    ({"target_layers": [1, 5], "embedding_length": 64, "fc_inputs": 128}, ("llama", 4, 64),
+     "reads target layers [1, 5] but t.gguf has 4 layers (0..3): it is a drafter for a different target"),
+    ({"target_layers": [1, 2], "embedding_length": 32, "fc_inputs": 64}, ("llama", 4, 64),
+     "made for a target with hidden size 32 (fc takes 64 = 2 layers x hidden), but t.gguf has hidden size 64: "
+     "it is a drafter for a different target"),
+    ({"target_layers": [1, 2], "embedding_length": 64}, ("llama", 4, 64), "(fc takes 0 = 2 layers x hidden)"),
+])
+def test_one_rule_says_whether_a_dflash_drafter_fits(config, target, message):
+    from specdesk.engines.llama.fit import TargetShape, drafter_misfit, drafter_shape
+
+    misfit = drafter_misfit(drafter_shape("dflash", config), TargetShape("t.gguf", *target))
+    assert misfit == message if message is None else message in misfit
+
+
+def test_an_eagle3_drafter_reads_three_layers():
+    from specdesk.engines.llama.fit import TargetShape, drafter_misfit, drafter_shape
+
+    target = TargetShape("t.gguf", "llama", 8, 64)
+    three, two = ({"target_layers": layers, "target_hidden_size": 64} for layers in ([0, 3, 6], [0, 3]))
+    assert drafter_misfit(drafter_shape("eagle3", three), target) is None
+    assert "(0..7, 3 needed)" in drafter_misfit(drafter_shape("eagle3", two), target)

@@ -177,17 +177,20 @@ def test_gguf_native_drafters_and_the_mtp_export_are_listed_as_native(demo_famil
     # native drafters are not ranked as drafts, nor listed as models that cannot draft
     assert [v.path for v in report.compatible] == [demo_family["draft_gguf"]]
     assert [v.path for v in report.incompatible] == [str(other)]
-    assert report.incompatible[0].reasons[0].startswith("a DFlash drafter for another target: made for a target "
+    assert report.incompatible[0].reasons[0].startswith("a DFlash drafter: made for a target "
                                                         f"with hidden size {2 * target.shape.n_embd}")
     # the engine agrees: the listed drafters pass its own checks, the other one does not
-    from specdesk.engines.llama import dflash, eagle3
     from specdesk.engines.llama.binding import GgufModel
+    from specdesk.engines.llama.ext import check_drafter
 
     with GgufModel(demo_family["target_gguf"]) as model:
-        dflash.check_drafter(native["dflash_gguf"], model)
-        eagle3.check_drafter(native["eagle3_gguf"], model)
-        with pytest.raises(SpecDeskError, match="different target"):
-            dflash.check_drafter(other, model)
+        check_drafter(native["dflash_gguf"], model, "dflash")
+        check_drafter(native["eagle3_gguf"], model, "eagle3")
+        with pytest.raises(SpecDeskError) as refused:
+            check_drafter(other, model, "dflash")
+    assert str(refused.value) == f"{other}: {report.incompatible[0].reasons[0].removeprefix('a DFlash drafter: ')}"
+    assert str(refused.value).endswith(f"but {Path(target.path).name} has hidden size {target.shape.n_embd}: "
+                                       "it is a drafter for a different target")
 
 
 def test_a_drafter_for_another_target_is_not_native(demo_family, native):
@@ -201,8 +204,8 @@ def test_a_drafter_for_another_target_is_not_native(demo_family, native):
     # a shallower target: the last layer the drafters read is out of its reach
     deepest = max(dflash.drafter_config["target_layers"] + eagle.drafter_config["target_layers"])
     fewer = replace(target, shape=replace(target.shape, n_layer=deepest))
-    assert f"this target has {deepest} (0..{deepest - 1})" in gguf_drafter_misfit(fewer, dflash)
-    assert f"this target has {deepest} (0..{deepest - 1})" in gguf_drafter_misfit(fewer, eagle)
+    named = f"{Path(target.path).name} has {deepest} layers (0..{deepest - 1})"
+    assert named in gguf_drafter_misfit(fewer, dflash) and named in gguf_drafter_misfit(fewer, eagle)
     other_vocab = replace(target, vocab_size=target.vocab_size + 1)
     assert "vocab size" in gguf_drafter_misfit(other_vocab, eagle)
     assert native_drafters(fewer, [dflash, eagle]) == []

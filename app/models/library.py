@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Callable, Iterable, Iterator, Optional
 
 from specdesk.engines.files import require_regular_file
+from specdesk.engines.methods import drafter_for_config, drafter_methods
 
 from ..storage.paths import assets_dir, cache_dir
 
@@ -28,7 +29,6 @@ log = logging.getLogger(__name__)
 GGUF_MAGIC = b"GGUF"
 MAX_FOLDER_DEPTH = 5  # user folders are walked this deep, no deeper
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth")
-DRAFTER_ARCHITECTURES = ("dflash", "eagle3")
 # tokenizer.ggml.model -> the vocab type names llama.cpp reports (engines/llama/binding.py)
 GGUF_VOCAB_TYPES = {"no_vocab": "none", "llama": "spm", "gpt2": "bpe", "bert": "wpm", "t5": "ugm",
                     "rwkv": "rwkv", "plamo2": "plamo2"}
@@ -61,7 +61,7 @@ class ModelEntry:
     vocab_size: Optional[int] = None
     chat_template: bool = False
     mtp_layers: int = 0  # MTP (nextn) layers in the file or config
-    drafter: Optional[str] = None  # "dflash" or "eagle3" when this model is itself a drafter checkpoint
+    drafter: Optional[str] = None  # the method (engines/methods.py) when this model is itself a drafter checkpoint
     drafter_config: dict = field(default_factory=dict)  # the drafter's own settings (block size, layer ids)
     size_bytes: int = 0  # on disk
     weights_bytes: int = 0  # tensor data only (what llama.cpp maps)
@@ -107,6 +107,7 @@ def read_gguf(path: Path, source: str, name: Optional[str] = None, repo_id: Opti
     """Metadata of one GGUF file, from its header only (bounded read; tensor data is never read).
     A file that parses but fails engines/llama/validate.py's checks keeps its metadata and
     gets `error` with every reason, so it is listed but never offered as usable."""
+    from specdesk.engines.llama.fit import drafter_config as gguf_drafter_config
     from specdesk.engines.llama.header import read_gguf_header
     from specdesk.engines.llama.validate import describe_problems, gguf_problems
 
@@ -126,13 +127,8 @@ def read_gguf(path: Path, source: str, name: Optional[str] = None, repo_id: Opti
                   value_length=_whole(meta("attention.value_length")) or head_dim)
     tokenizer_model = fields.get("tokenizer.ggml.model")
     vocab_size = header.array_lengths.get("tokenizer.ggml.tokens") or _whole(meta("vocab_size")) or None
-    drafter = arch if arch in DRAFTER_ARCHITECTURES else None
-    drafter_config = {}
-    if drafter:
-        # scalars, and the target layers it reads (the one list a drafter's fit depends on)
-        drafter_config = {key.split(".", 1)[1]: value for key, value in fields.items()
-                          if key.startswith(f"{arch}.") and (not isinstance(value, list)
-                                                             or key == f"{arch}.target_layers")}
+    drafter = arch if arch in drafter_methods() else None  # a drafter GGUF's architecture is its method
+    drafter_config = gguf_drafter_config(arch, fields, header.tensors) if drafter else {}
     problems = gguf_problems(header)
     return ModelEntry(
         path=str(path), format="gguf", source=source,
@@ -169,17 +165,6 @@ def _safetensors_parameters(path: Path) -> tuple[int, int]:
     return parameters, nbytes
 
 
-def drafter_kind(config: dict) -> Optional[str]:
-    """'dflash' or 'eagle3' for a drafter checkpoint's config.json, else None."""
-    names = config.get("architectures")
-    architectures = " ".join(str(a) for a in names).lower() if isinstance(names, list) else ""
-    if "dflash" in architectures or "dflash_config" in config:
-        return "dflash"
-    if "eagle3" in architectures or "eagle_config" in config or "draft_vocab_size" in config:
-        return "eagle3"
-    return None
-
-
 def read_hf_folder(folder: Path, source: str, name: Optional[str] = None,
                    repo_id: Optional[str] = None) -> ModelEntry:
     """Metadata of a checkpoint folder from config.json and the safetensors headers. A config
@@ -201,7 +186,7 @@ def read_hf_folder(folder: Path, source: str, name: Optional[str] = None,
         if file.suffix == ".safetensors":
             p, b = _safetensors_parameters(file)
             parameters, weights = parameters + p, weights + b
-    drafter = drafter_kind(config)
+    drafter = drafter_for_config(config)
     drafter_config = {}
     if drafter == "dflash":
         drafter_config = {**(config.get("dflash_config") if isinstance(config.get("dflash_config"), dict) else {}),

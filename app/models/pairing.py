@@ -21,7 +21,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Iterable, Optional
 
+from specdesk.engines.llama.fit import TargetShape, default_context, drafter_misfit, drafter_shape, kv_bytes
 from specdesk.engines.memory import MemoryInfo, available_memory  # noqa: F401 - part of this module's API
+from specdesk.engines.methods import method_info
 from specdesk.engines.types import MAX_DRAFT_TOKENS, SpecDeskError
 
 from .library import ModelEntry, Shape, find_entry, read_model
@@ -43,21 +45,15 @@ N_UBATCH = 512
 # Rows of logits one pass asks for: a verification pass [last, d1..dk] at the largest k; the
 # prompt's chunks ask for their last row only (engines/llama/engine.py prefill).
 OUTPUT_ROWS = MAX_DRAFT_TOKENS + 1
-KV_BYTES_PER_VALUE = 2  # f16
 ACCEPTANCE_SAME_FAMILY = 0.7  # a-priori acceptance rate of a draft from the same family
 ACCEPTANCE_OTHER = 0.5  # same vocabulary, different model family
 MAX_K = 8
 
 
 # --- memory ----------------------------------------------------------------------------
-def default_context(entry: ModelEntry, n_ctx: int = 0) -> int:
-    """The engine's choice (engines/llama/engine.py): the model's own context, at most 4096."""
-    return n_ctx or min(int(entry.context_length or 4096), 4096)
-
-
 def kv_cache_bytes(shape: Shape, n_ctx: int) -> int:
-    """n_layer * n_ctx * n_head_kv * (key + value head dims) * bytes per value."""
-    return shape.n_layer * n_ctx * shape.n_head_kv * (shape.key_length + shape.value_length) * KV_BYTES_PER_VALUE
+    """The engine's KV cache (engines/llama/fit.kv_bytes) for a model of this shape."""
+    return kv_bytes(n_ctx, [(shape.n_head_kv, shape.key_length, shape.value_length)] * shape.n_layer)
 
 
 def compute_buffer_bytes(shape: Shape, vocab_size: int, n_ctx: int) -> int:
@@ -105,7 +101,7 @@ def model_bytes(entry: ModelEntry, n_ctx: int) -> tuple[int, int, int, int]:
 def estimate_memory(target: ModelEntry, draft: Optional[ModelEntry] = None, n_ctx: int = 0,
                     memory: Optional[MemoryInfo] = None) -> MemoryEstimate:
     """Resident memory the engine needs for target (+ draft) at n_ctx, against free RAM."""
-    n_ctx = default_context(target, n_ctx)
+    n_ctx = default_context(target.context_length, n_ctx)
     weights, kv, compute, overhead = model_bytes(target, n_ctx)
     d = model_bytes(draft, n_ctx) if draft is not None else (0, 0, 0, 0)
     required = RUNTIME_OVERHEAD_BYTES + weights + kv + compute + overhead + sum(d)
@@ -340,11 +336,11 @@ def check_draft(target: ModelEntry, draft: ModelEntry, vocab_reasons: Optional[t
     if not draft.ok:
         return DraftVerdict(draft.path, draft.name, False, reasons=(draft.error,))
     if draft.drafter:
-        label = DRAFTER_LABELS.get(draft.drafter, draft.drafter)
+        drafter = method_info(draft.drafter).drafter
         misfit = gguf_drafter_misfit(target, draft) if draft.format == "gguf" and target.format == "gguf" else None
         return DraftVerdict(draft.path, draft.name, False, reasons=(
-            f"{article(label)} {label} drafter for another target: {misfit}" if misfit else
-            f"{article(label)} {label} drafter checkpoint, not a draft model: see the native drafters",))
+            f"{drafter}: {misfit}" if misfit else
+            f"{drafter} checkpoint, not a draft model: see the native drafters",))
     if draft.format != "gguf":
         return DraftVerdict(draft.path, draft.name, False, reasons=(
             "an HF checkpoint: the llama.cpp engine runs GGUF drafts (use a GGUF conversion of it)",))
@@ -383,40 +379,19 @@ def known_target(entry: ModelEntry, table: Optional[list] = None) -> Optional[di
     return None
 
 
-DRAFTER_LABELS = {"dflash": "DFlash", "eagle3": "EAGLE-3"}
-
-
-def article(word: str) -> str:
-    return "an" if word[:1].upper() in "AEIOU" else "a"
-
-
 def trunk_layers(entry: ModelEntry) -> int:
     """The layers a target runs per token: its blocks less the MTP (nextn) ones llama.cpp counts among them."""
     return entry.shape.n_layer - (entry.mtp_layers if entry.format == "gguf" else 0)
 
 
 def gguf_drafter_misfit(target: ModelEntry, drafter: ModelEntry) -> Optional[str]:
-    """Why a DFlash or EAGLE-3 drafter GGUF cannot run on this target (engines/llama/dflash.py and
-    eagle3.py check_drafter, from the header alone), or None when it fits."""
-    from specdesk.engines.llama.ext import LAYER_INPUT_ARCHS
-
-    config, kind = drafter.drafter_config, drafter.drafter
-    label = DRAFTER_LABELS.get(kind, kind)
-    layers = [int(i) for i in config.get("target_layers") or [] if isinstance(i, int)]
-    width = config.get("embedding_length" if kind == "dflash" else "target_hidden_size")
-    n_layer = trunk_layers(target)
-    if target.architecture not in LAYER_INPUT_ARCHS:
-        return (f"llama.cpp cannot hand out layer inputs of a {target.architecture!r} target, so {label} cannot "
-                f"run on it (it can on {', '.join(LAYER_INPUT_ARCHS)})")
+    """Why a drafter GGUF cannot run on this target, or None when it fits: the vocabularies'
+    sizes, then the engine's own rule (engines/llama/fit.drafter_misfit) on the two headers."""
     if drafter.vocab_size != target.vocab_size:
         return f"vocab size {target.vocab_size} vs {drafter.vocab_size} (target vs drafter)"
-    if width != target.shape.n_embd:
-        return f"made for a target with hidden size {width}, this one has {target.shape.n_embd}"
-    if not layers or (kind == "eagle3" and len(layers) != 3):
-        return f"reads target layers {layers or 'it does not name'}" + (" (three needed)" if kind == "eagle3" else "")
-    if not all(0 <= i < n_layer for i in layers):
-        return f"reads target layers {layers}, this target has {n_layer} (0..{n_layer - 1})"
-    return None
+    return drafter_misfit(drafter_shape(drafter.drafter, drafter.drafter_config),
+                          TargetShape(Path(target.path).name, target.architecture or "", trunk_layers(target),
+                                      target.shape.n_embd))
 
 
 def mtp_twin(target: ModelEntry, other: ModelEntry) -> bool:
@@ -458,7 +433,7 @@ def native_drafters(target: ModelEntry, entries: Iterable[ModelEntry], table: Op
                 layers = ", ".join(str(i) for i in e.drafter_config.get("target_layers") or [])
                 found.append({"method": e.drafter, "source": "local", "path": e.path, "repo": e.repo_id,
                               "why": "published for this target" if listed and not fits else
-                              f"{DRAFTER_LABELS.get(e.drafter, e.drafter)} drafter for this {trunk_layers(target)}-layer, "
+                              f"{method_info(e.drafter).short} drafter for this {trunk_layers(target)}-layer, "
                               f"{target.shape.n_embd}-wide target and its vocabulary (reads layers {layers}): "
                               f"use it as the draft with method {e.drafter}"})
             continue

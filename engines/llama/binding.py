@@ -21,7 +21,7 @@ import numpy as np
 from ..files import require_regular_file
 from ..types import SpecDeskError
 from .header import GgufHeader, read_gguf_header
-from .validate import check_gguf
+from .validate import check_gguf, kv_cache_bytes
 
 _init_lock = threading.Lock()
 _initialised = False
@@ -262,14 +262,9 @@ class GgufModel(NativeHandle):
         raw = self._lib.llama_model_chat_template(self._model, None)
         return raw.decode("utf-8") if raw else None
 
-    def kv_cache_bytes(self, n_ctx: int, bytes_per_value: int = 2) -> int:
-        """Keys and values of n_ctx positions in llama.cpp's default f16 cache."""
-        arch = self.meta("general.architecture") or "llama"
-        n_layer = int(self.meta(f"{arch}.block_count") or 0)
-        n_head = int(self.meta(f"{arch}.attention.head_count") or 1)
-        n_head_kv = int(self.meta(f"{arch}.attention.head_count_kv") or n_head)
-        head_dim = int(self.meta(f"{arch}.attention.key_length") or self.n_embd // n_head)
-        return 2 * n_layer * n_ctx * n_head_kv * head_dim * bytes_per_value
+    def kv_cache_bytes(self, n_ctx: int) -> int:
+        """Keys and values of n_ctx positions in llama.cpp's default f16 cache (validate.kv_cache_bytes)."""
+        return kv_cache_bytes(self.header, n_ctx)
 
     def meta(self, key: str) -> str | None:
         buf = ctypes.create_string_buffer(4096)

@@ -24,27 +24,7 @@ from ..speculation.compat import check_compatible
 from ..speculation.drafting import below_p_min
 from ..types import SpecDeskError
 from .binding import GgufContext, GgufModel
-from .ext import CachedPositions, Entry, HiddenStateProposer, LayerInputDrafter, NativeContext, ext, open_layer_input_drafter
-
-def check_drafter(path: str | os.PathLike, target: GgufModel) -> dict:
-    """Refuse a file that is not a DFlash drafter for this target, before llama.cpp loads it."""
-    p, meta, n_layer = open_layer_input_drafter(path, target, "dflash", "DFlash")
-    layers = [int(i) for i in (meta.get("dflash.target_layers") or [])]
-    if not layers:
-        raise SpecDeskError(f"{p}: no dflash.target_layers, so it does not say which target layers it reads")
-    bad = [i for i in layers if not 0 <= i < n_layer]
-    if bad:
-        raise SpecDeskError(f"{p}: reads the inputs of target layers {layers} but {target.path.name} has "
-                            f"{n_layer} layers (0..{n_layer - 1}): it is a drafter for a different target")
-    width = int(meta.get("dflash.embedding_length", 0))
-    fc = meta["__tensors__"].get("fc.weight")
-    fc_in = fc[0] if fc else None
-    if width != target.n_embd or fc_in != len(layers) * target.n_embd:
-        raise SpecDeskError(f"{p}: made for a target with hidden size {width} (fc takes {fc_in} = "
-                            f"{len(layers)} layers x hidden), but {target.path.name} has hidden size "
-                            f"{target.n_embd}: it is a drafter for a different target")
-    return meta
-
+from .ext import CachedPositions, Entry, HiddenStateProposer, LayerInputDrafter, NativeContext, check_drafter, ext
 
 class DFlashDrafter(LayerInputDrafter, CachedPositions):
     """A DFlash / DSpark drafter context over one target context; lives as long as the engine."""
@@ -52,7 +32,7 @@ class DFlashDrafter(LayerInputDrafter, CachedPositions):
     def __init__(self, path: str | os.PathLike, target: GgufModel, target_ctx: GgufContext, n_threads: int,
                  model_options: Optional[dict] = None):
         self.ext = ext().require("dflash")
-        meta = check_drafter(path, target)
+        meta = check_drafter(path, target, "dflash")
         self.model = GgufModel(path, **(model_options or {}))  # its placement (engine.py)
         try:
             check_compatible(target, self.model)

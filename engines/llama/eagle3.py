@@ -22,21 +22,7 @@ from ..speculation.compat import check_compatible
 from ..speculation.drafting import below_p_min
 from ..types import SpecDeskError
 from .binding import GgufContext, GgufModel, common_prefix
-from .ext import Entry, HiddenStateProposer, LayerInputDrafter, NativeContext, ext, open_layer_input_drafter, rows
-
-
-def check_drafter(path: str | os.PathLike, target: GgufModel) -> dict:
-    """Refuse a file that is not an EAGLE-3 drafter for this target, before llama.cpp loads it."""
-    p, meta, n_layer = open_layer_input_drafter(path, target, "eagle3", "EAGLE-3")
-    layers = [int(i) for i in (meta.get("eagle3.target_layers") or [])]
-    if len(layers) != 3 or not all(0 <= i < n_layer for i in layers):
-        raise SpecDeskError(f"{p}: reads target layers {layers} but {target.path.name} has {n_layer} layers "
-                            f"(0..{n_layer - 1}, three needed): it is a drafter for a different target")
-    width = int(meta.get("eagle3.target_hidden_size", 0))
-    if width != target.n_embd:
-        raise SpecDeskError(f"{p}: made for a target with hidden size {width}, but {target.path.name} has hidden size "
-                            f"{target.n_embd}: it is a drafter for a different target")
-    return meta
+from .ext import Entry, HiddenStateProposer, LayerInputDrafter, NativeContext, check_drafter, ext, rows
 
 
 class Eagle3Drafter(LayerInputDrafter):
@@ -45,7 +31,7 @@ class Eagle3Drafter(LayerInputDrafter):
     def __init__(self, path: str | os.PathLike, target: GgufModel, target_ctx: GgufContext, n_threads: int,
                  model_options: Optional[dict] = None):
         self.ext = ext().require("eagle3")
-        check_drafter(path, target)
+        check_drafter(path, target, "eagle3")
         self.model = GgufModel(path, **(model_options or {}))  # its placement (engine.py)
         try:
             check_compatible(target, self.model)

@@ -24,6 +24,7 @@ from ..speculation.verify import VerifyResult, verify
 from ..types import Draft, GenerationRequest, SamplingParams, SpecDeskError, StepEvent
 from .binding import GgufContext, GgufModel, validated_header
 from .ext import HiddenRows, keep_target_rows
+from .fit import default_context
 from .placement import CPU, Placement, ResolvedPlacement, buffer_device, device_handle, resolve
 from .validate import check_context
 
@@ -49,7 +50,7 @@ class LlamaEngine:
         from .mtp import nextn_layers
 
         header = validated_header(target_path)
-        self.n_ctx = n_ctx or min(int(header.arch_value("context_length") or 4096), 4096)
+        self.n_ctx = default_context(header.arch_value("context_length"), n_ctx)
         check_context(header, self.n_ctx)  # before any weights load
         if rpc:
             from .rpc import add_servers

@@ -18,9 +18,11 @@ from typing import Optional, Sequence
 
 import numpy as np
 
+from ..methods import method_info
 from ..speculation.stats import ProposerCounters
 from ..types import Draft, SamplingParams, SpecDeskError
 from .binding import ContextHandle, GgufContext, GgufModel, check_gguf_file, common_prefix, gguf_header, llama_lib
+from .fit import TargetShape, drafter_config, drafter_misfit, drafter_shape
 
 _c_ctx = ctypes.c_void_p
 _c_model = ctypes.c_void_p
@@ -113,28 +115,23 @@ def gguf_metadata(path) -> dict:
     return {**header.fields, "__tensors__": header.tensors}
 
 
-# Target architectures whose llama.cpp graph records layer inputs (res->t_layer_inp); on
-# others llama.cpp aborts when asked for them.
-LAYER_INPUT_ARCHS = ("llama", "qwen3moe", "qwen3next", "gpt-oss", "lfm2")
-
-
-def open_layer_input_drafter(path, target: GgufModel, arch: str, label: str) -> tuple[Path, dict, int]:
-    """The checks DFlash and EAGLE-3 drafters share: the file is an `arch` GGUF, and the target's
-    graph hands out layer inputs. Returns (path, metadata, the target's trunk layer count)."""
+def check_drafter(path, target: GgufModel, method: str) -> dict:
+    """Refuse a file that is not a drafter of this method made for this target, before
+    llama.cpp loads it (fit.drafter_misfit: the rule the app's pairing applies too).
+    Returns the file's metadata."""
     p = check_gguf_file(path)
     meta = gguf_metadata(p)
-    found = meta.get("general.architecture")
-    if found != arch:
-        article = "an" if label[0] in "AEIOU" else "a"
-        raise SpecDeskError(f"{p}: not {article} {label} drafter (its architecture is {found!r}, "
-                            f"{article} {label} drafter's is {arch!r})")
+    info, found = method_info(method), meta.get("general.architecture")
+    if found != method:
+        raise SpecDeskError(f"{p}: not {info.drafter} (its architecture is {found!r}, {info.drafter}'s is {method!r})")
     target_arch = target.meta("general.architecture")
-    if target_arch not in LAYER_INPUT_ARCHS:
-        raise SpecDeskError(f"{target.path}: llama.cpp cannot hand out layer inputs of a {target_arch!r} model, "
-                            f"so {label} cannot run on it (it can on {', '.join(LAYER_INPUT_ARCHS)})")
     n_layer = int(target.meta(f"{target_arch}.block_count") or 0) - int(
         target.meta(f"{target_arch}.nextn_predict_layers") or 0)
-    return p, meta, n_layer
+    misfit = drafter_misfit(drafter_shape(method, drafter_config(method, meta, meta["__tensors__"])),
+                            TargetShape(target.path.name, target_arch, n_layer, target.n_embd))
+    if misfit:
+        raise SpecDeskError(f"{p}: {misfit}")
+    return meta
 
 
 @dataclass(frozen=True)

@@ -16,13 +16,13 @@ import os
 import re
 from typing import Optional
 
+from ..methods import drafter_methods
 from ..types import SpecDeskError
+from .fit import kv_bytes
 from .header import MAX_VOCAB_TOKENS, GgufHeader
 
 MAX_LAYERS = 512  # LLAMA_MAX_LAYERS: llama.cpp refuses more
 MAX_CONTEXT = (1 << 31) - 1  # llama.cpp keeps context sizes in 32-bit integers
-KV_BYTES_PER_VALUE = 2  # llama.cpp's default f16 cache
-DRAFTER_ARCHITECTURES = ("dflash", "eagle3")
 # Recurrent architectures have no attention heads in some or all layers.
 # llama.cpp's load refuses a rope dimension count other than the head size for these
 EQUAL_ROPE_ARCHITECTURES = ("llama", "deci", "falcon", "llama-embed")
@@ -148,7 +148,7 @@ def _check_vocabulary(header: GgufHeader, problems: list[str]) -> None:
         problems.append("tokenizer.ggml.model is missing: the file has no vocabulary")
         return
     if model in ("no_vocab", "none"):
-        if header.architecture not in DRAFTER_ARCHITECTURES:
+        if header.architecture not in drafter_methods():  # a drafter reads its target's vocabulary
             problems.append(f'tokenizer.ggml.model is "{model}": the file has no vocabulary to chat with')
         return
     if model not in TOKENIZER_MODELS:
@@ -214,22 +214,28 @@ def _check_tensors(header: GgufHeader, problems: list[str]) -> None:
             return
 
 
-def kv_cache_bytes(header: GgufHeader, n_ctx: int) -> int:
-    """Keys and values of n_ctx positions in every attention layer, in llama.cpp's f16 cache."""
+def kv_layers(header: GgufHeader) -> list[tuple[int, int, int]]:
+    """(KV heads, key length, value length) of every layer, as llama.cpp reads them (per-layer
+    head counts included; head dims default to embedding_length / head_count)."""
     n_layer = header.arch_value("block_count")
     if not _is_int(n_layer) or n_layer < 1:
-        return 0
+        return []
     ignored: list[str] = []
     heads = _per_layer(header, "attention.head_count", n_layer, ignored) or [0] * n_layer
     heads_kv = _per_layer(header, "attention.head_count_kv", n_layer, ignored) or heads
     n_embd = header.arch_value("embedding_length") or 0
-    total = 0
+    layers = []
     for n_head, n_head_kv in zip(heads, heads_kv):
         default = n_embd // n_head if n_head else 0
         key = header.arch_value("attention.key_length") or default
         value = header.arch_value("attention.value_length") or default
-        total += n_ctx * n_head_kv * (int(key) + int(value)) * KV_BYTES_PER_VALUE
-    return total
+        layers.append((n_head_kv, int(key), int(value)))
+    return layers
+
+
+def kv_cache_bytes(header: GgufHeader, n_ctx: int) -> int:
+    """Keys and values of n_ctx positions in every attention layer, in llama.cpp's f16 cache."""
+    return kv_bytes(n_ctx, kv_layers(header))
 
 
 def context_problems(header: GgufHeader, n_ctx: int, available_bytes: Optional[int]) -> list[str]:
