@@ -1,6 +1,6 @@
 -- A chat history as SpecDesk wrote it before branches (schema user_version 1), made with
 -- that version's History(): chats with interleaved messages, one chat without messages,
--- and a gap where a regenerated reply was deleted. tests/test_history.py migrates it.
+-- a regenerated reply (deleted, its id taken by the next). tests/test_history.py migrates it.
 PRAGMA user_version=1;
 PRAGMA application_id=1397769283;
 BEGIN TRANSACTION;
