@@ -6,6 +6,11 @@ of the wrong type or outside what its control accepts (an integer of 2^31 in a s
 NaN temperature) gives that field's default. Either way the original is moved aside
 (``settings.json.bad-<time>``), never overwritten, and `read_settings` says so in one line.
 Unknown keys are ignored, so a settings file from a newer version still loads.
+
+Presets are a name, a system prompt and sampling settings. A few are built in (BUILTIN_PRESETS);
+the user's own (`Settings.presets`) are kept beside them, and one of the user's with a built-in
+preset's name takes its place. Choosing a preset sets the sampling fields and the system
+prompt a new chat starts with.
 """
 
 from __future__ import annotations
@@ -46,6 +51,54 @@ RANGES: dict[str, tuple[float, float]] = {
     "last_chat_id": (0, 2**63 - 1),  # an SQLite row id
 }
 CHOICES: dict[str, tuple] = {"demo_size": ("full", "small"), "method": METHODS}
+MAX_PRESET_NAME = 80  # characters
+
+
+@dataclass(frozen=True)
+class Preset:
+    """A name, the system prompt a chat starts with, and sampling settings."""
+
+    name: str
+    system_prompt: str = ""
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0
+    max_tokens: int = 256
+
+    @classmethod
+    def from_dict(cls, data: Any) -> "Preset":
+        """A preset from its JSON object; SpecDeskError naming the first value that cannot be used."""
+        if not isinstance(data, dict):
+            raise SpecDeskError(f"a preset is a JSON object, not {_short(data)}")
+        name = data.get("name")
+        if not _is_text(name) or not name.strip() or len(name) > MAX_PRESET_NAME or "\n" in name:
+            raise SpecDeskError(f"a preset's name is one line of 1 to {MAX_PRESET_NAME} characters, "
+                                f"not {_short(name)}")
+        values = {"name": name.strip()}
+        for f in dataclasses.fields(cls)[1:]:
+            if f.name not in data:
+                continue
+            value = data[f.name]
+            if not _acceptable(f.name, value, f.default):
+                raise SpecDeskError(f"preset {name!r}: {f.name} = {_short(value)} cannot be used"
+                                    + (f" (it goes from {RANGES[f.name][0]:g} to {RANGES[f.name][1]:g})"
+                                       if f.name in RANGES else ""))
+            values[f.name] = value
+        return cls(**values)
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+BUILTIN_PRESETS: tuple[Preset, ...] = (
+    Preset("Default"),
+    Preset("Coding assistant",
+           "You are a careful programming assistant. Answer with working code in fenced code blocks "
+           "that name their language, and keep explanations short.", max_tokens=1024),
+    Preset("Concise", "Answer in as few words as the question allows. No preamble.", max_tokens=256),
+    Preset("Creative writing", "You are an imaginative writer. Vary your sentences and avoid clichés.",
+           temperature=0.9, top_p=0.95, max_tokens=1024),
+)
 
 
 @dataclass
@@ -76,6 +129,9 @@ class Settings:
     last_chat_id: Optional[int] = None
     library_paths: list = field(default_factory=list)  # folders or files added to the model library
     model_sources: dict = field(default_factory=dict)  # other apps' model folders: name -> scanned (default on)
+    preset: str = "Default"  # the chosen preset's name
+    system_prompt: str = ""  # the system prompt a new chat starts with (the chosen preset's, unless edited)
+    presets: list = field(default_factory=list)  # the user's own presets, as Preset.to_dict() objects
 
     @classmethod
     def from_dict(cls, data: dict) -> "Settings":
@@ -105,6 +161,43 @@ class Settings:
 
         return {"device": self.device, "gpu_layers": self.gpu_layers, "draft_device": self.draft_device,
                 "draft_gpu_layers": self.draft_gpu_layers, "rpc": tuple(parse_endpoints(self.rpc_servers))}
+
+    def all_presets(self) -> list[Preset]:
+        """The built-in presets, then the user's; a user's preset replaces a built-in one of its name."""
+        own = [Preset.from_dict(data) for data in self.presets]
+        names = {p.name for p in own}
+        return [p for p in BUILTIN_PRESETS if p.name not in names] + own
+
+    def find_preset(self, name: str) -> Optional[Preset]:
+        return next((p for p in self.all_presets() if p.name == name), None)
+
+    def use_preset(self, name: str) -> Preset:
+        """Choose a preset: its sampling settings and system prompt become the current ones."""
+        preset = self.find_preset(name)
+        if preset is None:
+            raise SpecDeskError(f"there is no preset named {name!r}")
+        self.preset, self.system_prompt = preset.name, preset.system_prompt
+        self.temperature, self.top_p, self.top_k = preset.temperature, preset.top_p, preset.top_k
+        self.max_tokens = preset.max_tokens
+        return preset
+
+    def save_preset(self, preset: Preset) -> None:
+        """Keep a preset of the user's (replacing one of the same name)."""
+        checked = Preset.from_dict(preset.to_dict())
+        own = [d for d in self.presets if d.get("name") != checked.name]
+        if len(own) >= MAX_LIST:
+            raise SpecDeskError(f"there can be at most {MAX_LIST} presets of your own")
+        self.presets = own + [checked.to_dict()]
+
+    def delete_preset(self, name: str) -> None:
+        """Remove a preset of the user's; a built-in preset stays (one of the user's that replaced
+        it goes, and the built-in one shows again)."""
+        own = [d for d in self.presets if d.get("name") != name]
+        if len(own) == len(self.presets):
+            builtin = any(p.name == name for p in BUILTIN_PRESETS)
+            raise SpecDeskError(f"{name!r} is a built-in preset: it cannot be deleted" if builtin
+                                else f"there is no preset named {name!r}")
+        self.presets = own
 
     def remember_target(self, path: str, limit: int = 8) -> None:
         self.recent_targets = _remember(self.recent_targets, path, limit)
@@ -152,6 +245,8 @@ def _acceptable(name: str, value: Any, default: Any) -> bool:
         except SpecDeskError:
             return False
         return True
+    if name == "presets":
+        return isinstance(value, list) and len(value) <= MAX_LIST and all(_is_preset(v) for v in value)
     if isinstance(default, list):
         return isinstance(value, list) and len(value) <= MAX_LIST and all(_is_text(v) for v in value)
     if isinstance(default, dict):
@@ -160,6 +255,14 @@ def _acceptable(name: str, value: Any, default: Any) -> bool:
     if isinstance(default, str) or default is None:  # paths, the compare prompt
         return _is_text(value)
     return isinstance(value, type(default))
+
+
+def _is_preset(value: Any) -> bool:
+    try:
+        Preset.from_dict(value)
+    except SpecDeskError:
+        return False
+    return True
 
 
 def _is_text(value: Any) -> bool:
