@@ -1,6 +1,7 @@
 """Prompts from text: checked against the context before tokenizing, a conversation in the
-model's chat template, and a conversation cut to the context (oldest turns first). The CLI,
-the app (app/runtime/session.py) and the engine process share these.
+model's chat template, and a conversation cut to the context (oldest turns first, the
+system prompt kept). The CLI, the app (app/runtime/session.py) and the engine process share
+these.
 """
 
 from __future__ import annotations
@@ -9,6 +10,13 @@ from typing import Optional
 
 from specdesk.engines.speculation.loop import check_prompt_text, is_prompt_too_long
 from specdesk.engines.types import SpecDeskError
+
+
+def with_system_prompt(messages: list[dict], system_prompt: str) -> list[dict]:
+    """The conversation as the template gets it: the system prompt first (when there is one),
+    in place of any system message the conversation starts with."""
+    rest = messages[1:] if messages and messages[0].get("role") == "system" else list(messages)
+    return ([{"role": "system", "content": system_prompt}] if system_prompt.strip() else []) + rest
 
 
 def text_tokens(engine, text: str) -> list[int]:
@@ -39,20 +47,23 @@ def chat_prompt(engine, messages: list[dict]) -> list[int]:
 
 def fit_chat(engine, messages: list[dict], reserve: int) -> tuple[list[int], int]:
     """The conversation's prompt with room for `reserve` new tokens; the oldest turns are
-    dropped until it fits, down to the last message. Returns (tokens, turns dropped).
+    dropped until it fits, down to the last message. A system message the conversation
+    starts with is always kept. Returns (tokens, turns dropped).
 
     Fewer turns never make a longer prompt, so the number to drop is found by bisection:
     a few renders even for a conversation of thousands of turns."""
-    if not messages:
+    system = messages[:1] if len(messages) > 1 and messages[0].get("role") == "system" else []
+    turns = messages[len(system):]
+    if not turns:
         raise SpecDeskError("there is no message to answer")
-    last = len(messages) - 1
+    last = len(turns) - 1
     tried: dict[int, tuple[Optional[list[int]], Optional[SpecDeskError]]] = {}
 
     def attempt(dropped: int) -> tuple[Optional[list[int]], Optional[SpecDeskError]]:
         """(tokens, None) when it fits; (tokens or None, why not) when it does not."""
         if dropped not in tried:
             try:
-                tokens = chat_prompt(engine, messages[dropped:])
+                tokens = chat_prompt(engine, system + turns[dropped:])
             except SpecDeskError as e:
                 if not is_prompt_too_long(e):
                     raise
@@ -63,7 +74,7 @@ def fit_chat(engine, messages: list[dict], reserve: int) -> tuple[list[int], int
 
     if attempt(0)[1] is None:
         return attempt(0)[0], 0
-    too_many, enough = 0, last  # keeping messages[too_many:] does not fit; messages[enough:] is the answer
+    too_many, enough = 0, last  # keeping turns[too_many:] does not fit; turns[enough:] is the answer
     while enough - too_many > 1:
         middle = (too_many + enough) // 2
         if attempt(middle)[1] is None:

@@ -447,7 +447,38 @@ def _message_chars(messages: Any) -> int:
 def render_chat(template: Optional[str], messages: list[dict], bos_token: str = "", eos_token: str = "",
                 add_generation_prompt: bool = True, source: str = "the model",
                 limits: TemplateLimits = TemplateLimits()) -> str:
-    """The prompt text for `messages` in the model's chat template (or a plain fallback)."""
+    """The prompt text for `messages` in the model's chat template (or a plain fallback).
+
+    A template that refuses a system message (Gemma's raise "System role not supported")
+    gets the system prompt at the start of the first user message instead, as those models'
+    own instructions say to do."""
+    try:
+        return _render(template, messages, bos_token, eos_token, add_generation_prompt, source, limits)
+    except _RenderFailed as failure:
+        folded = fold_system_prompt(messages)
+        if folded is messages:
+            raise
+        try:
+            return _render(template, folded, bos_token, eos_token, add_generation_prompt, source, limits)
+        except _RenderFailed:
+            raise failure from failure.__cause__  # the first failure says more
+
+
+def fold_system_prompt(messages: list[dict]) -> list[dict]:
+    """The messages with a leading system message moved into the first user message (a blank
+    line between them); the same list when there is nothing to move."""
+    if len(messages) < 2 or messages[0].get("role") != "system" or messages[1].get("role") != "user":
+        return messages
+    system, first = messages[0], messages[1]
+    return [{**first, "content": f"{system.get('content', '')}\n\n{first.get('content', '')}"}] + list(messages[2:])
+
+
+class _RenderFailed(SpecDeskError):
+    """The template raised or failed to render (as opposed to being refused or stopped)."""
+
+
+def _render(template: Optional[str], messages: list[dict], bos_token: str, eos_token: str,
+            add_generation_prompt: bool, source: str, limits: TemplateLimits) -> str:
     source_text = template or FALLBACK_TEMPLATE
     if len(source_text) > limits.max_source_chars:
         raise SpecDeskError(f"the chat template of {source} was refused: it is {len(source_text):,} characters, "
@@ -470,13 +501,13 @@ def render_chat(template: Optional[str], messages: list[dict], bos_token: str = 
     except SecurityError as e:
         raise SpecDeskError(f"the chat template of {source} was refused: it reaches for Python internals ({e})") from e
     except TemplateError as e:
-        raise SpecDeskError(f"the chat template of {source} failed to render: {_one_line(e)}") from e
+        raise _RenderFailed(f"the chat template of {source} failed to render: {_one_line(e)}") from e
     except RecursionError:
         raise SpecDeskError(f"the chat template of {source} failed to render: it nests too deeply") from None
     except MemoryError:
         raise SpecDeskError(f"the chat template of {source} failed to render: it ran out of memory") from None
     except Exception as e:  # a template is untrusted code: whatever it raises is its failure, in one line
-        raise SpecDeskError(f"the chat template of {source} failed to render: "
+        raise _RenderFailed(f"the chat template of {source} failed to render: "
                             f"{type(e).__name__}: {_one_line(e)}") from e
 
 
