@@ -1,0 +1,76 @@
+"""Adopt only what pays: a trained drafter against the best method the target already has.
+
+Both are measured with the compare runner (app/runtime/compare.py) on held-out prompts,
+greedy; the drafter is adopted when its speedup beats every existing method and plain
+decoding, and its output is the baseline's. The decision and its figures are written as
+provenance beside the drafter.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Optional, Sequence
+
+from specdesk.engines.types import SamplingParams, SpecConfig
+
+PROVENANCE = "provenance.json"
+PLAIN = "plain decoding"
+METHOD_LABELS = {"eagle3": "EAGLE-3", "mtp": "MTP", "dflash": "DFlash", "draft": "draft model", "ngram": "n-gram"}
+
+
+@dataclass(frozen=True)
+class Measured:
+    label: str
+    speedup: float
+    identical: Optional[bool]
+    acceptance_rate: Optional[float]
+    per_position: tuple[float, ...] = ()
+
+    def to_json(self) -> dict:
+        return {"speedup": round(self.speedup, 3), "identical_outputs": self.identical,
+                "acceptance_rate": None if self.acceptance_rate is None else round(self.acceptance_rate, 4),
+                "acceptance_per_position": [round(a, 4) for a in self.per_position]}
+
+
+def decide(trained: Measured, existing: Sequence[Measured]) -> tuple[bool, str]:
+    """(adopted, reason): adopted only above the best existing method and plain decoding (1.00x),
+    and only with output identical to the baseline."""
+    best = max([Measured(PLAIN, 1.0, True, None), *existing], key=lambda m: m.speedup)
+    figure = f"{trained.label}: {trained.speedup:.2f}x"
+    if trained.identical is False:
+        return False, f"{figure}, but its greedy output differs from the baseline's"
+    if trained.speedup > best.speedup:
+        return True, f"{figure}, above {best.label} {best.speedup:.2f}x"
+    return False, f"{figure}, below {best.label} {best.speedup:.2f}x"
+
+
+def existing_methods(engine, k: int, draft: Optional[str] = None) -> list[tuple[str, SpecConfig]]:
+    """What the target can already do without the trained drafter: n-gram always, its own MTP
+    layer when it has one, a draft model when one is named."""
+    methods = [(METHOD_LABELS["ngram"], SpecConfig(method="ngram", k=k))]
+    if engine.method_availability().get("mtp") is None:
+        methods.append((METHOD_LABELS["mtp"], SpecConfig(method="mtp", k=k)))
+    if draft:
+        methods.append((METHOD_LABELS["draft"], SpecConfig(method="draft", k=k, draft_path=str(draft))))
+    return methods
+
+
+def measure(engine, label: str, spec: SpecConfig, prompts: Sequence[str], tokenize: Callable[[str], list[int]],
+            max_tokens: int) -> Measured:
+    from specdesk.app.runtime.compare import compare
+
+    report = compare(engine, list(prompts), spec, SamplingParams(temperature=0.0), max_tokens, tokenize)
+    stats = report.speculative
+    return Measured(label, report.speedup, report.identical_outputs, stats.acceptance_rate,
+                    tuple(stats.per_position_acceptance))
+
+
+def write_provenance(folder: Path, record: dict) -> Path:
+    path = folder / PROVENANCE
+    tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}")
+    tmp.write_text(json.dumps(record, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    os.replace(tmp, path)
+    return path

@@ -1,0 +1,190 @@
+"""`specdesk train-drafter`: record, train within a time budget, export, measure, adopt or not."""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import sys
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+from specdesk.engines.types import SpecDeskError
+
+METHODS = ("eagle3",)
+DEVICES = ("auto", "cpu", "cuda", "mps")
+DEPTH = 3  # draft positions trained, measured per position, and the k of the compare
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--target", required=True, type=Path, help="the target: a Hugging Face model folder")
+    parser.add_argument("--method", choices=METHODS, default="eagle3", help="what to train (default eagle3)")
+    parser.add_argument("--prompts", type=Path,
+                        help="JSONL prompts the target answers to make the data (default: the bundled set)")
+    parser.add_argument("--minutes", type=float, default=20.0, help="training time budget (default 20)")
+    parser.add_argument("--device", choices=DEVICES, default="auto", help="where to train and measure")
+    parser.add_argument("--out", type=Path, help="output folder (default: <target>-<method>-trained beside the target)")
+    parser.add_argument("--resume", action="store_true", help="continue the run whose checkpoint is in --out")
+    parser.add_argument("--max-prompts", type=int, help="answer only the first N training prompts")
+    parser.add_argument("--max-tokens", type=int, default=96, help="answer length per prompt (default 96)")
+    parser.add_argument("--cache-mb", type=float, default=2048, help="bound of the recorded data (default 2048 MiB)")
+    parser.add_argument("--steps", type=int, help="stop after this many training steps even with time left")
+    parser.add_argument("--eval-every", type=int, default=200,
+                        help="evaluate on held-out data and checkpoint every N steps (also every 30 s; default 200)")
+    parser.add_argument("--batch-size", type=int, default=8, help="sequences per training step (default 8)")
+    parser.add_argument("--compare-prompts", type=int, default=4, help="held-out prompts in the speedup compare")
+    parser.add_argument("--compare-tokens", type=int, default=64, help="tokens per prompt in the compare")
+    parser.add_argument("--draft", type=Path, help="a draft model the target already has, to measure against")
+    parser.add_argument("--threads", type=int, help="CPU threads for torch")
+
+
+def _positive(value, name: str) -> None:
+    if value is not None and not value > 0:
+        raise SpecDeskError(f"{name} {value} is out of range: use a number above 0")
+
+
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        return _run(args)
+    except SpecDeskError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+
+
+def _run(args: argparse.Namespace) -> int:
+    from specdesk.engines.torch.device import require_torch
+
+    torch = require_torch("training a drafter")
+    for value, name in ((args.minutes, "--minutes"), (args.max_prompts, "--max-prompts"),
+                        (args.max_tokens, "--max-tokens"), (args.cache_mb, "--cache-mb"), (args.steps, "--steps"),
+                        (args.batch_size, "--batch-size"), (args.eval_every, "--eval-every"), (args.compare_prompts, "--compare-prompts"),
+                        (args.compare_tokens, "--compare-tokens"), (args.threads, "--threads")):
+        _positive(value, name)
+    from specdesk.engines.torch.engine import TorchEngine
+
+    from . import eagle3
+    from .adopt import METHOD_LABELS, Measured, decide, existing_methods, measure, write_provenance
+    from .loop import CHECKPOINT, LoopSettings, terminal_live, train_loop
+    from .prompts import default_prompts_path, load_prompt_set, split_prompts
+    from .record import RecordSettings, cache_key, estimate_bytes, load_sequence, prompt_tokens, record
+
+    say = lambda message: print(message, file=sys.stderr, flush=True)  # noqa: E731
+    target = args.target
+    out = args.out or target.parent / f"{target.name}-{args.method}-trained"
+    if (out / CHECKPOINT).is_file() and not args.resume:
+        raise SpecDeskError(f"{out} holds a training run already: pass --resume to continue it, or choose "
+                            "another --out")
+    prompts_path = args.prompts or default_prompts_path()
+    prompts = load_prompt_set(prompts_path)
+    train_prompts, held_prompts = split_prompts(prompts)
+    if args.max_prompts:
+        train_prompts = train_prompts[:args.max_prompts]
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    torch.manual_seed(0)
+    say(f"loading {target}")
+    engine = TorchEngine(target, device=args.device, dtype="float32" if args.device in ("cpu", "auto") and
+                         not torch.cuda.is_available() else "auto")
+    config = engine.target.config
+    taps = eagle3.default_taps(config.num_hidden_layers)
+    settings = RecordSettings(taps=taps, max_new_tokens=args.max_tokens, limit_bytes=int(args.cache_mb * 2**20))
+    key = cache_key(target, train_prompts + held_prompts, settings)
+    cache = out / "cache" / key
+    typical = 64
+    size = estimate_bytes(len(train_prompts) + len(held_prompts), typical, settings, config.hidden_size)
+    say(f"recording {len(train_prompts)} training and {len(held_prompts)} held-out prompts from {prompts_path} "
+        f"into {cache}: about {size / 2**20:.1f} MiB "
+        f"({settings.bytes_per_token(config.hidden_size)} bytes a token, at most {args.cache_mb:g} MiB)")
+    started = time.time()
+    held_files = record(engine, held_prompts, settings, cache, "held", say)
+    train_files = record(engine, train_prompts, settings, cache, "train", say)
+    if not train_files or not held_files:
+        raise SpecDeskError("no sequences were recorded (every prompt was refused): see the messages above")
+    record_seconds = time.time() - started
+
+    train_seqs = [load_sequence(p) for p in train_files]
+    held_seqs = [load_sequence(p) for p in held_files]
+    tokens_recorded = sum(len(s.tokens) for s in train_seqs)
+    network = engine.target.network
+    head = eagle3.new_head(network, seed=0).to(network.model.embed_tokens.weight.device)
+    head_cfg = eagle3.head_config(config)
+    embed = network.model.embed_tokens
+    max_len = min(config.max_position_embeddings, 1024)
+    held_batch = eagle3.make_batch(held_seqs, max_len)
+
+    def step_fn(rng):
+        picks = rng.choice(len(train_seqs), size=min(args.batch_size, len(train_seqs)), replace=False)
+        batch = eagle3.make_batch([train_seqs[i] for i in picks], max_len)
+        return eagle3.kl_loss(eagle3.unroll(head, head_cfg, embed, batch, DEPTH), batch)
+
+    def eval_fn():
+        shares, rows = eagle3.acceptance(eagle3.unroll(head, head_cfg, embed, held_batch, DEPTH), held_batch)
+        return sum(shares), {"acceptance": [round(a, 4) for a in shares], "rows": rows}
+
+    loop = LoopSettings(minutes=args.minutes, max_steps=args.steps, eval_every=args.eval_every)
+    say(f"training an EAGLE-3 head on {len(train_seqs)} sequences ({tokens_recorded} tokens) for at most "
+        f"{args.minutes:g} minutes" + (f" or {args.steps} steps" if args.steps else ""))
+    state = train_loop(head, step_fn, eval_fn, loop, out, args.resume, say, terminal_live())
+    best = state.history and max(state.history, key=lambda h: sum(h.get("acceptance", [0])))
+    acceptance = best["acceptance"] if best else []
+    say(f"best held-out acceptance per position {acceptance} (mean accepted {sum(acceptance):.3f}) at step "
+        f"{state.best_step} of {state.step}")
+
+    folder = eagle3.export_head(head, config, taps, out / args.method)
+    say(f"exported {folder}")
+    compare_texts = [p.text for p in held_prompts[:args.compare_prompts]]
+    by_text = {p.text: p for p in held_prompts}
+
+    def tokenize(text: str) -> list[int]:
+        return prompt_tokens(engine, by_text[text])
+
+    label = f"trained {METHOD_LABELS[args.method]}"
+    k = DEPTH
+    from specdesk.engines.types import SpecConfig
+
+    trained = measure(engine, label, SpecConfig(method=args.method, k=k, draft_path=str(folder)), compare_texts,
+                      tokenize, args.compare_tokens)
+    existing = [measure(engine, name, spec, compare_texts, tokenize, args.compare_tokens)
+                for name, spec in existing_methods(engine, k, str(args.draft) if args.draft else None)]
+    adopted, reason = decide(trained, existing)
+    record_json = {
+        "method": args.method,
+        "drafter": args.method,
+        "trained_here": True,
+        "target": str(target.resolve()),
+        "trained_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "data": {"prompts": str(Path(prompts_path).resolve()), "prompts_sha256": _sha256(Path(prompts_path)),
+                 "training_prompts": len(train_prompts), "held_out_prompts": len(held_prompts),
+                 "sequences": len(train_seqs), "tokens": tokens_recorded, "answer_tokens": args.max_tokens,
+                 "cache": str(cache), "record_seconds": round(record_seconds, 1)},
+        "training": {"steps": state.step, "best_step": state.best_step, "seconds": round(state.elapsed, 1),
+                     "budget_minutes": args.minutes, "device": engine.device_description, "taps": list(taps),
+                     "history": state.history},
+        "held_out_acceptance_per_position": acceptance,
+        "held_out_mean_accepted": round(sum(acceptance), 4),
+        "measured": {"k": k, "prompts": len(compare_texts), "tokens": args.compare_tokens,
+                     "trained": trained.to_json(), "existing": {m.label: m.to_json() for m in existing}},
+        "speedup": round(trained.speedup, 3),
+        "adopted": adopted,
+        "reason": reason,
+    }
+    path = write_provenance(out, record_json)
+    say(f"{'adopted' if adopted else 'kept, not adopted'}: {reason}")
+    say(f"provenance: {path}")
+    print(str(folder))
+    return 0
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="specdesk train-drafter", description=__doc__)
+    add_arguments(parser)
+    return run(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

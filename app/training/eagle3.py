@@ -1,0 +1,232 @@
+"""Training an EAGLE-3 head for a PyTorch target: the engine's own Eagle3Model, unrolled.
+
+Row p of the head reads g_p = fc(cat H[taps] at p) and the embedding of x_{p+1} and drafts
+x_{p+2}; each further step feeds the step's own output back as g with the next token, at the
+next position, attending to the committed first-step rows up to p and to its own earlier
+steps at row p: exactly the cache the engine's proposer (engines/torch/eagle3.py) builds.
+The loss is KL from the target's recorded top-k distribution at every step (EAGLE-3's
+training-time test), with later steps weighted down.
+
+The head's lm_head is the target's, frozen, over the full vocabulary (no d2t), and its norm
+starts as the target's final norm, so the exported folder is a plain EAGLE-3 checkpoint.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from specdesk.engines.torch.eagle3 import ARCHITECTURE, Eagle3Model
+from specdesk.engines.torch.model import ModelConfig, apply_rope, rope_tables
+
+from .record import Recorded
+
+STEP_WEIGHT = 0.8  # loss weight of step s is STEP_WEIGHT ** (s - 1), as EAGLE-3 weighs its unrolled steps
+
+
+def default_taps(num_layers: int) -> tuple[int, ...]:
+    """Layers (2, L/2, L-3) clamped to the target and sorted, as the demo's llama.cpp exporter picks them."""
+    return tuple(sorted([min(2, num_layers - 1), num_layers // 2, max(0, num_layers - 3)]))
+
+
+def head_config(target: ModelConfig) -> ModelConfig:
+    """One Llama layer of the target's width and attention shape (no q/k norms, no biases)."""
+    return ModelConfig(vocab_size=target.vocab_size, hidden_size=target.hidden_size, num_hidden_layers=1,
+                       num_attention_heads=target.num_attention_heads, num_key_value_heads=target.num_key_value_heads,
+                       head_dim=target.head_dim, intermediate_size=target.intermediate_size,
+                       rms_norm_eps=target.rms_norm_eps, rope_theta=target.rope_theta,
+                       max_position_embeddings=target.max_position_embeddings, rope_scaling=target.rope_scaling,
+                       architecture="LlamaForCausalLM")
+
+
+def hf_config(target: ModelConfig, taps: Sequence[int]) -> dict:
+    """config.json of the exported head, as published EAGLE-3 checkpoints spell it."""
+    config = head_config(target)
+    return {
+        "architectures": [ARCHITECTURE],
+        "model_type": "llama",
+        "hidden_size": config.hidden_size,
+        "intermediate_size": config.intermediate_size,
+        "num_attention_heads": config.num_attention_heads,
+        "num_key_value_heads": config.num_key_value_heads,
+        "head_dim": config.head_dim,
+        "num_hidden_layers": 1,
+        "rms_norm_eps": config.rms_norm_eps,
+        "rope_theta": config.rope_theta,
+        "rope_scaling": config.rope_scaling,
+        "max_position_embeddings": config.max_position_embeddings,
+        "vocab_size": config.vocab_size,
+        "draft_vocab_size": config.vocab_size,
+        "tie_word_embeddings": False,
+        "torch_dtype": "float16",
+        "eagle_config": {"eagle_aux_hidden_state_layer_ids": list(taps)},
+    }
+
+
+def new_head(target_network, seed: int) -> Eagle3Model:
+    """A head for the target: weights N(0, 0.02) (outputs into the residual scaled down), fc passing
+    the deepest tap through, the target's final norm and its lm_head (frozen)."""
+    config = target_network.config
+    head = Eagle3Model(head_config(config), config.vocab_size, config.hidden_size)
+    generator = torch.Generator().manual_seed(seed)
+    d = config.hidden_size
+    with torch.no_grad():
+        for name, param in head.named_parameters():
+            if name.endswith("norm.weight"):
+                param.fill_(1.0)
+            else:
+                std = 0.02 / math.sqrt(2) if name.endswith(("o_proj.weight", "down_proj.weight")) else 0.02
+                param.copy_(torch.randn(param.shape, generator=generator) * std)
+        head.fc.weight.zero_()
+        head.fc.weight[:, -d:] = torch.eye(d)
+        head.norm.weight.copy_(target_network.model.norm.weight.float())
+        lm = target_network.model.embed_tokens.weight if config.tie_word_embeddings else target_network.lm_head.weight
+        head.lm_head.weight.copy_(lm.float())
+    head.lm_head.requires_grad_(False)
+    return head
+
+
+@dataclass(frozen=True)
+class Batch:
+    tokens: torch.Tensor  # (B, T) long, padded with 0
+    features: torch.Tensor  # (B, T, n*d) float32
+    top_ids: torch.Tensor  # (B, T, k) long
+    top_p: torch.Tensor  # (B, T, k) float32: the target's top-k probabilities, renormalised
+    lengths: torch.Tensor  # (B,) real lengths
+    answer_starts: torch.Tensor  # (B,)
+
+
+def make_batch(sequences: Sequence[Recorded], max_len: int) -> Batch:
+    """Right-padded batch; sequences longer than max_len are cut (positions stay absolute)."""
+    T = min(max_len, max(len(s.tokens) for s in sequences))
+    B, width, k = len(sequences), sequences[0].features.shape[1], sequences[0].top_ids.shape[1]
+    tokens = torch.zeros(B, T, dtype=torch.long)
+    features = torch.zeros(B, T, width)
+    top_ids = torch.zeros(B, T, k, dtype=torch.long)
+    top_logp = torch.full((B, T, k), -1e4)
+    lengths, starts = torch.zeros(B, dtype=torch.long), torch.zeros(B, dtype=torch.long)
+    for i, s in enumerate(sequences):
+        n = min(T, len(s.tokens))
+        tokens[i, :n] = torch.from_numpy(s.tokens[:n])
+        features[i, :n] = torch.from_numpy(s.features[:n].astype(np.float32))
+        top_ids[i, :n] = torch.from_numpy(s.top_ids[:n].astype(np.int64))
+        top_logp[i, :n] = torch.from_numpy(s.top_logp[:n].astype(np.float32))
+        lengths[i], starts[i] = n, s.answer_start
+    return Batch(tokens, features, top_ids, torch.softmax(top_logp, dim=-1), lengths, starts)
+
+
+def unroll(head: Eagle3Model, config: ModelConfig, embed: torch.nn.Embedding, batch: Batch,
+           depth: int) -> list[torch.Tensor]:
+    """Draft-vocabulary logits of each step s = 1..depth: (B, T-1, V), row p drafting x_{p+s+1}.
+
+    Step s > 1 reads the tokens that were drafted before it as the target's own (teacher forcing:
+    where an earlier draft was wrong the later ones are never used, so the acceptance they imply
+    is exact)."""
+    m = head.midlayer
+    attn = m.self_attn
+    B, T = batch.tokens.shape
+    rows = T - 1
+    cos, sin = rope_tables(config, rows + depth)
+    heads, kv, hd = attn.n_head, attn.n_kv, attn.head_dim
+
+    def project(g, token_ids, c, s):
+        x = torch.cat([m.input_layernorm(embed(token_ids)), m.hidden_norm(g)], dim=-1)
+        q = apply_rope(attn.q_proj(x).view(B, rows, heads, hd).transpose(1, 2), c, s)
+        k = apply_rope(attn.k_proj(x).view(B, rows, kv, hd).transpose(1, 2), c, s)
+        v = attn.v_proj(x).view(B, rows, kv, hd).transpose(1, 2)
+        return q, k, v
+
+    g = head.fc(batch.features[:, :rows])
+    causal = torch.ones(rows, rows, dtype=torch.bool).tril()
+    same_row = torch.eye(rows, dtype=torch.bool)
+    keys, values, logits = [], [], []
+    for step in range(depth):
+        token_ids = torch.zeros(B, rows, dtype=torch.long)
+        available = T - 1 - step  # row p reads x_{p+1+step}
+        token_ids[:, :max(0, available)] = batch.tokens[:, 1 + step:]
+        q, k, v = project(g, token_ids, cos[step:step + rows], sin[step:step + rows])
+        keys.append(k)
+        values.append(v)
+        mask = torch.cat([causal] + [same_row] * step, dim=1)  # committed rows up to p, then row p's own steps
+        k_all, v_all = torch.cat(keys, dim=2), torch.cat(values, dim=2)
+        if heads != kv:
+            k_all = k_all.repeat_interleave(heads // kv, dim=1)
+            v_all = v_all.repeat_interleave(heads // kv, dim=1)
+        y = F.scaled_dot_product_attention(q, k_all, v_all, attn_mask=mask)
+        h = g + attn.o_proj(y.transpose(1, 2).reshape(B, rows, -1))
+        out = h + m.mlp(m.post_attention_layernorm(h))
+        logits.append(head.lm_head(head.norm(out)).float())
+        g = head.feedback(out)
+    return logits
+
+
+def _valid(batch: Batch, step: int, rows: int, answer_only: bool) -> torch.Tensor:
+    """(B, rows) bool: row p's step (0-based) target, position p + step + 1, exists; with
+    answer_only, it also lies in the generated answer."""
+    p = torch.arange(rows)[None, :]
+    target_position = p + step + 1
+    ok = target_position <= batch.lengths[:, None] - 1
+    if answer_only:
+        ok &= target_position >= batch.answer_starts[:, None] - 1  # predicts an answer token
+    return ok
+
+
+def kl_loss(logits: list[torch.Tensor], batch: Batch) -> tuple[torch.Tensor, dict]:
+    """Weighted mean over steps of KL(target top-k || head) at the rows where the step has a target."""
+    rows = batch.tokens.shape[1] - 1
+    total, weights, figures = 0.0, 0.0, {}
+    for step, step_logits in enumerate(logits):
+        position = torch.arange(rows) + step + 1
+        position = position.clamp(max=batch.tokens.shape[1] - 1)
+        p = batch.top_p[:, position]  # (B, rows, k)
+        ids = batch.top_ids[:, position]
+        logq = torch.log_softmax(step_logits, dim=-1).gather(-1, ids)
+        per_row = (p * (torch.log(p.clamp_min(1e-12)) - logq)).sum(-1)
+        valid = _valid(batch, step, rows, answer_only=False)
+        if not valid.any():
+            continue
+        loss = per_row[valid].mean()
+        total = total + STEP_WEIGHT ** step * loss
+        weights += STEP_WEIGHT ** step
+        figures[f"kl{step + 1}"] = float(loss.detach())
+    return total / max(weights, 1e-9), figures
+
+
+@torch.no_grad()
+def acceptance(logits: list[torch.Tensor], batch: Batch) -> tuple[list[float], int]:
+    """Per draft position s, the share of answer rows whose first s drafts all equal the target's
+    greedy tokens (what greedy verification accepts); and how many rows were counted."""
+    rows = batch.tokens.shape[1] - 1
+    depth = len(logits)
+    usable = _valid(batch, depth - 1, rows, answer_only=True) & _valid(batch, 0, rows, answer_only=True)
+    alive = usable.clone()
+    shares = []
+    count = int(usable.sum())
+    for step, step_logits in enumerate(logits):
+        position = (torch.arange(rows) + step + 1).clamp(max=batch.tokens.shape[1] - 1)
+        greedy = batch.top_ids[:, position, 0]  # the target's choice there: the token it will verify against
+        alive &= step_logits.argmax(-1) == greedy
+        shares.append(float(alive.sum()) / max(1, count))
+    return shares, count
+
+
+def export_head(head: Eagle3Model, target: ModelConfig, taps: Sequence[int], folder: Path) -> Path:
+    """The head as an EAGLE-3 folder (config.json, model.safetensors in float16) the PyTorch engine loads."""
+    import json
+    import os
+
+    from safetensors.torch import save_file
+
+    folder.mkdir(parents=True, exist_ok=True)
+    weights = {name: t.detach().to(torch.float16).contiguous().cpu() for name, t in head.state_dict().items()}
+    tmp = folder / f"model.safetensors.tmp-{os.getpid()}"
+    save_file(weights, str(tmp), metadata={"format": "pt"})
+    os.replace(tmp, folder / "model.safetensors")
+    (folder / "config.json").write_text(json.dumps(hf_config(target, taps), indent=2) + "\n", encoding="utf-8")
+    return folder

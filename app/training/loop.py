@@ -1,0 +1,150 @@
+"""The time-budgeted training loop: AdamW with warmup, held-out evaluation, the best state kept,
+and checkpoints that a killed run resumes from.
+
+The budget counts training time only (recording data and measuring come on top of it); it
+is carried in the checkpoint, so a resumed run spends only what the killed one left.
+"""
+
+from __future__ import annotations
+
+import copy
+import io
+import os
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Optional
+
+import numpy as np
+import torch
+
+CHECKPOINT = "checkpoint.pt"
+
+
+@dataclass(frozen=True)
+class LoopSettings:
+    minutes: float
+    max_steps: Optional[int] = None  # stop after this many steps even with time left
+    peak_lr: float = 1e-3
+    warmup_steps: int = 20
+    eval_seconds: float = 30.0  # evaluate (and checkpoint) at least this often
+    eval_every: int = 200  # ... and at least every this many steps
+    grad_clip: float = 1.0
+    seed: int = 0
+
+
+@dataclass
+class LoopState:
+    step: int = 0
+    elapsed: float = 0.0  # training seconds spent, across resumed runs
+    best_score: float = -1.0
+    best_step: int = 0
+    best_state: Optional[dict] = None
+    history: list = field(default_factory=list)
+
+
+# (rng) -> (loss, figures): one training batch
+StepFn = Callable[[np.random.Generator], tuple[torch.Tensor, dict]]
+# () -> (score, figures): held-out evaluation; higher score is better
+EvalFn = Callable[[], tuple[float, dict]]
+Report = Callable[[str], None]
+
+
+def format_left(seconds: float) -> str:
+    seconds = max(0, int(round(seconds)))
+    return f"{seconds // 60}:{seconds % 60:02d}"
+
+
+def progress_line(state: LoopState, loss: float, figures: dict, budget_s: float) -> str:
+    accepted = figures.get("acceptance")
+    shown = "-" if not accepted else "/".join(f"{a:.2f}" for a in accepted)
+    mean = f" (mean accepted {sum(accepted):.2f})" if accepted else ""
+    return (f"step {state.step} · loss {loss:.4f} · held-out acceptance {shown}{mean} · "
+            f"{format_left(budget_s - state.elapsed)} left")
+
+
+def _atomic_save(obj, path: Path) -> None:
+    tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}")
+    buffer = io.BytesIO()
+    torch.save(obj, buffer)
+    with open(tmp, "wb") as f:
+        f.write(buffer.getvalue())
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def train_loop(module: torch.nn.Module, step_fn: StepFn, eval_fn: EvalFn, settings: LoopSettings, folder: Path,
+               resume: bool, report: Report, live: Optional[Callable[[str], None]] = None) -> LoopState:
+    """Train until the budget (or max_steps) is spent; `module` ends holding the best evaluated
+    state. With `resume`, continue from folder/checkpoint.pt when it is there."""
+    trainable = [p for p in module.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(trainable, lr=settings.peak_lr, betas=(0.9, 0.95), weight_decay=0.0)
+    rng = np.random.default_rng(settings.seed)
+    state = LoopState()
+    checkpoint = folder / CHECKPOINT
+    if resume and checkpoint.is_file():
+        saved = torch.load(checkpoint, weights_only=False)
+        module.load_state_dict(saved["module"])
+        optimizer.load_state_dict(saved["optimizer"])
+        rng.bit_generator.state = saved["rng"]
+        state = saved["state"]
+        report(f"resuming from step {state.step} ({format_left(state.elapsed)} trained, best held-out "
+               f"mean accepted {state.best_score:.3f} at step {state.best_step})")
+    budget = settings.minutes * 60.0
+    live = live or (lambda line: None)
+
+    def evaluate_and_save(loss: float) -> None:
+        module.eval()
+        with torch.no_grad():
+            score, figures = eval_fn()
+        module.train()
+        state.history.append({"step": state.step, "loss": round(loss, 5), "seconds": round(state.elapsed, 1),
+                              **figures})
+        if score > state.best_score:
+            state.best_score, state.best_step = score, state.step
+            state.best_state = copy.deepcopy({k: v.detach().cpu() for k, v in module.state_dict().items()})
+        _atomic_save({"module": module.state_dict(), "optimizer": optimizer.state_dict(),
+                      "rng": rng.bit_generator.state, "state": state}, checkpoint)
+        report(progress_line(state, loss, figures, budget))
+
+    def done() -> bool:
+        return state.elapsed >= budget or (settings.max_steps is not None and state.step >= settings.max_steps)
+
+    module.train()
+    last_eval_time, last_eval_step, loss_value = state.elapsed, state.step, float("nan")
+    if state.step == 0 and not state.history:
+        evaluate_and_save(loss_value)  # the untrained head is the first candidate
+    while not done():
+        started = time.perf_counter()
+        lr = settings.peak_lr * min(1.0, (state.step + 1) / max(1, settings.warmup_steps))
+        for group in optimizer.param_groups:
+            group["lr"] = lr
+        loss, figures = step_fn(rng)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(trainable, settings.grad_clip)
+        optimizer.step()
+        state.step += 1
+        state.elapsed += time.perf_counter() - started
+        loss_value = float(loss.detach())
+        live(f"step {state.step} · loss {loss_value:.4f} · {format_left(budget - state.elapsed)} left")
+        if (state.elapsed - last_eval_time >= settings.eval_seconds or state.step - last_eval_step >= settings.eval_every
+                or done()):
+            evaluate_and_save(loss_value)
+            last_eval_time, last_eval_step = state.elapsed, state.step
+    if state.best_state is not None:
+        module.load_state_dict(state.best_state)
+    return state
+
+
+def terminal_live(stream=sys.stderr) -> Callable[[str], None]:
+    """A progress line rewritten in place on a terminal; nothing on a pipe (the evaluations report there)."""
+    if not stream.isatty():
+        return lambda line: None
+
+    def show(line: str) -> None:
+        stream.write("\r" + line[:120].ljust(120))
+        stream.flush()
+    return show

@@ -1,0 +1,207 @@
+"""The drafter trainer (app/training/): prompts, the EAGLE-3 head against the engine that serves
+it, the adoption rule, and `train-drafter` end to end on the small demo family."""
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from specdesk.app.training import cli  # noqa: E402
+from specdesk.app.training.adopt import Measured, decide  # noqa: E402
+from specdesk.app.training.prompts import (KINDS, Prompt, default_prompts_path, load_prompt_set,  # noqa: E402
+                                           split_prompts)
+from specdesk.engines.types import SpecDeskError  # noqa: E402
+
+
+def _run_cli(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser()
+    cli.add_arguments(parser)
+    return cli.run(parser.parse_args(argv))
+
+
+@pytest.fixture()
+def small_prompts(tmp_path) -> Path:
+    """Code the small demo target continues well, and a chat line or two."""
+    lines = ["def read_lines(path):\n", "import os\n\n\ndef main():\n", "class Counter:\n    def __init__(self):\n",
+             "def parse(text):\n    \"\"\"Split text into words.\"\"\"\n", "for name in sorted(names):\n",
+             "import sys\n\nif __name__ == \"__main__\":\n", "def add(a, b):\n    return", "x = [i * i for i in",
+             "with open(path) as f:\n", "try:\n    import json\nexcept ImportError:\n"]
+    path = tmp_path / "prompts.jsonl"
+    path.write_text("".join(json.dumps({"prompt": text, "kind": "code"}) + "\n" for text in lines))
+    return path
+
+
+# --- prompts -----------------------------------------------------------------------------
+def test_the_bundled_prompt_set_is_large_and_covers_every_kind():
+    prompts = load_prompt_set(default_prompts_path())
+    assert len(prompts) >= 1000
+    assert {p.kind for p in prompts} == set(KINDS)
+    assert len({p.text for p in prompts}) == len(prompts)
+    train, held = split_prompts(prompts)
+    assert held and len(held) < len(prompts) // 10
+    assert not {p.text for p in train} & {p.text for p in held}
+    assert split_prompts(list(reversed(prompts)))[1] == list(reversed(held))  # by content, not by order
+
+
+def test_a_broken_prompt_line_is_named(tmp_path):
+    path = tmp_path / "p.jsonl"
+    path.write_text('{"prompt": "fine"}\n{"prompt": 3}\n')
+    with pytest.raises(SpecDeskError, match=r"line 2: expected an object"):
+        load_prompt_set(path)
+    path.write_text('{"prompt": "fine"}\nnot json\n')
+    with pytest.raises(SpecDeskError, match="line 2: not JSON"):
+        load_prompt_set(path)
+
+
+def test_a_tiny_prompt_set_still_holds_some_out():
+    prompts = [Prompt(f"p{i}") for i in range(5)]
+    train, held = split_prompts(prompts)
+    assert len(held) >= 2 and len(train) + len(held) == 5
+    with pytest.raises(SpecDeskError, match="none to train on"):
+        split_prompts(prompts[:2])
+
+
+# --- adoption ----------------------------------------------------------------------------
+def test_adoption_needs_to_beat_the_best_existing_method_and_plain_decoding():
+    trained = Measured("trained EAGLE-3", 1.08, True, 0.5)
+    adopted, reason = decide(trained, [Measured("draft model", 1.31, True, 0.7), Measured("n-gram", 1.1, True, 0.3)])
+    assert not adopted and reason == "trained EAGLE-3: 1.08x, below draft model 1.31x"
+    adopted, reason = decide(trained, [Measured("n-gram", 1.02, True, 0.3)])
+    assert adopted and reason == "trained EAGLE-3: 1.08x, above n-gram 1.02x"
+    adopted, reason = decide(trained, [Measured("n-gram", 0.9, True, 0.3)])
+    assert adopted and reason == "trained EAGLE-3: 1.08x, above plain decoding 1.00x"
+    adopted, reason = decide(Measured("trained EAGLE-3", 0.95, True, 0.5), [Measured("n-gram", 0.9, True, 0.3)])
+    assert not adopted and reason == "trained EAGLE-3: 0.95x, below plain decoding 1.00x"
+    adopted, reason = decide(Measured("trained EAGLE-3", 2.0, False, 0.5), [])
+    assert not adopted and "differs from the baseline" in reason
+
+
+# --- the head against the engine ---------------------------------------------------------
+def test_the_trained_head_computes_in_the_engine_what_training_unrolled(demo_family, tmp_path, small_prompts):
+    """Every unrolled step of training is what the engine's EAGLE-3 drafter computes for the
+    same rows: the first step over all committed rows, then chained steps on its own output."""
+    from specdesk.app.training import eagle3
+    from specdesk.app.training.record import RecordSettings, record
+    from specdesk.engines.torch.eagle3 import Eagle3Drafter
+    from specdesk.engines.torch.engine import TorchEngine
+
+    torch.set_num_threads(1)
+    engine = TorchEngine(demo_family["target_hf"], device="cpu", dtype="float32")
+    network = engine.target.network
+    taps = eagle3.default_taps(network.config.num_hidden_layers)
+    files = record(engine, load_prompt_set(small_prompts)[:1], RecordSettings(taps=taps, max_new_tokens=16),
+                   tmp_path / "cache", "train")
+    from specdesk.app.training.record import load_sequence
+
+    sequence = load_sequence(files[0])
+    head = eagle3.new_head(network, seed=3)
+    with torch.no_grad():  # away from the initial pass-through, so every module matters
+        for p in head.parameters():
+            p.add_(torch.randn(p.shape, generator=torch.Generator().manual_seed(1)) * 0.02)
+    folder = eagle3.export_head(head.half().float(), network.config, taps, tmp_path / "eagle3")
+    drafter = Eagle3Drafter.from_folder(folder, engine.target, engine.n_ctx)
+    assert drafter.taps == taps
+    batch = eagle3.make_batch([sequence], 1024)
+    with torch.no_grad():
+        unrolled = eagle3.unroll(drafter.layer, eagle3.head_config(network.config), network.model.embed_tokens,
+                                 batch, 3)
+    tokens = sequence.tokens.tolist()
+    p = len(tokens) - 5  # the last committed row of a pass, then two chained steps
+    features = torch.from_numpy(sequence.features[:p + 1].astype("float32"))
+    with torch.no_grad():
+        out, logits = drafter.step(drafter.layer.fc(features), tokens[1:p + 2], 0)
+        torch.testing.assert_close(logits, unrolled[0][0, p], rtol=1e-4, atol=1e-4)
+        previous = drafter.layer.feedback(out[-1:])
+        for step in (1, 2):
+            out, logits = drafter.step(previous, [tokens[p + 1 + step]], p + step)
+            torch.testing.assert_close(logits, unrolled[step][0, p], rtol=1e-4, atol=1e-4)
+            previous = drafter.layer.feedback(out)
+
+
+# --- train-drafter end to end --------------------------------------------------------------
+def _common(demo_family, prompts: Path, out: Path) -> list[str]:
+    return ["--target", demo_family["target_hf"], "--prompts", str(prompts), "--out", str(out), "--device", "cpu",
+            "--threads", "1", "--max-tokens", "24", "--compare-prompts", "2", "--compare-tokens", "24",
+            "--batch-size", "4"]
+
+
+def test_a_drafter_trained_for_one_step_is_kept_but_not_adopted(demo_family, small_prompts, tmp_path, capsys):
+    from specdesk.app.runtime.compare import run_once
+    from specdesk.engines.torch.engine import TorchEngine
+    from specdesk.engines.types import GenerationRequest, SamplingParams, SpecConfig
+
+    started = time.perf_counter()
+    out = tmp_path / "run"
+    assert _run_cli(_common(demo_family, small_prompts, out) + ["--steps", "1", "--minutes", "1"]) == 0
+    assert time.perf_counter() - started < 60
+    provenance = json.loads((out / "provenance.json").read_text())
+    assert provenance["trained_here"] and provenance["training"]["steps"] == 1
+    assert provenance["adopted"] is False
+    best = max([1.0, *(m["speedup"] for m in provenance["measured"]["existing"].values())])
+    assert provenance["reason"].startswith(f"trained EAGLE-3: {provenance['speedup']:.2f}x, below ")
+    assert provenance["reason"].endswith(f"{best:.2f}x")
+    assert provenance["measured"]["trained"]["identical_outputs"] is True
+    assert len(provenance["held_out_acceptance_per_position"]) == cli.DEPTH
+    err = capsys.readouterr().err
+    assert "kept, not adopted: trained EAGLE-3" in err and "MiB" in err.split("\n")[1]
+
+    # The exported folder is an EAGLE-3 drafter the PyTorch engine loads, and greedy output through it is the baseline's.
+    engine = TorchEngine(demo_family["target_hf"], device="cpu", dtype="float32")
+    tokens = tuple(engine.tokenize("def parse_args(argv):\n"))
+    runs = [run_once(engine, GenerationRequest(tokens, max_tokens=40, sampling=SamplingParams(temperature=0.0),
+                                               spec=spec))
+            for spec in (SpecConfig(), SpecConfig(method="eagle3", k=3, draft_path=str(out / "eagle3")))]
+    assert runs[0].tokens == runs[1].tokens and len(runs[0].tokens) == 40
+    assert runs[1].stats.drafted > 0
+
+
+def test_an_existing_run_is_not_overwritten_without_resume(demo_family, small_prompts, tmp_path, capsys):
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "checkpoint.pt").write_bytes(b"")
+    assert _run_cli(_common(demo_family, small_prompts, out) + ["--steps", "1"]) == 2
+    assert "pass --resume" in capsys.readouterr().err
+
+
+def test_bad_numbers_are_refused_with_a_message(demo_family, small_prompts, tmp_path, capsys):
+    assert _run_cli(_common(demo_family, small_prompts, tmp_path / "r") + ["--minutes", "0"]) == 2
+    assert "--minutes 0.0 is out of range" in capsys.readouterr().err
+
+
+def _checkpoint_step(path: Path) -> int:
+    try:
+        return torch.load(path, weights_only=False)["state"].step
+    except Exception:  # being replaced, or not there yet
+        return -1
+
+
+def test_a_killed_run_resumes_from_its_checkpoint(demo_family, small_prompts, tmp_path):
+    out = tmp_path / "run"
+    command = [sys.executable, "-m", "specdesk.app.training.cli", *_common(demo_family, small_prompts, out),
+               "--eval-every", "2", "--minutes", "5"]
+    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.time() + 45
+        while time.time() < deadline and _checkpoint_step(out / "checkpoint.pt") < 4:
+            time.sleep(0.2)
+    finally:
+        os.kill(process.pid, signal.SIGKILL)
+        process.wait()
+    killed_at = _checkpoint_step(out / "checkpoint.pt")
+    assert killed_at >= 4, process.stderr.read()
+    resumed = subprocess.run(command + ["--resume", "--steps", str(killed_at + 3)], capture_output=True, text=True,
+                             timeout=120)
+    assert resumed.returncode == 0, resumed.stderr
+    assert f"resuming from step {killed_at} " in resumed.stderr
+    provenance = json.loads((out / "provenance.json").read_text())
+    assert provenance["training"]["steps"] == killed_at + 3
+    steps = [entry["step"] for entry in provenance["training"]["history"]]
+    assert steps[0] == 0 and steps == sorted(steps) and killed_at in steps  # one history, continued
