@@ -85,9 +85,14 @@ def test_recorded_servers_fill_the_charts_from_their_own_numbers(name):
         assert list(stats.per_position_drafted) == expected["per_position_drafted"]
     if "histogram" in expected:
         assert list(stats.accepted_length_histogram) == expected["histogram"]
-    text_chunks = sum(1 for c in recording["stream"] if c["choices"] and c["choices"][0]["delta"].get("content"))
-    # vLLM gives a running token count on each chunk; without one, each chunk counts as one token
-    assert sum(len(e.tokens) for e in events) == (expected["tokens"] if info.kind == "vllm" else text_chunks)
+    # vLLM gives a running token count on each chunk; without one (and no tokenizer) the events
+    # count characters and say so, never chunks as if they were tokens
+    counted = sum(len(e.tokens) for e in events)
+    if info.kind == "vllm":
+        assert counted == expected["tokens"] and run.unit == endpoint.stream_unit() == "tokens"
+    else:
+        assert counted == len(run.result.text) and run.unit.startswith("characters") == \
+            endpoint.stream_unit().startswith("characters")
     source = {"vllm_per_request.json": "per request", "vllm_counters.json": "metric deltas",
               "sglang_per_request.json": "per request"}[name]
     assert run.numbers.source == source and run.note is None
