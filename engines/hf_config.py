@@ -39,13 +39,14 @@ def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def read_config(path: str | os.PathLike, what: str = "config.json file") -> dict:
-    """A JSON config file (config.json, an index) as a dict: a regular file, of plausible size,
-    nested within Python's limits, an object; else a one-line SpecDeskError naming the file."""
+def read_config(path: str | os.PathLike, what: str = "config.json file", max_bytes: int = MAX_CONFIG_BYTES) -> dict:
+    """A JSON config file (config.json, an index) as a dict: a regular file, of at most
+    max_bytes (checked before it is read), nested within Python's limits, an object; else a
+    one-line SpecDeskError naming the file."""
     p = require_regular_file(path, what)
     size = p.stat().st_size
-    if size > MAX_CONFIG_BYTES:
-        raise SpecDeskError(f"{p}: {size} bytes is not a plausible {what} (the limit is {MAX_CONFIG_BYTES})")
+    if size > max_bytes:
+        raise SpecDeskError(f"{p}: {size} bytes is not a plausible {what} (the limit is {max_bytes})")
     try:
         data = json.loads(p.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, ValueError) as e:

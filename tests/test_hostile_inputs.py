@@ -500,3 +500,63 @@ def test_the_app_starts_with_a_bad_settings_file_and_a_foreign_database(qtbot, t
     assert aside.read_bytes() == settings_content
     saved = json.loads((config / "settings.json").read_text())  # defaults, saved at close beside the kept file
     assert saved["seed"] == 0 and saved["temperature"] == 0.0
+
+
+# --- tokenizer.json sizes ------------------------------------------------------------
+def gemma_sized_tokenizer(folder: Path, n_tokens: int = 262_144) -> Path:
+    """A real BPE tokenizer.json with Gemma 3's vocabulary size, indented as the hub's files
+    are: about 35 MB, over the 16 MiB that config files get (Gemma 3's own is 33 MB)."""
+    import random
+
+    base = [chr(c) for c in range(0x4E00, 0x4E00 + 4096)]  # one character, three UTF-8 bytes, each
+    vocab = {t: i for i, t in enumerate(base)}
+    tokens, merges = list(base), []
+    rng = random.Random(0)
+    while len(vocab) < n_tokens:
+        a, b = tokens[rng.randrange(len(tokens))], tokens[rng.randrange(len(tokens))]
+        if len(a) + len(b) <= 22 and a + b not in vocab:
+            vocab[a + b] = len(vocab)
+            tokens.append(a + b)
+            merges.append([a, b])
+    model = {"type": "BPE", "dropout": None, "unk_token": None, "continuing_subword_prefix": None,
+             "end_of_word_suffix": None, "fuse_unk": False, "byte_fallback": False, "ignore_merges": False,
+             "vocab": vocab, "merges": merges}
+    data = {"version": "1.0", "truncation": None, "padding": None, "added_tokens": [], "normalizer": None,
+            "pre_tokenizer": None, "post_processor": None, "decoder": None, "model": model}
+    folder.mkdir(exist_ok=True)
+    path = folder / "tokenizer.json"
+    path.write_text(json.dumps(data, indent=2, ensure_ascii=False), encoding="utf-8")
+    return path
+
+
+def test_a_tokenizer_the_size_of_gemma_3s_loads(tmp_path):
+    pytest.importorskip("tokenizers")
+    from specdesk.engines.hf_config import MAX_CONFIG_BYTES
+    from specdesk.engines.torch.tokenizer import MAX_TOKENIZER_BYTES, HfTokenizer
+
+    path = gemma_sized_tokenizer(tmp_path / "gemma-sized")
+    assert 33_384_568 <= path.stat().st_size <= MAX_TOKENIZER_BYTES and path.stat().st_size > MAX_CONFIG_BYTES
+    tokenizer = HfTokenizer(path.parent)
+    assert tokenizer.vocab.n_tokens == 262_144
+    assert tokenizer.tokenize("\u4e00\u4e01\u4e02", add_bos=False) == [0, 1, 2]
+
+
+@pytest.mark.parametrize("size", [218 * 10**6, 2 * 2**30], ids=["218MB", "2GB"])
+def test_an_oversized_tokenizer_is_refused_before_any_parse(tmp_path, size):
+    from specdesk.engines.torch.tokenizer import MAX_TOKENIZER_BYTES, HfTokenizer
+
+    folder = tmp_path / "model"
+    folder.mkdir()
+    with open(folder / "tokenizer.json", "wb") as f:
+        f.truncate(size)  # sparse: no disk used
+    tracemalloc.start()
+    try:
+        with pytest.raises(SpecDeskError) as refused:
+            HfTokenizer(folder)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 2**20  # nothing of the file was read: reading it would hold its whole size
+    message = str(refused.value)
+    assert "\n" not in message and f"{size} bytes is not a plausible tokenizer.json file" in message
+    assert f"the limit is {MAX_TOKENIZER_BYTES}" in message
