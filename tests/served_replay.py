@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -22,13 +23,15 @@ def load(name: str) -> dict:
 
 class Replay:
     def __init__(self, recording: dict, api_key: str | None = None, drop_after: int | None = None,
-                 model_gone: bool = False, metrics_text: str | None = None, whole: bool = False):
+                 model_gone: bool = False, metrics_text: str | None = None, whole: bool = False,
+                 chunk_interval_s: float = 0.0):
         self.recording = recording
         self.api_key = api_key
         self.drop_after = drop_after
         self.model_gone = model_gone
         self.metrics_text = metrics_text
         self.whole = whole  # answer with one JSON reply, as a server that does not stream
+        self.chunk_interval_s = chunk_interval_s  # the pause before each streamed chunk, as a server decodes
         self.replied = False
         self.requests: list[dict] = []
         replay = self
@@ -95,6 +98,7 @@ class Replay:
                         self.wfile.flush()
                         self.close_connection = True
                         return  # the connection closes without [DONE]
+                    time.sleep(replay.chunk_interval_s)
                     self.wfile.write(f"data: {json.dumps(chunk)}\n\n".encode())
                     self.wfile.flush()
                 replay.replied = True

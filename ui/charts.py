@@ -8,6 +8,11 @@ With method auto, the tokens/s and acceptance charts show which method drafted w
 translucent colour band behind the curves per method (one small image per chart, resampled
 to MethodBands.BINS slices, so its cost does not grow with the run), a legend of the methods
 this run used, and the latest choice and k in the tokens/s title ("auto now: draft, k = 3").
+
+A served reply's events count what its stream let them count (app/serving/stream.py): tokens,
+or characters where the server sends no token counts while streaming, which `set_unit` names
+in the title. When the reply ends, the server's token count scales the curve, so the finished
+chart and the footer give the same tok/s. `reset()` empties the panel (another chat opened).
 """
 
 from __future__ import annotations
@@ -21,6 +26,8 @@ from PySide6.QtWidgets import QApplication, QGraphicsItem, QLabel, QSizePolicy, 
 
 from specdesk.engines.speculation.stats import StatsAccumulator
 from specdesk.engines.types import RunStats
+
+UNKNOWN_TOKEN = -1  # app/serving/stream.UNKNOWN_TOKEN: a served token whose id the stream did not carry
 
 from . import theme
 from .series import RunSeries
@@ -125,6 +132,12 @@ def integer_ticks(plot: pg.PlotWidget, values) -> None:
     plot.getAxis("bottom").setTicks([[(v, str(v)) for v in values]])
 
 
+def rate_title(unit: str) -> str:
+    """The rate chart's title for what its events count: "tokens / s", or "characters / s (why)"."""
+    name, _, why = unit.partition(" (")
+    return f"{name} / s" + (f" ({why}" if why else "")
+
+
 def format_status(stats: RunStats, k: int) -> str:
     parts = [f"{stats.tokens} tokens", f"{stats.tok_per_s:.1f} tok/s"]
     if k > 0:
@@ -149,6 +162,9 @@ class ChartPanel(QWidget):
         self._ranges: dict[str, tuple] = {}  # what each plot's axes show now
         self._ticks = 0
         self.repaints = 0  # refreshes that drew something (tests and the stall probe read it)
+        self.unit = "tokens"  # what the events' token counts are (a served stream may count characters)
+        self.rate_scale = 1.0  # tokens per counted unit: set from the server's count when a served reply ends
+        self._served = False  # this run's events came from a server (no token ids)
 
         self.setMinimumWidth(300)
         layout = QVBoxLayout(self)
@@ -202,7 +218,26 @@ class ChartPanel(QWidget):
         self._clear_methods()
         self._accumulator = StatsAccumulator(k)
         self._final = None
+        self.rate_scale = 1.0
+        self._served = False
         self._dirty = True
+
+    def set_unit(self, unit: str) -> None:
+        """What the coming run's events count ("tokens", or a served stream's "characters ...")."""
+        self.unit = unit
+        self._set_rate_title(rate_title(unit))
+
+    def reset(self) -> None:
+        """No run: empty curves and bars, the status line back to its start (a chat was switched)."""
+        self.start_run(0)
+        self._accumulator = None
+        self.unit = "tokens"
+        self.rate_curve.setData([], [])
+        self.acceptance_curve.setData([], [])
+        self.position_bars.setOpts(x=[], height=[], width=0.6)
+        self.histogram_bars.setOpts(x=[], height=[], width=0.6)
+        self.status.setText("no run yet")
+        self._dirty = False
 
     def add_batch(self, batch) -> None:
         if self._accumulator is None or batch.first:
@@ -213,12 +248,26 @@ class ChartPanel(QWidget):
             self._accumulator.start(at=self.series.start)
         for event in batch.events:
             self._accumulator.add(event)
+            self._served = self._served or (bool(event.tokens) and event.tokens[0] == UNKNOWN_TOKEN)
+        if not self._served and self.unit != "tokens":  # an engine's run after a served one: tokens again
+            self.set_unit("tokens")
         self._dirty = True
 
     def finish_run(self, stats: RunStats) -> None:
-        """The worker's final numbers (decode time measured where the engine ran)."""
+        """The worker's final numbers (decode time measured where the engine ran). A served
+        reply's curve is scaled to the server's token count (its chunks may have counted otherwise)."""
         self._final = stats
+        counted = float(self.series.tokens[self.series.n - 1])
+        if self._served and stats.tokens > 0 and counted > 0:
+            self.rate_scale = stats.tokens / counted
+            self._ranges.pop("rate_y", None)  # the axis may shrink to the scaled curve
+            self.set_unit("tokens")
         self._dirty = True
+
+    def rates(self) -> tuple[np.ndarray, np.ndarray]:
+        """(t, rate) as the tokens/s chart draws them."""
+        t, rate, _ = self.series.window_rates()
+        return t, rate * self.rate_scale
 
     def current_stats(self) -> Optional[RunStats]:
         if self._final is not None:
@@ -238,6 +287,7 @@ class ChartPanel(QWidget):
             return False
         self._dirty = False
         t, rate, acceptance = self.series.window_rates()
+        rate = rate * self.rate_scale
         self.rate_curve.setData(t, rate)
         if self.k > 0:
             self.acceptance_curve.setData(t, acceptance)
@@ -313,7 +363,7 @@ class ChartPanel(QWidget):
             self.legend_methods = []
         self.legend_room, self._legend_fit = 1.1, None
         self.method_legend.setVisible(False)
-        self._set_rate_title("tokens / s")
+        self._set_rate_title(rate_title(self.unit))
 
     def _set_rate_title(self, title: str) -> None:
         if title != self.rate_title:
