@@ -12,7 +12,8 @@ from PySide6.QtWidgets import (QComboBox, QDoubleSpinBox, QFileDialog, QFormLayo
                                QVBoxLayout, QWidget)
 
 from specdesk.app.storage.settings import DEMO, DEMO_DFLASH, DEMO_HF, DEMO_MTP, RANGES, Settings
-from specdesk.engines.types import METHODS, SamplingParams, SpecConfig, SpecDeskError
+from specdesk.engines.methods import METHODS, method_info, method_names, needs_draft_model, uses_file
+from specdesk.engines.types import SamplingParams, SpecConfig, SpecDeskError
 
 BROWSE = "\0browse"  # combo item data of "Open GGUF file…"
 BROWSE_FOLDER = "\0folder"  # combo item data of "Open model folder…" (Hugging Face safetensors)
@@ -22,34 +23,6 @@ DRAFTS = [("No draft model", None), ("Demo draft (built in)", DEMO), ("Demo DFla
 HIDDEN = "\0hidden"  # combo item data of the "N incompatible hidden" line
 DEVICE_CHOICES = ("auto", "CPU")  # or any name `specdesk devices` lists, typed in
 LAYER_CHOICES = ("auto", "all", "0")  # or a number, typed in
-
-METHOD_LABELS = {
-    "none": "none (baseline)",
-    "auto": "auto (picks method and k)",
-    "ngram": "ngram (prompt lookup)",
-    "ngram-pool": "ngram-pool (learns per chat)",
-    "draft": "draft model",
-    "mtp": "MTP heads",
-    "dflash": "DFlash block drafter",
-    "eagle3": "EAGLE-3",
-}
-METHOD_HELP = {
-    "auto": "Each step, the method and k expected to be fastest on this machine (measured costs, running "
-            "acceptance), or no speculation when nothing is; the status line says which and why.",
-    "none": "Plain decoding: one target pass per token. The compare view measures speculation against this.",
-    "ngram": "Drafts by looking up the last few tokens earlier in the prompt and reply; needs no model.",
-    "ngram-pool": "An n-gram pool that learns from every turn of the chat; needs no model.",
-    "draft": "A smaller model with the same vocabulary drafts k tokens; the target checks them in one pass.",
-    "mtp": "The target's own multi-token-prediction layers draft k tokens from its hidden state.",
-    "dflash": "A DFlash drafter proposes a whole block in one pass from the target's hidden states.",
-    "eagle3": "An EAGLE-3 head drafts from three of the target's hidden layers.",
-}
-UNSUPPORTED_REASON = {  # when the engine gives no reason of its own
-    "mtp": "needs a model with multi-token-prediction (MTP) layers",
-    "dflash": "needs a DFlash block drafter made for this target",
-    "eagle3": "needs an EAGLE-3 drafter made for this target",
-}
-
 
 def set_clamped(spin: QSpinBox | QDoubleSpinBox, value: float) -> None:
     """setValue within the box's range: QSpinBox.setValue raises OverflowError past 32 bits,
@@ -73,7 +46,7 @@ class ControlsPanel(QScrollArea):
         body = QWidget(self)
         self.setWidget(body)
         self._settings = settings
-        self._supported: tuple[str, ...] = tuple(METHODS)
+        self._supported: tuple[str, ...] = method_names()
         self._engine_name = "the engine"
         self._previous: dict[str, int] = {}
         self._draft_verdicts: dict[str, tuple[str, ...]] = {}  # draft choice -> why it cannot serve the target
@@ -89,8 +62,8 @@ class ControlsPanel(QScrollArea):
         self.draft_combo.setSizeAdjustPolicy(QComboBox.AdjustToMinimumContentsLengthWithIcon)
         self.draft_combo.setMinimumContentsLength(12)
         self.method_combo = QComboBox(models)
-        for method in METHODS:
-            self.method_combo.addItem(METHOD_LABELS.get(method, method), method)
+        for method in method_names():
+            self.method_combo.addItem(METHODS[method].label, method)
         self.k_spin = QSpinBox(models)
         self.k_spin.setRange(*RANGES["k"])
         self.k_spin.setToolTip("Draft tokens proposed per step (the upper bound for variable-length proposers)")
@@ -311,7 +284,8 @@ class ControlsPanel(QScrollArea):
             self.set_model(role, path)
             return
         self._previous[key] = combo.currentIndex()
-        if role == "draft" and combo.currentData() is not None and self.method() not in ("draft", "auto"):
+        takes_model = method_info(self.method()).takes == "draft_model"  # draft, or auto with a draft model
+        if role == "draft" and combo.currentData() is not None and not takes_model:
             self._select_method("dflash" if combo.currentData() == DEMO_DFLASH else "draft")
         self._maybe_reload()
 
@@ -381,9 +355,9 @@ class ControlsPanel(QScrollArea):
             enabled = method in supported
             item.setEnabled(enabled)
             if enabled:
-                item.setToolTip(METHOD_HELP.get(method, ""))
+                item.setToolTip(METHODS[method].help)
             else:
-                reason = reasons.get(method) or UNSUPPORTED_REASON.get(method, "not implemented for this engine")
+                reason = reasons.get(method) or METHODS[method].needs or "not implemented for this engine"
                 item.setToolTip(f"Not available for this target on {engine_name}: {reason}.")
         if self.method() not in supported:
             self._select_method(fallback if fallback in supported else "none")
@@ -392,16 +366,15 @@ class ControlsPanel(QScrollArea):
     def _update_enabled(self) -> None:
         method = self.method()
         self.k_spin.setEnabled(method != "none")
-        self.method_combo.setToolTip(METHOD_HELP.get(method, ""))
+        self.method_combo.setToolTip(method_info(method).help)
 
     # --- what a run uses --------------------------------------------------------------
     def spec(self, draft_path: Optional[str]) -> SpecConfig:
         method = self.method()
-        if method == "draft" and not draft_path:
-            raise SpecDeskError("the draft method needs a draft model: pick one under Models > Draft "
+        if needs_draft_model(method) and not draft_path:
+            raise SpecDeskError(f"the {method} method needs a draft model: pick one under Models > Draft "
                                 "(or choose ngram, which needs no model)")
-        uses_file = method in ("auto", "draft", "dflash", "eagle3")  # a draft model or a drafter made for the target
-        return SpecConfig(method=method, k=self.k_spin.value(), draft_path=draft_path if uses_file else None)
+        return SpecConfig(method=method, k=self.k_spin.value(), draft_path=draft_path if uses_file(method) else None)
 
     def sampling(self) -> SamplingParams:
         return SamplingParams(temperature=self.temperature_spin.value(), top_p=self.top_p_spin.value(),

@@ -26,6 +26,7 @@ from PySide6.QtWidgets import (QAbstractItemView, QCheckBox, QDialog, QDialogBut
 
 from specdesk.app.models.hub import DownloadCancelled, DownloadProgress, human_bytes
 from specdesk.app.models.library import LibraryConfig, ModelEntry
+from specdesk.engines.methods import method_info
 from specdesk.engines.types import SpecDeskError
 
 from .dialogs import show_error
@@ -421,7 +422,7 @@ class ModelsView(QWidget):
             row = self.library.rowCount()
             self.library.insertRow(row)
             native = ", ".join(sorted({d["method"] for d in native_drafters(e, entries)})) if e.ok and not e.drafter \
-                else (f"is a {e.drafter} drafter" if e.drafter else "")
+                else (f"is {method_info(e.drafter).drafter}" if e.drafter else "")
             values = [model_label(e.name, e.path), e.source, e.format, e.architecture or "-", _parameters(e.parameters),
                       e.quantization or "-", e.context_length or "-", e.vocab_size or "-",
                       human_bytes(e.size_bytes) if e.size_bytes else "-", native, e.path]

@@ -19,6 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Optional
 
+from specdesk.engines.methods import METHODS
+
 from ..storage.paths import data_dir
 
 FILE_NAME = "measurements.jsonl"
@@ -68,8 +70,11 @@ def on_placement(records: Iterable[dict], placement: str) -> list[dict]:
     return [r for r in records if r.get("placement", "CPU") == placement]
 
 
-# Methods whose drafts come from the draft file: a chat with any other method is not the draft's.
-DRAFT_FILE_METHODS = ("draft", "dflash", "eagle3", "auto")
+def drafts_from_file(method: str) -> bool:
+    """The method's drafts come from the draft file (engines/methods.py): a chat with any other
+    method is not the draft's. A name no longer in the table (an older record) is not."""
+    info = METHODS.get(method)
+    return info is not None and info.uses_file
 
 
 class MethodTally:
@@ -99,7 +104,7 @@ def record_chat(target: str, draft: Optional[str], engine: str, method: str, k: 
     if not stats.tokens:
         return
     line = {"kind": "chat", "target": _real(target),
-            "draft": _real(draft) if method in DRAFT_FILE_METHODS else None, "engine": engine,
+            "draft": _real(draft) if drafts_from_file(method) else None, "engine": engine,
             "method": method, "k": int(k) if method != "none" else 0, "speedup": None,
             "acceptance": round(float(stats.acceptance_rate), 4), "drafted": int(stats.drafted),
             "tok_per_s": round(float(stats.tok_per_s), 3), "tokens": int(stats.tokens), "passes": int(stats.passes),
@@ -179,7 +184,7 @@ def chat_measured_for(target: str, draft: Optional[str], method: str,
                       records: Optional[Iterable[dict]] = None) -> Optional[ChatMeasured]:
     """What chat replies measured for a target, draft and method on this machine, or None."""
     target, draft = _real(target), _real(draft)
-    if method not in DRAFT_FILE_METHODS:
+    if not drafts_from_file(method):
         draft = None
     items = [i for i in (read() if records is None else records)
              if i.get("kind") == "chat" and i.get("target") == target and i.get("draft") == draft
