@@ -4,7 +4,8 @@ import random
 
 import pytest
 
-from specdesk.ui.markdown import Stream, char_flags, looks_like_code, parse
+from specdesk.ui.markdown import (Stream, char_flags, code_block_text, code_blocks, copy_href, looks_like_code, parse,
+                                  parse_copy_href)
 
 
 def kinds(blocks):
@@ -233,3 +234,63 @@ def test_a_streamed_reply_is_drawn_as_the_whole_reply_is(qtbot):
     at = lines.index("name │   n")  # a table is drawn as code is: one document block per line
     assert lines[at:at + 4] == ["name │   n", "─────┼────", "ab   │   7", "c    │ 123"]
     assert "".join(ch for ch, style in drawn_characters(streamed) if isinstance(style, tuple) and style[2]) == "old"
+
+
+# --- highlighting, copy links, tables as cells -----------------------------------------------
+def tokens(block):
+    return [(r.text, r.token) for r in block.runs if r.token]
+
+
+def test_fenced_code_is_highlighted_by_its_language():
+    (block,) = parse('```python\ndef f(x):  # say "hi"\n    return "a # b", 0x1F\n```')
+    assert tokens(block) == [("def", "keyword"), ('# say "hi"', "comment"), ("return", "keyword"),
+                             ('"a # b"', "string"), ("0x1F", "number")]
+    assert block.text == 'def f(x):  # say "hi"\n    return "a # b", 0x1F'
+    (js,) = parse("```ts\nconst s = `x`; // done\n/* a\nb */ let n = 2\n```")
+    assert tokens(js) == [("const", "keyword"), ("`x`", "string"), ("// done", "comment"),
+                          ("/* a\nb */", "comment"), ("let", "keyword"), ("2", "number")]
+    (sql,) = parse("```sql\nSELECT id FROM chats -- all\n```")
+    assert tokens(sql) == [("SELECT", "keyword"), ("FROM", "keyword"), ("-- all", "comment")]
+    (plain,) = parse("```\ndef f(): return 1\n```")  # no language: shown plain
+    (unknown,) = parse("```brainfuck\n+[-]\n```")
+    assert tokens(plain) == [] and tokens(unknown) == []
+
+
+def test_an_unclosed_string_runs_to_the_end_while_streaming():
+    (block,) = parse('```py\nx = """doc\nstill doc')
+    assert tokens(block) == [('"""doc\nstill doc', "string")]
+
+
+def test_highlighting_keeps_the_tint_of_every_character():
+    text, flags = marked("```py\nre⟦turn \"ab⟧c\" # n⟦o⟧\n```")
+    (block,) = parse(text, flags)
+    assert [(r.text, r.token, r.drafted) for r in block.runs] == [
+        ("re", "keyword", False), ("turn", "keyword", True), (" ", "", True), ('"ab', "string", True),
+        ('c"', "string", False), (" ", "", False), ("# n", "comment", False), ("o", "comment", True)]
+
+
+def test_code_blocks_are_numbered_and_copy_links_give_their_text_back():
+    reply = "One:\n\n```py\nprint(1)\n```\n\nTwo:\n\n~~~\n  indented\n~~~\n\n    four spaces\n"
+    blocks = parse(reply)
+    assert [(b.kind, b.index) for b in blocks] == [("paragraph", -1), ("code", 0), ("paragraph", -1), ("code", 1),
+                                                  ("code", 2)]
+    assert code_blocks(reply) == ["print(1)", "  indented", "four spaces"]
+    assert code_block_text(reply, 1) == "  indented" and code_block_text(reply, 3) == ""
+    assert copy_href(2) == "copy:2" and parse_copy_href("copy:2") == (None, 2)
+    assert copy_href(1, message_index=4) == "copy:4.1" and parse_copy_href("copy:4.1") == (4, 1)
+    assert parse_copy_href("https://example.com") is None and parse_copy_href("copy:x") is None
+    assert parse_copy_href("copy:1.x") is None
+    stream = Stream()  # a streamed reply numbers its blocks as a whole parse does
+    for n in range(0, len(reply) + 1, 4):
+        assert [b.index for b in stream.parse(reply[:n])] == [b.index for b in parse(reply[:n])]
+
+
+def test_tables_keep_their_cells_and_alignment():
+    (block,) = parse("| name | n | note |\n|:-----|--:|:-:|\n| **ab** | 7 |\n| c | 123 | ok |")
+    assert [[cell.text for cell in row] for row in block.rows] == [["name", "n", "note"], ["ab", "7", ""],
+                                                                   ["c", "123", "ok"]]
+    assert [cell.align for cell in block.rows[0]] == ["left", "right", "center"]
+    assert block.rows[1][0].runs[0].bold and not block.rows[2][0].runs[0].bold
+    text, flags = marked("| a | b |\n|---|---|\n| ⟦x⟧y | z |")
+    (tinted_table,) = parse(text, flags)
+    assert [(r.text, r.drafted) for r in tinted_table.rows[1][0].runs] == [("x", True), ("y", False)]

@@ -14,6 +14,11 @@ links are links (the transcript would try to open anything else itself). A reply
 Markdown structure that reads as source code (small models often answer in bare code) is
 shown as one code block, so its indentation survives.
 
+Code blocks are highlighted (ui/highlight.py: each run carries its token kind) and numbered
+within their reply (`Block.index`), so a "Copy" link can name one (`copy_href`) and
+`code_block_text` gives its text back. A table keeps its cells (`Block.rows`) for drawing as
+a table, besides its runs laid out as aligned monospaced lines.
+
 Pure Python, no Qt: the chat view turns blocks into QTextDocument formats.
 """
 
@@ -30,6 +35,8 @@ from markdown_it.rules_inline import emphasis
 from markdown_it.rules_inline.state_inline import StateInline
 from markdown_it.token import Token
 
+from . import highlight
+
 FENCE = re.compile(r"^ {0,3}(`{3,}|~{3,})\s*([\w+#.-]*)")
 CODE_START = re.compile(r"^(?:def|class|import|from|return|if|elif|else|for|while|try|except|finally|with|"
                         r"raise|yield|async|await|assert|pass|break|continue|lambda|global|nonlocal|"
@@ -37,6 +44,7 @@ CODE_START = re.compile(r"^(?:def|class|import|from|return|if|elif|else|for|whil
 CODE_END = tuple(":{}[](),;\\")
 LINK_SCHEMES = ("http://", "https://", "mailto:")
 NEWLINE = re.compile("\n")
+COPY_SCHEME = "copy:"
 
 
 @dataclass
@@ -48,6 +56,17 @@ class Run:
     code: bool = False
     link: Optional[str] = None
     strike: bool = False
+    token: str = ""  # in code blocks: the highlighter's kind ("keyword", "string", ...; "" for plain)
+
+
+@dataclass
+class Cell:
+    runs: list[Run] = field(default_factory=list)
+    align: str = ""  # "", "left", "center" or "right"
+
+    @property
+    def text(self) -> str:
+        return "".join(r.text for r in self.runs)
 
 
 @dataclass
@@ -57,10 +76,38 @@ class Block:
     level: int = 0  # heading level 1..6; list nesting depth from 0
     marker: str = ""  # list items: "•" or "3."
     lang: str = ""  # code blocks: the fence's language tag
+    index: int = -1  # code blocks: the number of the code block in its reply, from 0
+    rows: list[list[Cell]] = field(default_factory=list)  # tables: the header row, then the body rows
 
     @property
     def text(self) -> str:
         return "".join(r.text for r in self.runs)
+
+
+def copy_href(block_index: int, message_index: Optional[int] = None) -> str:
+    """The link a code block's "Copy" shows: `copy:N`, or `copy:M.N` for message M of a transcript."""
+    return f"{COPY_SCHEME}{block_index}" if message_index is None else f"{COPY_SCHEME}{message_index}.{block_index}"
+
+
+def parse_copy_href(href: str) -> Optional[tuple[Optional[int], int]]:
+    """(message index or None, code block index) from a `copy_href` link; None for any other link."""
+    if not href.startswith(COPY_SCHEME):
+        return None
+    message, _, block = href[len(COPY_SCHEME):].rpartition(".")
+    if not block.isdigit() or (message and not message.isdigit()):
+        return None
+    return (int(message) if message else None), int(block)
+
+
+def code_blocks(text: str) -> list[str]:
+    """The text of each code block of a reply, in order (what its "Copy" links copy)."""
+    return [block.text for block in parse(text) if block.kind == "code"]
+
+
+def code_block_text(text: str, index: int) -> str:
+    """Code block `index` of a reply, as it would be pasted ("" when the reply has no such block)."""
+    blocks = code_blocks(text)
+    return blocks[index] if 0 <= index < len(blocks) else ""
 
 
 def char_flags(pieces: Sequence[str], from_draft: Sequence[bool]) -> list[bool]:
@@ -108,7 +155,17 @@ def parse(text: str, flags: Optional[Sequence[bool]] = None) -> list[Block]:
     text, flags = _normalized(text, flags)
     if looks_like_code(text):
         return [_bare_code(text, flags)]
-    return _Builder(text, flags).build(_MD.parse(text))
+    return _numbered(_Builder(text, flags).build(_MD.parse(text)))
+
+
+def _numbered(blocks: list[Block]) -> list[Block]:
+    """Number the code blocks in order (the stream keeps earlier blocks: they keep their numbers)."""
+    n = 0
+    for block in blocks:
+        if block.kind == "code":
+            block.index = n
+            n += 1
+    return blocks
 
 
 class Stream:
@@ -143,14 +200,14 @@ class Stream:
         builder = _Builder(tail, flags[self._offset:])
         tops = [i for i, token in enumerate(tokens) if token.level == 0 and token.nesting >= 0]
         if len(tops) < 3 or tokens[tops[-2]].map is None:
-            return self._stable + builder.build(tokens)
+            return _numbered(self._stable + builder.build(tokens))
         keep = tops[-2]  # the last two stay open (see above)
         done = list(builder.build(tokens[:keep]))
         blocks = builder.build(tokens[keep:])[len(done):]
         self._stable += done
         self._offset += builder.line_starts[tokens[keep].map[0]]
         self._prefix = text[:self._offset]
-        return self._stable + blocks
+        return _numbered(self._stable + blocks)
 
 
 def _normalized(text: str, flags: Optional[Sequence[bool]]) -> tuple[str, list[bool]]:
@@ -167,7 +224,25 @@ def _normalized(text: str, flags: Optional[Sequence[bool]]) -> tuple[str, list[b
 
 def _bare_code(text: str, flags: list[bool]) -> Block:
     code = text.rstrip("\n")
-    return Block("code", _split(code, flags[:len(code)]))
+    return Block("code", _split(code, flags[:len(code)]), index=0)
+
+
+def _highlighted(runs: list[Run], lang: str) -> list[Run]:
+    """Code runs split where the token kind changes, each carrying its kind."""
+    code = "".join(r.text for r in runs)
+    token_kinds = highlight.kinds(code, lang)
+    if not any(token_kinds):
+        return runs
+    out: list[Run] = []
+    at = 0
+    for run in runs:
+        start = at
+        for kind, group in groupby(token_kinds[at:at + len(run.text)]):
+            end = start + sum(1 for _ in group)
+            out.append(replace(run, text=code[start:end], token=kind))
+            start = end
+        at += len(run.text)
+    return out
 
 
 class _Builder:
@@ -243,8 +318,9 @@ class _Builder:
     def _on_fence(self, token: Token) -> None:
         self._flush_item()
         first = token.map[0] + 1 if token.map else 0
-        runs = self._code_runs(token.content, first)
-        self.blocks.append(Block("code", runs, lang=token.info.split(maxsplit=1)[0] if token.info.strip() else ""))
+        lang = token.info.split(maxsplit=1)[0] if token.info.strip() else ""
+        runs = _highlighted(self._code_runs(token.content, first), lang)
+        self.blocks.append(Block("code", runs, lang=lang))
 
     def _on_code_block(self, token: Token) -> None:
         self._flush_item()
@@ -308,7 +384,10 @@ class _Builder:
 
     def _on_table_close(self, token: Token) -> None:
         rows, self.table = self.table, None
-        self.blocks.append(Block("table", _table_runs(rows)))
+        columns = max((len(row) for row in rows), default=0)
+        cells = [[Cell(_merged(runs), align) for runs, align in row] + [Cell() for _ in range(columns - len(row))]
+                 for row in rows]
+        self.blocks.append(Block("table", _table_runs(rows), rows=cells))
 
     # --- inline ---------------------------------------------------------------------
     def _line_span(self, line: int) -> tuple[int, int]:
@@ -500,7 +579,7 @@ def _merged(runs: list[Run]) -> list[Run]:
 
 
 def _style(run: Run) -> tuple:
-    return run.drafted, run.bold, run.italic, run.code, run.link, run.strike
+    return run.drafted, run.bold, run.italic, run.code, run.link, run.strike, run.token
 
 
 def _width(text: str) -> int:
