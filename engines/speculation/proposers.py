@@ -1,30 +1,36 @@
 """The one proposer factory: which proposer a request's method gets, on either engine.
 
-The n-gram methods are engine-independent; the four model methods (draft, mtp, dflash,
-eagle3) differ only in how an engine loads the model and which class drafts with it, so
-an engine supplies those two things (`ModelSource`) and nothing else.
+The n-gram methods are engine-independent (SHARED_PROPOSERS); the model methods (draft, mtp,
+dflash, eagle3) differ only in how an engine loads the model and which class drafts with it
+(the method table's `proposer`, engines/methods.py), so an engine supplies those two things
+(`ModelSource`) and nothing else.
 """
 
 from __future__ import annotations
 
 import importlib
 import os
-from typing import Optional, Protocol
+from typing import Callable, Optional, Protocol
 
 import numpy as np
 
+from ..methods import METHODS as METHOD_TABLE
+from ..methods import method_info
 from ..types import METHODS, SamplingParams, SpecConfig, SpecDeskError
 from .ngram import NgramPoolProposer, NgramProposer
 from .protocols import Proposer
 
 SUPPORTED_METHODS = METHODS  # both engines run every method
-# Every proposer is `<Method>Proposer`, built as cls(model, sampling, rng, draft_p_min).
-_PROPOSERS = {"draft": ("draft", "DraftProposer"), "mtp": ("mtp", "MtpProposer"),
-              "dflash": ("dflash", "DFlashProposer"), "eagle3": ("eagle3", "Eagle3Proposer")}
-_DRAFTER_NAMES = {"dflash": "a DFlash drafter", "eagle3": "an EAGLE-3 drafter"}
 # The modules proposer_class imports by name, in each engine package (an installer bundle
 # must list them: a freezing tool cannot see imports made by name).
-PROPOSER_MODULES = tuple(module for module, _ in _PROPOSERS.values())
+PROPOSER_MODULES = tuple(info.proposer[0] for info in METHOD_TABLE.values() if info.proposer)
+
+
+# Methods that need no model: method -> its proposer for an engine and a request.
+SHARED_PROPOSERS: dict[str, Callable[["ModelSource", SpecConfig], Proposer]] = {
+    "ngram": lambda engine, spec: NgramProposer(spec.ngram_min, spec.ngram_max),
+    "ngram-pool": lambda engine, spec: engine.pool,  # learns across the turns of a chat
+}
 
 
 class ModelSource(Protocol):
@@ -43,31 +49,27 @@ class ModelSource(Protocol):
 def make_proposer(engine: ModelSource, spec: SpecConfig, sampling: SamplingParams,
                   rng: np.random.Generator) -> Optional[Proposer]:
     """The proposer for one run (None for baseline); `rng` is shared with the verifier."""
-    if spec.method not in SUPPORTED_METHODS:
-        raise SpecDeskError(f"method {spec.method!r} is not available: use one of {', '.join(SUPPORTED_METHODS)}")
+    info = method_info(spec.method)
     if spec.method == "none":
         return None
     if spec.method == "auto":
         from .auto import make_auto_proposer
 
         return make_auto_proposer(engine, spec, sampling, rng)
-    if spec.method == "ngram":
-        return NgramProposer(spec.ngram_min, spec.ngram_max)
-    if spec.method == "ngram-pool":
-        return engine.pool
-    if spec.method in _DRAFTER_NAMES and not spec.draft_path:
+    if spec.method in SHARED_PROPOSERS:
+        return SHARED_PROPOSERS[spec.method](engine, spec)
+    if info.takes == "drafter_file" and not spec.draft_path:
         stored, argument = engine.drafter_file
-        raise SpecDeskError(f"method {spec.method!r} needs {_DRAFTER_NAMES[spec.method]} {stored}: "
-                            f"pass --draft {argument}")
-    if spec.method == "draft":
+        raise SpecDeskError(f"method {spec.method!r} needs {info.drafter} {stored}: pass --draft {argument}")
+    if info.takes == "draft_model":
         model = engine.load_draft(spec.draft_path)
     else:
-        model = engine.load_native(spec.method, None if spec.method == "mtp" else spec.draft_path)
+        model = engine.load_native(spec.method, spec.draft_path if info.uses_file else None)
     return proposer_class(engine.proposer_package, spec.method)(model, sampling, rng, spec.draft_p_min)
 
 
 def proposer_class(package: str, method: str) -> type:
     """A model method's proposer class in an engine package; imported on first use, so an
     engine that never runs a method never imports its module."""
-    module, name = _PROPOSERS[method]
+    module, name = method_info(method).proposer
     return getattr(importlib.import_module(f".{module}", package), name)
