@@ -914,6 +914,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
               f"(method {spec.method}{f', k = {spec.k}' if spec.method != 'none' else ''})"
               + ("" if args.api_key else " · no API key"), file=sys.stderr, flush=True)
         logging.basicConfig(format="specdesk serve: %(levelname)s %(message)s", level=logging.WARNING)
+        from .log_limits import install as limit_repeated_lines
+
+        limit_repeated_lines()  # what a peer can make uvicorn or asyncio log per connection: once, then a count
         server = uvicorn.Server(uvicorn.Config(
             app, log_level="warning", access_log=False, loop="asyncio",
             http=guarded_protocol(args.request_timeout, max_connections),
