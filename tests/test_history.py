@@ -145,7 +145,8 @@ def test_a_history_from_a_newer_version_is_refused_untouched(tmp_path):
     db.execute("PRAGMA user_version = 9")
     db.close()
     digest = path.read_bytes()
-    with pytest.raises(SpecDeskError, match="written by a newer SpecDesk \\(history schema 9, this one reads up to 2\\)"):
+    newer = "written by a newer SpecDesk \\(history schema 9, this one reads up to 2\\)"
+    with pytest.raises(SpecDeskError, match=newer):
         History(path)
     assert path.read_bytes() == digest
 

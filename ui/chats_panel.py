@@ -43,7 +43,8 @@ def write_export(history: History, chat_id: int, kind: str, path: Path) -> Path:
     try:
         path.write_text(text, encoding="utf-8")
     except OSError as e:
-        raise SpecDeskError(f"the chat could not be saved to {path} ({e.strerror or e}): choose another place") from None
+        raise SpecDeskError(f"the chat could not be saved to {path} ({e.strerror or e}): "
+                            "choose another place") from None
     return path
 
 

@@ -46,6 +46,7 @@ _SQ = r"'(?:\\.|[^'\\\n])*'?"
 _BLOCK_COMMENT = r"/\*[\s\S]*?(?:\*/|\Z)"
 _LINE_COMMENT = r"//[^\n]*"
 _HASH_COMMENT = r"#[^\n]*"
+_PREFIX = r"[rRbBuUfF]{0,2}"  # Python's string prefixes (r"", b'', f"", rb'' ...)
 
 
 def _words(text: str) -> frozenset[str]:
@@ -62,8 +63,8 @@ _C_FAMILY = _words("""
     await as in is of out object val when data sealed internal readonly event delegate foreach lock base
     """)
 LANGUAGES: dict[str, Language] = {
-    "python": Language((_HASH_COMMENT,), (r'[rRbBuUfF]{0,2}"""[\s\S]*?(?:"""|\Z)', r"[rRbBuUfF]{0,2}'''[\s\S]*?(?:'''|\Z)",
-                                           r"[rRbBuUfF]{0,2}" + _DQ, r"[rRbBuUfF]{0,2}" + _SQ), _words("""
+    "python": Language((_HASH_COMMENT,), (_PREFIX + r'"""[\s\S]*?(?:"""|\Z)', _PREFIX + r"'''[\s\S]*?(?:'''|\Z)",
+                                           _PREFIX + _DQ, _PREFIX + _SQ), _words("""
         False None True and as assert async await break class continue def del elif else except finally for
         from global if import in is lambda nonlocal not or pass raise return try while with yield match case
         self print len range""")),
