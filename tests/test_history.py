@@ -169,6 +169,8 @@ def test_editing_a_message_keeps_both_branches_and_switching_shows_either(tmp_pa
     assert (shown[2].alternative, shown[2].alternatives) == (1, 2)
     assert (shown[3].alternative, shown[3].alternatives) == (0, 1)
     assert history.alternatives(edited) == [loop, edited]
+    assert [m.id for m in history.messages_before(answer)] == [hi, hello, edited]  # what wrote `answer`
+    assert [m.id for m in history.messages_before(loop)] == [hi, hello] and history.messages_before(hi) == []
     assert history.switch_alternative(edited, -1) == loop  # back to the first version and its reply
     assert [m.content for m in history.messages(chat)] == ["hi", "hello", "write a loop", "for x in y:"]
     assert history.switch_alternative(loop, -1) == loop  # clamped at the first

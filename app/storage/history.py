@@ -273,11 +273,16 @@ class History:
     def messages(self, chat_id: int) -> list[Message]:
         """The chat's active path: its first message down to its head."""
         head = self._head(chat_id)
-        if head is None:
-            return []
-        path = list(reversed(self._ancestors(head)))
-        rows = {m.id: m for m in self._with_alternatives(chat_id, path)}
-        return [rows[i] for i in path]
+        return self._path(chat_id, head) if head is not None else []
+
+    def messages_before(self, message_id: int) -> list[Message]:
+        """The conversation that led to a message (its parent's path, without the message): what
+        a model is given to write an alternative of it."""
+        row = self._db.execute("SELECT chat_id, parent_id FROM messages WHERE id = ?", (message_id,)).fetchone()
+        if row is None:
+            raise SpecDeskError(f"message {message_id} is not in the chat history")
+        chat_id, parent_id = row
+        return self._path(chat_id, parent_id) if parent_id is not None else []
 
     def all_messages(self, chat_id: int) -> list[Message]:
         """Every message of the chat, on every branch, oldest first."""
@@ -349,6 +354,12 @@ class History:
                 SELECT m.id, m.parent_id, up.depth + 1 FROM messages m JOIN up ON m.id = up.parent_id)
             SELECT id FROM up ORDER BY depth""", (message_id,))
         return [r[0] for r in rows]
+
+    def _path(self, chat_id: int, last: int) -> list[Message]:
+        """The messages from the chat's first down to `last`."""
+        path = list(reversed(self._ancestors(last)))
+        rows = {m.id: m for m in self._with_alternatives(chat_id, path)}
+        return [rows[i] for i in path]
 
     def _with_alternatives(self, chat_id: int, ids: Optional[list[int]]) -> list[Message]:
         """The chat's messages (only `ids` when given), each with its place among its alternatives."""
