@@ -12,92 +12,13 @@ import json
 import sys
 import threading
 from pathlib import Path
-from typing import Any, Callable, Iterator, Optional
+from typing import Any, Callable, Optional
 
-from specdesk.app.runtime.session import chat_tokens, open_engine as open_engine_process, prompt_tokenizer, resolve_demo
-from specdesk.app.storage.settings import DEMO, DEMO_DFLASH, DEMO_HF
-from specdesk.engines.types import MAX_DRAFT_TOKENS, METHODS, SamplingParams, SpecConfig, SpecDeskError
-
-
-MAX_SEED = 2**32 - 1  # llama.cpp's sampler seed is 32 bits
-
-
-def _progress(message: str) -> None:
-    print(message, file=sys.stderr, flush=True)
-
-
-def add_model_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--engine", choices=["llama", "torch"], default="llama",
-                        help="llama: GGUF files on llama.cpp (default); torch: Hugging Face folders on PyTorch")
-    parser.add_argument("--device", default="auto",
-                        help="torch engine: auto (CUDA/ROCm, else Metal, else CPU), cpu, cuda or mps; "
-                             "llama.cpp: auto (the first GPU or RPC device), CPU, or a device `specdesk devices` lists")
-    parser.add_argument("--target", help="target model: a GGUF file, or an HF folder with --engine torch "
-                                         "(default: the demo target)")
-    parser.add_argument("--draft", help="draft model for --method draft, DFlash drafter folder for --method dflash "
-                                        "(a DFlash / EAGLE-3 drafter GGUF with a GGUF target) "
-                                        "(default with the demo target: the demo's)")
-    parser.add_argument("--method", choices=[m for m in METHODS], default="draft",
-                        help="speculation method (default: draft)")
-    parser.add_argument("--k", type=int, default=4, help=f"draft tokens per step, 1..{MAX_DRAFT_TOKENS} (default 4)")
-    parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
-    parser.add_argument("--top-p", type=float, default=1.0)
-    parser.add_argument("--top-k", type=int, default=0)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--max-tokens", type=int, default=128)
-    parser.add_argument("--threads", type=int, default=None, help="CPU threads (default: all cores, at most 8)")
-    parser.add_argument("--ctx", type=int, default=0, help="context size in tokens (default: the model's, at most 4096)")
-    parser.add_argument("--draft-p-min", type=float, default=0.0,
-                        help="stop drafting when the draft's top probability falls below this (default 0: off)")
-    parser.add_argument("--small-demo", action="store_true", help="use the small (test) demo family")
-    from specdesk.app.runtime.placement import add_placement_options
-
-    add_placement_options(parser)
-
-
-def resolve_models(args) -> tuple[str, Optional[str]]:
-    """The target and draft paths: without --target, the demo family's (built if needed)."""
-    target, draft = args.target, args.draft
-    torch_engine = getattr(args, "engine", "llama") == "torch"
-    if target is None:
-        target = DEMO_HF if torch_engine else DEMO
-        if draft is None and args.method in ("draft", "auto"):
-            draft = DEMO
-        if draft is None and args.method == "dflash" and torch_engine:
-            draft = DEMO_DFLASH
-        target, draft = resolve_demo(target, draft, "small" if args.small_demo else "full", _progress)
-    if args.method == "dflash" and torch_engine and draft is None:
-        raise SpecDeskError("method 'dflash' needs a DFlash drafter folder: pass --draft DIR")
-    if args.method == "draft" and draft is None:
-        raise SpecDeskError("method 'draft' needs a draft model: pass --draft PATH")
-    return target, draft
-
-
-def build_configs(args, draft: Optional[str]) -> tuple[SpecConfig, SamplingParams]:
-    if args.max_tokens < 1:
-        raise SpecDeskError(f"--max-tokens {args.max_tokens} is out of range: use at least 1")
-    if args.threads is not None and args.threads < 1:
-        raise SpecDeskError(f"--threads {args.threads} is out of range: use 1 or more")
-    if not 0 <= args.seed <= MAX_SEED:
-        raise SpecDeskError(f"--seed {args.seed} is out of range: use 0 to {MAX_SEED}")
-    spec = SpecConfig(method=args.method, k=args.k, draft_path=draft if args.method in ("auto", "draft", "dflash", "eagle3") else None,
-                      draft_p_min=args.draft_p_min)
-    sampling = SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, seed=args.seed)
-    return spec, sampling
-
-
-def open_engine(target: str, args):
-    """The engine the options ask for, in its own process (app/runtime/session.open_engine): a crash in
-    a model ends that, not the CLI; so does a process that stops answering (the watchdog: a
-    terminal has no Stop button)."""
-    from specdesk.app.runtime.placement import placement_options
-
-    kind = getattr(args, "engine", "llama")
-    engine = open_engine_process(target, args.ctx, args.threads, kind=kind, device=getattr(args, "device", "auto"),
-                                 watchdog=True, **placement_options(args, kind))
-    for note in getattr(engine, "notes", ()):
-        print(f"specdesk: {note}", file=sys.stderr, flush=True)
-    return engine
+from specdesk.app.options import (add_model_options, build_configs, open_session, progress, resolve_models,
+                                  sampling_params)
+from specdesk.app.runtime.backend import ChatBackend, ChatOutcome, ChatSettings, chat_turn
+from specdesk.app.terminal import printable
+from specdesk.engines.types import SpecConfig, SpecDeskError
 
 
 # --- compare ---------------------------------------------------------------
@@ -127,30 +48,6 @@ def format_table(report) -> str:
     return "\n".join(rows)
 
 
-def next_user_line() -> Optional[str]:
-    """The terminal chat's next message; None at an empty line or the end of input."""
-    try:
-        line = input("you> ")
-    except EOFError:
-        return None
-    return line if line.strip() else None
-
-
-def user_turns(messages: list[dict], on_new: Callable[[], None] = lambda: None) -> Iterator[str]:
-    """The terminal chat's turns, for local and served chats: each message the user types,
-    already appended to `messages`; `/new` clears them (and calls on_new) and asks again."""
-    while True:
-        line = next_user_line()
-        if line is None:
-            return
-        if line.strip() == "/new":
-            messages.clear()
-            on_new()
-            continue
-        messages.append({"role": "user", "content": line})
-        yield line
-
-
 def compare_prompts(args) -> list[str]:
     """`--prompt`, or the prompts of `--prompts FILE`, or the first four benchmark prompts."""
     from specdesk.app.runtime.compare import load_prompts
@@ -167,103 +64,181 @@ def compare_prompts(args) -> list[str]:
 
 
 def cmd_compare(args) -> int:
-    if getattr(args, "endpoint", None):  # a served engine (app/serving/served.py)
-        from specdesk.app.serving.served import cmd_served_compare
-
-        return cmd_served_compare(args)
-    from specdesk.app.runtime.compare import compare
-
+    """Baseline and speculative on the prompts, on local models or a server (app/serving/served.py)."""
     prompts = compare_prompts(args)
-    target, draft = resolve_models(args)
-    spec, sampling = build_configs(args, draft)
-    if spec.method == "none":
-        raise SpecDeskError("compare needs a speculation method: --method ngram, ngram-pool or draft")
-    engine = open_engine(target, args)
-    try:
-        if spec.method == "draft":
-            engine.load_draft(spec.draft_path)
-        tokenize = prompt_tokenizer(engine, args.chat)
-        live = sys.stderr.isatty() and args.json != "-"
+    served = bool(getattr(args, "endpoint", None))
+    if served:
+        from specdesk.app.serving.served import ServedSession, open_endpoint
 
-        def show_progress(label, index, event):
-            print(f"\r{label:12} prompt {index + 1}/{len(prompts)}", end="", file=sys.stderr, flush=True)
-        on_event = show_progress if live else None
-        report = compare(engine, prompts, spec, sampling, args.max_tokens, tokenize, on_event=on_event)
+        sampling = sampling_params(args)
+        speculative = open_endpoint(args.endpoint, args.endpoint_model, args.endpoint_api_key)
+        baseline = None
+        if args.baseline_endpoint:
+            baseline = open_endpoint(args.baseline_endpoint, args.baseline_model or args.endpoint_model,
+                                     args.baseline_api_key or args.endpoint_api_key)
+        backend = ServedSession(speculative, baseline)
+        settings = ChatSettings(SpecConfig(), sampling, args.max_tokens)
+    else:
+        target, draft = resolve_models(args)
+        spec, sampling = build_configs(args, draft)
+        if spec.method == "none":
+            raise SpecDeskError("compare needs a speculation method: --method ngram, ngram-pool or draft")
+        backend = open_session(target, spec, args)
+        settings = ChatSettings(spec, sampling, args.max_tokens)
+    live = sys.stderr.isatty() and args.json != "-"
+
+    def show_progress(label, index, event):
+        print(f"\r{label:12} prompt {index + 1}/{len(prompts)}", end="", file=sys.stderr, flush=True)
+    try:
+        # a server's prompts are chat messages; local prompts are raw text unless --chat
+        report = backend.compare(prompts, settings, threading.Event(), show_progress if live else None,
+                                 chat=served or args.chat)
         if live:
             print("\r" + " " * 40 + "\r", end="", file=sys.stderr)
-        placement = engine.placement_report() if hasattr(engine, "placement_report") else {}
+        payload = backend.compare_json(report)
     finally:
-        engine.close()
-    from specdesk.app.models.measurements import record_compare
-
-    from specdesk.app.runtime.placement import placement_label
-
-    record_compare(report, placement=placement_label(placement))  # pairing ranks drafts by what was measured here
-    payload = report.to_json()
-    if placement:  # where each model sat, and what llama.cpp allocated on each device
-        payload["placement"] = placement
+        backend.close()
     if args.json == "-":
         print(json.dumps(payload))
+        return 0
+    if served:
+        print(printable(f"speculative: {speculative.target_label} ({speculative.info.kind}) · baseline: "
+                        + (f"{baseline.target_label} ({baseline.info.kind})" if baseline is not None
+                           else "the same server, speculation off per request"), one_line=True))
+        # a server does not say how long drafting took: leave out the local table's time split
+        print("\n".join(line for line in format_table(report).splitlines() if not line.startswith("time drafting")))
+        for i, result in enumerate(report.results):
+            at = result.first_text_difference()
+            if report.temperature == 0 and at is not None:
+                print(f"prompt {i + 1}: texts differ from character {at}")
     else:
         print(format_table(report))
-        if args.json:
-            Path(args.json).write_text(json.dumps(payload) + "\n")
+    if args.json:
+        Path(args.json).write_text(json.dumps(payload) + "\n")
     return 0
 
 
 # --- chat --------------------------------------------------------------------
-def cmd_chat(args) -> int:
-    if getattr(args, "endpoint", None):  # a served engine (app/serving/served.py)
-        from specdesk.app.serving.served import cmd_served_chat
+CHAT_HELP = "empty line or Ctrl-D to quit, /reset for a new chat, /save [FILE] to write it as Markdown"
 
-        return cmd_served_chat(args)
-    from specdesk.app.runtime.compare import run_once
-    from specdesk.app.models.measurements import MethodTally
-    from specdesk.app.runtime.session import record_chat_reply
-    from specdesk.app.terminal import printable
-    from specdesk.engines.types import GenerationRequest
 
-    target, draft = resolve_models(args)
-    spec, sampling = build_configs(args, draft)
-    engine = open_engine(target, args)
-    messages: list[dict] = []
-    print(f"SpecDesk chat · {Path(target).name} · method {spec.method}"
-          + (f" (k={spec.k})" if spec.method != "none" else "")
-          + " · empty line or Ctrl-D to quit, /new for a new chat", file=sys.stderr)
+def next_user_line() -> Optional[str]:
+    """The terminal chat's next message; None at an empty line or the end of input."""
     try:
-        for _ in user_turns(messages, engine.reset_chat):
-            cancel = threading.Event()
-            try:
-                # The oldest turns go first when the conversation outgrows the context.
-                tokens, dropped = chat_tokens(engine, messages, args.max_tokens)
-                del messages[:dropped]
-                request = GenerationRequest(tuple(tokens), max_tokens=args.max_tokens, sampling=sampling, spec=spec)
-                print("model> ", end="", flush=True)
-                tally = MethodTally(spec.method)
+        line = input("you> ")
+    except EOFError:
+        return None
+    if not sys.stdin.isatty():  # a terminal echoes the typed line's end; piped input does not
+        print()
+    return line if line.strip() else None
 
-                def show(event) -> None:
-                    tally(event)
-                    print(printable(event.text), end="", flush=True)  # a model's text, never a terminal command
-                result = run_once(engine, request, cancel, on_event=show)
-                record_chat_reply(engine, spec, sampling, result, tally)  # its acceptance and tok/s, measured
-            except KeyboardInterrupt:
-                cancel.set()
-                print("\n[stopped]")
-                continue
-            except SpecDeskError as e:
-                if not getattr(engine, "alive", True):  # the engine process ended: nothing left to chat with
-                    raise
-                messages.pop()  # this message cannot be answered (too long, say): the chat goes on
-                print(f"specdesk: {e}", file=sys.stderr)
-                continue
-            messages.append({"role": "assistant", "content": result.text})
-            s = result.stats
-            print(f"\n[{s.tokens} tokens · {s.tok_per_s:.1f} tok/s"
-                  + (f" · acceptance {s.acceptance_rate:.2f} · {s.mean_accepted_length:.2f} tok/pass"
-                     if spec.method != "none" else "") + "]", file=sys.stderr)
+
+def cmd_chat(args) -> int:
+    """The terminal chat, on local models or a server (app/serving/served.py): one loop over a backend."""
+    if getattr(args, "endpoint", None):
+        from specdesk.app.serving.served import ServedSession, open_endpoint
+
+        endpoint = open_endpoint(args.endpoint, args.endpoint_model, args.endpoint_api_key)
+        backend = ServedSession(endpoint)
+        settings = ChatSettings(SpecConfig(), sampling_params(args), args.max_tokens)
+        title = printable(f"{endpoint.target_label} · {endpoint.info.describe()}", one_line=True)
+    else:
+        target, draft = resolve_models(args)
+        spec, sampling = build_configs(args, draft)
+        backend = open_session(target, spec, args)
+        settings = ChatSettings(spec, sampling, args.max_tokens)
+        title = f"{Path(target).name} · method {spec.method}" + (f" (k={spec.k})" if spec.method != "none" else "")
+    print(f"SpecDesk chat · {title} · {CHAT_HELP}", file=sys.stderr)
+    try:
+        terminal_chat(backend, settings, args.system)
     finally:
-        engine.close()
+        backend.close()
     return 0
+
+
+def terminal_chat(backend: ChatBackend, settings: ChatSettings, system: Optional[str] = None) -> list[dict]:
+    """Read turns until an empty line or the end of input; each is answered by chat_turn. Ctrl-C
+    stops the reply in progress (the chat goes on); an error that leaves the backend usable
+    (a message too long for the context, a server that dropped the stream) is one line, and
+    the chat goes on. Returns the conversation."""
+    from specdesk.app.runtime.engine_client import EngineHostDied
+
+    messages = start_conversation(system)
+    while True:
+        line = next_user_line()
+        if line is None:
+            return messages
+        if line.strip() in ("/reset", "/new"):
+            messages[:] = start_conversation(system)
+            backend.new_chat()
+            print("[a new chat]", file=sys.stderr)
+            continue
+        if line.strip() == "/save" or line.startswith("/save "):
+            try:
+                print(f"[saved to {save_conversation(messages, line[len('/save'):].strip())}]", file=sys.stderr)
+            except SpecDeskError as e:
+                print(f"specdesk: {e}", file=sys.stderr)
+            continue
+        messages.append({"role": "user", "content": line})
+        before = len(messages)
+        print("model> ", end="", flush=True)
+        try:
+            outcome = chat_turn(backend, messages, settings, threading.Event(),
+                                # a model's or a server's text, never a terminal command
+                                on_event=lambda e: print(printable(e.text), end="", flush=True))
+        except KeyboardInterrupt:
+            print("\n[stopped]")
+            continue
+        except EngineHostDied:
+            print()
+            raise  # the engine process ended: nothing left to chat with
+        except SpecDeskError as e:
+            print()
+            if len(messages) == before + 1:  # what came before the failure stays as the reply
+                print(f"[partial reply, {len(messages[-1]['content'])} characters]", file=sys.stderr)
+            print(f"specdesk: {e}", file=sys.stderr)
+            continue
+        print()
+        print(f"[{describe_reply(outcome)}]" + (f"\n[{printable(outcome.note, one_line=True)}]" if outcome.note else ""),
+              file=sys.stderr)
+
+
+def start_conversation(system: Optional[str]) -> list[dict]:
+    return [{"role": "system", "content": system}] if system else []
+
+
+def conversation_markdown(messages: list[dict], title: str = "SpecDesk chat") -> str:
+    """A conversation as Markdown: a heading naming who wrote each message, then its text."""
+    parts = [f"# {title}\n"]
+    for message in messages:
+        who = {"user": "You", "assistant": "Model", "system": "System"}.get(message["role"], message["role"])
+        parts.append(f"## {who}\n\n{message['content'].rstrip()}\n")
+    return "\n".join(parts)
+
+
+def save_conversation(messages: list[dict], name: str = "") -> Path:
+    """/save [FILE]: the conversation as Markdown in FILE (default: a dated name here)."""
+    import time
+
+    path = Path(name or time.strftime("specdesk-chat-%Y%m%d-%H%M%S.md")).expanduser()
+    try:
+        path.write_text(conversation_markdown(messages), encoding="utf-8")
+    except OSError as e:
+        raise SpecDeskError(f"cannot write {path} ({e.strerror or e}): /save another file") from None
+    return path
+
+
+def describe_reply(outcome: ChatOutcome) -> str:
+    """One reply's numbers in a line: tokens, speed, and what speculation did where it drafted."""
+    s = outcome.result.stats
+    parts = [f"{s.tokens} tokens", f"{s.tok_per_s:.1f} tok/s"]
+    if s.drafted:
+        parts += [f"acceptance {s.acceptance_rate:.2f}", f"{s.mean_accepted_length:.2f} tok/pass"]
+    if s.per_position_drafted and s.drafted:
+        parts.append("per position " + " ".join(f"{a:.2f}" for a in s.per_position_acceptance))
+    if outcome.numbers != "engine":
+        parts.append(f"numbers: {outcome.numbers}")
+    return " · ".join(parts)
 
 
 # --- demo ----------------------------------------------------------------------
@@ -285,7 +260,7 @@ def cmd_demo(args) -> int:
     from specdesk.app.demo.export_native_gguf import build_native
 
     paths = build_family(small=args.small, retrain=args.retrain, out=Path(args.out) if args.out else None,
-                         progress=_progress)
+                         progress=progress)
     # llama.cpp's native drafters for the same target: the target with its MTP layer and the
     # DFlash drafter as GGUFs; the EAGLE-3 head is not trained, only seeded.
     native = build_native(paths)
@@ -337,6 +312,7 @@ def build_parser(add_more: Optional[Callable[[argparse.ArgumentParser, Any], Non
     p = sub.add_parser("chat", help="chat in the terminal")
     add_model_options(p)
     add_endpoint_options(p, compare=False)
+    p.add_argument("--system", metavar="TEXT", help="a system prompt that opens the chat (and each /reset)")
     p.set_defaults(func=cmd_chat)
 
     p = sub.add_parser("demo", help="the embedded demo model family")

@@ -62,6 +62,29 @@ def test_chat_streams_and_reports(demo_family):
     assert result.stderr.count("tok/s") == 2 and "acceptance" in result.stderr
 
 
+def test_terminal_chat_defaults_to_auto_keeps_clean_turns_and_saves_markdown(demo_family, tmp_path):
+    """A target of one's own and no draft: method auto (as in the app), not an error asking for a
+    draft; a system prompt, /save and /reset; each prompt and reply on lines of their own."""
+    first, second = tmp_path / "first.md", tmp_path / "second.md"
+    env = dict(os.environ, SPECDESK_LLAMA_LOG="")
+    result = subprocess.run(
+        [sys.executable, "-m", "specdesk.app.main", "chat", "--target", demo_family["target_gguf"],
+         "--max-tokens", "6", "--threads", "1", "--system", "You write Python."],
+        input=f"def f(x):\n/save {first}\n/reset\nclass A:\n/save {second}\n/save {tmp_path}\n\n",
+        capture_output=True, text=True, timeout=300, env=env)
+    assert result.returncode == 0, result.stderr
+    assert "method auto" in result.stderr and result.stderr.count("tok/s") == 2
+    out = result.stdout
+    assert out.count("you> \n") == 7 and out.count("you> \nmodel> ") == 2  # a prompt never shares a line
+    assert all(turn.endswith("\n") for turn in out.split("you> ")[1:-1])  # each reply ends its line
+    assert f"cannot write {tmp_path}" in result.stderr  # a folder is not a file: one line, the chat goes on
+    saved = first.read_text(encoding="utf-8")
+    assert saved.startswith("# SpecDesk chat\n") and "## System\n\nYou write Python.\n" in saved
+    assert "## You\n\ndef f(x):\n" in saved and "## Model\n" in saved
+    after_reset = second.read_text(encoding="utf-8")
+    assert "You write Python." in after_reset and "class A:" in after_reset and "def f(x):" not in after_reset
+
+
 def test_demo_build_prints_one_json_object(demo_family, demo_cache_dir):
     env = dict(os.environ, SPECDESK_CACHE_DIR=str(demo_cache_dir))
     result = subprocess.run([sys.executable, "-m", "specdesk.app.main", "demo", "build", "--small"],

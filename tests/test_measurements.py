@@ -110,6 +110,7 @@ def test_chat_replies_in_the_app_and_the_terminal_are_recorded(demo_family, monk
 
     from specdesk.app.runtime import session
     from specdesk.app.main import main
+    from specdesk.app.runtime.backend import ChatSettings, chat_turn
     from specdesk.engines.types import SamplingParams, SpecConfig
 
     target, draft = demo_family["target_gguf"], demo_family["draft_gguf"]
@@ -118,11 +119,11 @@ def test_chat_replies_in_the_app_and_the_terminal_are_recorded(demo_family, monk
         app.load(target, draft, threads=1)
         messages = [{"role": "user", "content": "def f(x):"}]
         seen = []
-        reply = app.chat(messages, SpecConfig(method="draft", k=3, draft_path=draft), SamplingParams(), 12,
-                         threading.Event(), seen.append)
+        reply = chat_turn(app, list(messages), ChatSettings(SpecConfig(method="draft", k=3, draft_path=draft),
+                                                            SamplingParams(), 12), threading.Event(), seen.append)
         assert len(seen) == reply.result.stats.passes  # the caller still gets every event
-        auto = app.chat(messages, SpecConfig(method="auto", k=4, draft_path=draft), SamplingParams(), 24,
-                        threading.Event())
+        auto = chat_turn(app, list(messages), ChatSettings(SpecConfig(method="auto", k=4, draft_path=draft),
+                                                           SamplingParams(), 24), threading.Event())
     finally:
         app.close()
     fixed, chosen = measurements.read()

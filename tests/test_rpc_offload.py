@@ -19,6 +19,7 @@ import threading
 
 import pytest
 
+from specdesk.app.runtime.backend import ChatSettings, chat_turn
 from specdesk.app.runtime.engine_client import EngineClient, EngineHostDied
 from specdesk.engines.llama.binding import llama_lib, validated_header
 from specdesk.engines.llama.placement import model_layout
@@ -160,7 +161,8 @@ def test_the_app_session_says_where_models_sit_and_outlives_a_dead_server(family
                                           f"({server.endpoint}) · draft CPU")
         server.stop()
         with pytest.raises(EngineHostDied) as died:
-            session.chat([{"role": "user", "content": "hi"}], SpecConfig(), SamplingParams(), 8, threading.Event())
+            chat_turn(session, [{"role": "user", "content": "hi"}], ChatSettings(SpecConfig(), SamplingParams(), 8),
+                      threading.Event())
         assert "\n" not in str(died.value)
         assert session.engine_lost()
         with pytest.raises(SpecDeskError, match=rf"^--rpc {server.endpoint}: no RPC server answers there"):

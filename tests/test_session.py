@@ -10,6 +10,7 @@ import threading
 import pytest
 
 from specdesk.app.runtime import session
+from specdesk.app.runtime.backend import ChatSettings, chat_turn
 from specdesk.app.storage.settings import DEMO, DEMO_DFLASH, DEMO_HF, DEMO_MTP
 from specdesk.engines.types import SamplingParams, SpecConfig, SpecDeskError
 
@@ -58,7 +59,7 @@ def demo_cache(demo_family, demo_cache_dir, monkeypatch):
 
 
 def test_the_cli_and_the_app_resolve_the_demo_family_alike(demo_cache):
-    from specdesk.app.main import resolve_models
+    from specdesk.app.options import resolve_models
 
     def cli(engine: str, method: str):
         return resolve_models(argparse.Namespace(target=None, draft=None, engine=engine, method=method,
@@ -103,7 +104,8 @@ def test_a_session_keeps_its_engine_and_a_refused_draft_keeps_the_previous_one(d
         assert app.engine is engine  # the same target and context: the engine stays
         assert again.draft_error and again.info.draft_path == demo_family["draft_gguf"]
         spec = SpecConfig(method="draft", k=3, draft_path=app.draft_path)
-        reply = app.chat([{"role": "user", "content": "def f(x):"}], spec, SamplingParams(), 12, threading.Event())
+        reply = chat_turn(app, [{"role": "user", "content": "def f(x):"}], ChatSettings(spec, SamplingParams(), 12),
+                          threading.Event())
         assert reply.result.stats.tokens == 12 and reply.result.stats.accepted > 0
     finally:
         app.close()

@@ -6,7 +6,9 @@ import threading
 
 import pytest
 
-from specdesk.app.runtime.session import chat_tokens, run_chat, run_sweep
+from specdesk.app.runtime.backend import ChatSettings
+from specdesk.app.runtime.compare import drain
+from specdesk.app.runtime.session import chat_tokens, run_sweep, stream_chat
 from specdesk.engines.types import SamplingParams, SpecConfig, SpecDeskError, StepEvent
 from specdesk.ui.jobs import EventBatcher
 
@@ -79,8 +81,9 @@ def engine(demo_family):
 def test_chat_job_streams_what_it_returns(engine):
     sent = []
     batcher = EventBatcher(1, "chat", 3, engine.target.token_bytes, sent.append)
-    result = run_chat(engine, [{"role": "user", "content": "def f(x):"}], SpecConfig(method="ngram", k=3),
-                      SamplingParams(), 24, threading.Event(), batcher)
+    result = drain(stream_chat(engine, [{"role": "user", "content": "def f(x):"}],
+                               ChatSettings(SpecConfig(method="ngram", k=3), SamplingParams(), 24), threading.Event()),
+                   batcher)
     batcher.flush()
     assert "".join(p for b in sent for p in b.pieces) == result.result.text
     assert sum(len(b.pieces) for b in sent) == result.result.stats.tokens == 24

@@ -280,7 +280,7 @@ class MainWindow(QMainWindow):
     def _start_reply(self, spec, sampling, max_tokens) -> int:
         history = [{"role": m.role, "content": m.text} for m in self.chat_view.messages]
         reply = self.chat_view.add_message(ChatMessage("assistant"))
-        job_id = self.worker.chat(history, spec, sampling, max_tokens)
+        job_id = self.worker.chat(history, spec, sampling, max_tokens).job_id
         self.charts.start_run(spec.draft_tokens)
         self._chat_job = _ChatJob(job_id, self.chat_id, reply, spec)
         self._update_actions()

@@ -1,10 +1,13 @@
 """The one worker thread that owns the engine (docs/ARCHITECTURE.md, "Threads and processes").
 
-`EngineWorker` lives in the GUI thread and is the only way the UI talks to the engine:
-its methods queue a typed job (a `Job` dataclass below) on a `JobThread` (ui/job_thread.py)
-and return a job id at once; results come back as queued signals. What each job does is
-app/runtime/session.py's `Session`, which the worker thread owns: the engine is created, used and
-closed on that thread only.
+`EngineWorker` lives in the GUI thread and is the only way the UI talks to the engine or a
+server: its methods queue a typed job (a `Job` dataclass below) on a `JobThread`
+(ui/job_thread.py) and return a job id at once; results come back as queued signals. A chat
+or compare job carries its backend (app/runtime/backend.py): None for the local models, whose
+`Session` (app/runtime/session.py) the worker thread owns (the engine is created, used and
+closed on that thread only), or a server's `ServedSession` (app/serving/served.py). A chat job
+is one `chat_turn`: its `messages` come back updated (the reply appended, or the turn rolled
+back).
 
 Cancel is a `threading.Event` per job, set directly from the GUI thread (the worker is
 busy inside the generator and would not see a queued call); the engine checks it between
@@ -24,6 +27,7 @@ from typing import Any, ClassVar, Optional
 
 from PySide6.QtCore import QObject, Qt, Signal, Slot
 
+from specdesk.app.runtime.backend import ChatBackend, ChatSettings, chat_turn
 from specdesk.app.runtime.engine_client import EngineHostDied
 from specdesk.app.runtime.session import ModelInfo, Session
 from specdesk.engines.types import SamplingParams, SpecConfig, SpecDeskError, StepEvent
@@ -52,15 +56,23 @@ class LoadJob(Job):
 
 @dataclass(kw_only=True)
 class _RunJob(Job):
-    """A job that generates: its method, sampling and length."""
+    """A job that generates: its method, sampling and length, and what runs it (None: the
+    local models the worker loaded)."""
 
     spec: SpecConfig
     sampling: SamplingParams
     max_tokens: int
+    backend: Optional[ChatBackend] = None
+
+    @property
+    def settings(self) -> ChatSettings:
+        return ChatSettings(self.spec, self.sampling, self.max_tokens)
 
 
 @dataclass(kw_only=True)
 class ChatJob(_RunJob):
+    """One turn: `messages` ends in the user's message and is updated by the turn."""
+
     kind: ClassVar[str] = "chat"
     messages: list[dict]
 
@@ -93,7 +105,7 @@ class NewChatJob(Job):
 class JobResult:
     job_id: int
     kind: str  # the job's kind: "load", "chat", "compare", "sweep", "new_chat"
-    value: Any  # ModelInfo, session.ChatResult, CompareReport, session.SweepResult
+    value: Any  # ModelInfo, backend.ChatOutcome, CompareReport, session.SweepResult
 
 
 @dataclass(frozen=True)
@@ -168,24 +180,32 @@ class _Runner(JobRunner):
                 self.fraction.emit(percent / 100)
         return report
 
+    def _backend(self, job: _RunJob) -> ChatBackend:
+        return job.backend if job.backend is not None else self.session
+
     def _chat(self, job: ChatJob):
-        batcher = jobs.EventBatcher(job.job_id, "chat", job.spec.draft_tokens,
-                                    self.session.need_engine().target.token_bytes, self.stream.emit)
-        result = self.session.chat(job.messages, job.spec, job.sampling, job.max_tokens, job.cancel, batcher)
-        batcher.flush()
-        return result
+        backend = self._backend(job)
+        settings = job.settings
+        batcher = jobs.EventBatcher(job.job_id, "chat", backend.chart_k(settings), backend.token_bytes(),
+                                    self.stream.emit)
+        try:
+            return chat_turn(backend, job.messages, settings, job.cancel, batcher)
+        finally:
+            batcher.flush()  # a failed or stopped reply's text so far reaches the window before the outcome
 
     def _compare(self, job: CompareJob):
-        token_bytes = self.session.need_engine().target.token_bytes
+        backend = self._backend(job)
+        settings = job.settings
+        token_bytes = backend.token_bytes()
         batchers: dict[str, jobs.EventBatcher] = {}
 
-        def on_event(label: str, k: int, event: StepEvent) -> None:
+        def on_event(label: str, index: int, event: StepEvent) -> None:
             if label not in batchers:
+                k = 0 if label == "baseline" else backend.chart_k(settings)
                 batchers[label] = jobs.EventBatcher(job.job_id, label, k, token_bytes, self.stream.emit)
             batchers[label](event)
 
-        report = self.session.compare(job.prompt, job.spec, job.sampling, job.max_tokens, job.cancel, on_event,
-                                      job.chat)
+        report = backend.compare([job.prompt], settings, job.cancel, on_event, job.chat)
         for batcher in batchers.values():
             batcher.flush()
         return report
@@ -247,14 +267,19 @@ class EngineWorker(QObject):
         return self.submit(LoadJob(target=target, draft=draft, demo_size=demo_size, n_ctx=n_ctx, threads=threads,
                                    drafts=tuple(drafts), placement=tuple((placement or {}).items())))
 
-    def chat(self, messages: list[dict], spec: SpecConfig, sampling: SamplingParams, max_tokens: int) -> int:
-        return self.submit(ChatJob(messages=[dict(m) for m in messages], spec=spec, sampling=sampling,
-                                   max_tokens=max_tokens))
+    def chat(self, messages: list[dict], spec: SpecConfig, sampling: SamplingParams, max_tokens: int,
+             backend: Optional[ChatBackend] = None) -> ChatJob:
+        """One turn on `backend` (None: the local models); the job's `messages` show how it ended."""
+        job = ChatJob(messages=[dict(m) for m in messages], spec=spec, sampling=sampling, max_tokens=max_tokens,
+                      backend=backend)
+        self.submit(job)
+        return job
 
     def compare(self, prompt: str, spec: SpecConfig, sampling: SamplingParams, max_tokens: int,
-                chat: bool = True) -> int:
+                chat: bool = True, backend: Optional[ChatBackend] = None) -> int:
         """Baseline then speculative on one prompt (a chat message, or raw text with chat=False)."""
-        return self.submit(CompareJob(prompt=prompt, spec=spec, sampling=sampling, max_tokens=max_tokens, chat=chat))
+        return self.submit(CompareJob(prompt=prompt, spec=spec, sampling=sampling, max_tokens=max_tokens, chat=chat,
+                                      backend=backend))
 
     def sweep(self, prompt: str, spec: SpecConfig, sampling: SamplingParams, max_tokens: int,
               ks=tuple(range(1, 9)), chat: bool = True) -> int:

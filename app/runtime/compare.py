@@ -14,7 +14,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterable, Optional
+from typing import Any, Callable, Generator, Iterable, Optional
 
 from specdesk.engines.files import require_regular_file
 from specdesk.engines.speculation.stats import StatsAccumulator
@@ -96,6 +96,23 @@ def classify_divergence(engine, prompt_index: int, prompt_tokens: list[int], res
 def run_once(engine, request: GenerationRequest, cancel: Optional[threading.Event] = None,
              on_event: Optional[Callable[[StepEvent], None]] = None) -> RunResult:
     """Consume one generation; stats time the decode from its first pass to its last."""
+    return drain(stream_once(engine, request, cancel), on_event)
+
+
+def drain(stream: Generator[StepEvent, None, Any], on_event: Optional[Callable[[StepEvent], None]] = None) -> Any:
+    """Run a stream of StepEvents to its end, each to `on_event`; returns the generator's value."""
+    while True:
+        try:
+            event = next(stream)
+        except StopIteration as done:
+            return done.value
+        if on_event is not None:
+            on_event(event)
+
+
+def stream_once(engine, request: GenerationRequest, cancel: Optional[threading.Event] = None
+                ) -> Generator[StepEvent, None, RunResult]:
+    """One generation's StepEvents as they come; the generator's return value is its RunResult."""
     cancel = cancel or threading.Event()
     accumulator = StatsAccumulator(request.spec.draft_tokens)
     tokens: list[int] = []
@@ -114,8 +131,7 @@ def run_once(engine, request: GenerationRequest, cancel: Optional[threading.Even
         text.append(event.text)
         finish_reason = event.finish_reason or finish_reason
         auto_report = event.auto_report or auto_report
-        if on_event is not None:
-            on_event(event)
+        yield event
     if first:
         accumulator.start()
         finish_reason = "cancelled"

@@ -20,14 +20,13 @@ import os
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Optional, Sequence
+from typing import Callable, Generator, Optional, Sequence
 
-from specdesk.app.runtime.compare import CompareReport, RunResult, compare, run_once, warm_up
+from specdesk.app.runtime.backend import ChatOutcome, ChatSettings
+from specdesk.app.runtime.compare import CompareReport, RunResult, compare, run_once, stream_once, warm_up
 from specdesk.app.chat.prompting import chat_prompt, fit_chat, text_tokens
 from specdesk.app.storage.settings import DEMO, DEMO_DFLASH, DEMO_HF, DEMO_MTP
 from specdesk.engines.types import GenerationRequest, RunStats, SamplingParams, SpecConfig, SpecDeskError, StepEvent
-
-NATIVE_DRAFTERS = ("dflash", "eagle3")  # drafters made for one target, loaded with load_native
 
 
 # --- engines -------------------------------------------------------------------
@@ -89,25 +88,23 @@ def file_label(path: Optional[str]) -> str:
 
 # --- drafters ------------------------------------------------------------------
 def drafter_kind(path: str) -> str:
-    """"dflash" or "eagle3" for a model-native drafter (a folder or GGUF), else "draft"."""
+    """The drafter method ("dflash", "eagle3": engines/methods.drafter_methods) of a drafter made
+    for one target (a folder or GGUF), else "draft" (a draft model)."""
+    from specdesk.engines.methods import drafter_for_config, drafter_methods
+
     if os.path.isdir(path):
         try:
             config = json.loads((Path(path) / "config.json").read_text(encoding="utf-8"))
         except (OSError, ValueError):
             return "draft"
-        architectures = config.get("architectures") or []
-        if "DFlashDraftModel" in architectures:
-            return "dflash"
-        if any("Eagle3" in a for a in architectures):
-            return "eagle3"
-        return "draft"
+        return (drafter_for_config(config) if isinstance(config, dict) else None) or "draft"
     from specdesk.engines.llama.binding import gguf_header
 
     try:
         arch = gguf_header(path).fields.get("general.architecture")
     except (SpecDeskError, OSError):  # not readable here: the engine's own load gives the clear error
         return "draft"
-    return arch if arch in NATIVE_DRAFTERS else "draft"
+    return arch if arch in drafter_methods() else "draft"
 
 
 def load_drafter(engine, path: str, progress: Optional[Callable[[float], None]] = None) -> str:
@@ -190,13 +187,6 @@ def prompt_tokenizer(engine, chat: bool) -> Callable[[str], list[int]]:
 
 # --- jobs ----------------------------------------------------------------------
 @dataclass(frozen=True)
-class ChatResult:
-    result: RunResult
-    prompt_tokens: int
-    dropped_messages: int  # oldest messages left out because the conversation outgrew the context
-
-
-@dataclass(frozen=True)
 class SweepPoint:
     k: int  # 0 is the baseline
     stats: RunStats
@@ -212,24 +202,19 @@ class SweepResult:
         return max(self.points, key=lambda p: p.stats.tok_per_s, default=None)
 
 
-def run_chat(engine, messages: list[dict], spec: SpecConfig, sampling: SamplingParams, max_tokens: int,
-             cancel: threading.Event, on_event: Optional[Callable[[StepEvent], None]] = None) -> ChatResult:
-    """The reply to a conversation (its oldest turns cut to fit the context); its acceptance
-    and tokens per second are recorded (app/models/measurements.record_chat)."""
-    from specdesk.app.models.measurements import MethodTally
-
-    tokens, dropped = chat_tokens(engine, messages, max_tokens)
-    request = GenerationRequest(tuple(tokens), max_tokens=max_tokens, sampling=sampling, spec=spec)
-    tally = MethodTally(spec.method)
-
-    def observe(event: StepEvent) -> None:
-        tally(event)
-        if on_event is not None:
-            on_event(event)
-
-    result = run_once(engine, request, cancel, observe)
-    record_chat_reply(engine, spec, sampling, result, tally)
-    return ChatResult(result, len(tokens), dropped)
+def stream_chat(engine, messages: list[dict], settings: ChatSettings, cancel: threading.Event
+                ) -> Generator[StepEvent, None, ChatOutcome]:
+    """The reply to a conversation, step by step: with `settings.fit` its oldest turns are cut
+    to fit the context, else a conversation too long for it is refused; without max_tokens the
+    reply may run to the context's end."""
+    if settings.fit:
+        tokens, dropped = chat_tokens(engine, messages, settings.max_tokens)
+    else:
+        tokens, dropped = chat_prompt(engine, messages), 0
+    max_tokens = settings.max_tokens if settings.max_tokens is not None else max(1, engine.n_ctx - len(tokens))
+    request = GenerationRequest(tuple(tokens), max_tokens=max_tokens, sampling=settings.sampling, spec=settings.spec)
+    result = yield from stream_once(engine, request, cancel)
+    return ChatOutcome(result, len(tokens), dropped)
 
 
 def record_chat_reply(engine, spec: SpecConfig, sampling: SamplingParams, result: RunResult, tally=None) -> None:
@@ -240,22 +225,19 @@ def record_chat_reply(engine, spec: SpecConfig, sampling: SamplingParams, result
                 sampling.temperature, tally)
 
 
-def run_compare(engine, prompt: str, spec: SpecConfig, sampling: SamplingParams, max_tokens: int,
+def run_compare(engine, prompts: Sequence[str], spec: SpecConfig, sampling: SamplingParams, max_tokens: int,
                 cancel: threading.Event, on_event: Optional[Callable[[str, int, StepEvent], None]] = None,
                 chat: bool = True) -> CompareReport:
-    """Baseline and speculative on one prompt; `on_event(label, k, event)` gets each run's
-    events, `k` the draft tokens per step of that run (0 for the baseline)."""
+    """Baseline and speculative on the same prompts; `on_event(label, prompt index, event)` gets
+    each run's events. What was measured is kept, with where the models sat, for pairing's
+    ranking."""
     if spec.method == "none":
         raise SpecDeskError("compare needs a speculation method: choose ngram, ngram-pool or draft")
-
-    def forward(label: str, index: int, event: StepEvent) -> None:
-        on_event(label, 0 if label == "baseline" else spec.k, event)
-
     from specdesk.app.models.measurements import record_compare
     from specdesk.app.runtime.placement import engine_placement_label
 
-    report = compare(engine, [prompt], spec, sampling, max_tokens, prompt_tokenizer(engine, chat),
-                     forward if on_event is not None else None, cancel)
+    report = compare(engine, list(prompts), spec, sampling, max_tokens, prompt_tokenizer(engine, chat),
+                     on_event, cancel)
     # pairing ranks drafts by what this machine measured, on this placement
     record_compare(report, placement=engine_placement_label(engine))
     return report
@@ -307,7 +289,9 @@ class Session:
     """One loaded target and its drafter, kept across jobs; a new load reuses the engine when
     the target and context are the same, and a bad file keeps what was loaded before."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, device: str = "auto", watchdog: bool = False) -> None:
+        self.device = device  # the PyTorch engine's device, or llama.cpp's for its layers (see open_engine)
+        self.watchdog = watchdog  # end an engine process that stops answering (a terminal has no Stop)
         self.engine = None
         self.draft_path: Optional[str] = None
         self.draft_kind = "draft"  # or "dflash" / "eagle3": a model-native drafter
@@ -322,11 +306,13 @@ class Session:
     def load(self, target: str, draft: Optional[str], *, demo_size: str = "full", n_ctx: int = 0,
              threads: int = 0, drafts: Sequence[str] = (), progress: Callable[[str], None] = lambda message: None,
              fraction: Optional[Callable[[float], None]] = None,
-             cancel: Optional[threading.Event] = None, placement: Optional[dict] = None) -> LoadOutcome:
+             cancel: Optional[threading.Event] = None, placement: Optional[dict] = None,
+             kind: Optional[str] = None) -> LoadOutcome:
         """Load a target (a path or a demo placeholder) and optionally a draft; check which of
         `drafts` (paths or DEMO) could serve the target. A refused draft is reported in the
         outcome, not raised: the target stays usable. `placement` (Settings.placement) says
-        where a GGUF target's and draft's layers go; a new placement loads the target again."""
+        where a GGUF target's and draft's layers go; a new placement loads the target again.
+        `kind` is the engine ("llama" or "torch"; default: what the target's format runs on)."""
         from specdesk.app.runtime.engine_client import EngineHostDied
         from specdesk.engines.llama.engine import default_threads
 
@@ -338,12 +324,15 @@ class Session:
         if engine is not None and not engine.alive:  # its process ended: load afresh
             self.close()
             engine = None
-        placement = dict(placement or {}) if engine_kind(target) == "llama" else {}
+        kind = kind or engine_kind(target)
+        placement = dict(placement or {}) if kind == "llama" else {}
         if engine is None or not same_file(engine.target.path, target) or n_ctx != self._n_ctx \
                 or placement != self._placement:
             kept_target = False
             progress(f"loading {file_label(target)}")
-            new_engine = open_engine(target, n_ctx, threads, progress=fraction, cancel=cancel, **placement)
+            where = {"device": self.device, **placement}  # the app's placement names its device
+            new_engine = open_engine(target, n_ctx, threads, kind=kind, progress=fraction, cancel=cancel,
+                                     watchdog=self.watchdog, **where)
             self.close()  # only once the new one loaded: a bad file keeps the old model
             self.engine, self._n_ctx, self._placement, engine = new_engine, n_ctx, placement, new_engine
         elif engine.n_threads != threads:
@@ -374,18 +363,39 @@ class Session:
                                self.draft_kind)
         return LoadOutcome(info, draft_error)
 
-    def chat(self, messages: list[dict], spec: SpecConfig, sampling: SamplingParams, max_tokens: int,
-             cancel: threading.Event, on_event: Optional[Callable[[StepEvent], None]] = None) -> ChatResult:
+    # --- ChatBackend (app/runtime/backend.py) ---------------------------------------
+    def chat(self, messages: list[dict], settings: ChatSettings, cancel: threading.Event
+             ) -> Generator[StepEvent, None, ChatOutcome]:
         engine = self.need_engine()
         with engine.watching(cancel):  # Stop also ends a chat template that never finishes rendering
-            return run_chat(engine, messages, spec, sampling, max_tokens, cancel, on_event)
+            return (yield from stream_chat(engine, messages, settings, cancel))
 
-    def compare(self, prompt: str, spec: SpecConfig, sampling: SamplingParams, max_tokens: int,
-                cancel: threading.Event, on_event: Optional[Callable[[str, int, StepEvent], None]] = None,
+    def record(self, settings: ChatSettings, outcome: ChatOutcome, tally) -> None:
+        if settings.record:
+            record_chat_reply(self.need_engine(), settings.spec, settings.sampling, outcome.result, tally)
+
+    def compare(self, prompts: Sequence[str], settings: ChatSettings, cancel: threading.Event,
+                on_event: Optional[Callable[[str, int, StepEvent], None]] = None,
                 chat: bool = True) -> CompareReport:
         engine = self.need_engine()
         with engine.watching(cancel):
-            return run_compare(engine, prompt, spec, sampling, max_tokens, cancel, on_event, chat)
+            return run_compare(engine, prompts, settings.spec, settings.sampling, settings.max_tokens, cancel,
+                               on_event, chat)
+
+    def chart_k(self, settings: ChatSettings) -> int:
+        return settings.spec.draft_tokens
+
+    def token_bytes(self) -> Callable[[int], bytes]:
+        return self.need_engine().target.token_bytes
+
+    def compare_json(self, report: CompareReport) -> dict:
+        """The compare's JSON report, with where each model sat and what llama.cpp allocated."""
+        payload = report.to_json()
+        engine = self.need_engine()
+        placement = engine.placement_report() if hasattr(engine, "placement_report") else {}
+        if placement:
+            payload["placement"] = placement
+        return payload
 
     def sweep(self, prompt: str, spec: SpecConfig, sampling: SamplingParams, max_tokens: int, ks: Sequence[int],
               cancel: threading.Event, on_point: Callable[[SweepPoint], None], chat: bool = True) -> SweepResult:
@@ -397,6 +407,19 @@ class Session:
         """The engine forgets what the n-gram pool learned from the previous chat."""
         if self.engine is not None:
             self.engine.reset_chat()
+
+    def reopen(self, cancel: Optional[threading.Event] = None) -> None:
+        """After the engine process ended (it died, or was ended for not answering), the same
+        target and drafter in a fresh one; nothing when it runs."""
+        engine = self.engine
+        if engine is None or engine.alive:
+            return
+        target, draft, kind = engine.spec.target, self.draft_path, engine.spec.kind
+        self.close()
+        outcome = self.load(target, draft, n_ctx=self._n_ctx or 0, threads=engine.spec.n_threads or 0,
+                            cancel=cancel, placement=self._placement, kind=kind)
+        if outcome.draft_error is not None:
+            raise SpecDeskError(outcome.draft_error)
 
     def engine_lost(self) -> bool:
         """Whether the loaded engine's process has ended (it is then closed and forgotten)."""

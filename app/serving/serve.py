@@ -43,14 +43,16 @@ from typing import Any, AsyncIterator, Optional
 
 import numpy as np
 
+from specdesk.engines.methods import method_info, uses_file
 from specdesk.engines.speculation.loop import check_prompt_text
 from specdesk.engines.types import (MAX_DRAFT_TOKENS, METHODS, GenerationRequest, RunStats, SamplingParams,
                                     SpecConfig, SpecDeskError)
 
+from ..options import MAX_SEED
+from ..runtime.backend import ChatSettings, chat_turn
 from ..runtime.compare import RunResult, run_once
-from ..runtime.engine_client import EngineClient, EngineHostDied
-from ..main import MAX_SEED
-from ..runtime.session import load_drafter
+from ..runtime.engine_client import EngineHostDied
+from ..runtime.session import Session
 
 log = logging.getLogger("specdesk.serve")
 
@@ -74,7 +76,6 @@ FD_RESERVE = 64  # descriptors kept for the engine process, its pipes, logs and 
 ACCEPT_BACKLOG = 128
 MAX_CONNECTIONS = 1000  # open connections; over it the oldest one without a whole request is closed
 ACCEPT_ERROR_EVERY_S = 60.0  # "Too many open files" is said once per this long, not per attempt
-NATIVE_METHODS = ("dflash", "eagle3")  # read a drafter file given as --draft
 
 
 class RequestError(Exception):
@@ -167,12 +168,12 @@ def parse_speculative(value: Any, server_spec: SpecConfig, draft_path: Optional[
     k = value.get("k", server_spec.k if server_spec.method != "none" else 4)
     if not isinstance(k, int) or isinstance(k, bool) or not (method == "none" or 1 <= k <= MAX_DRAFT_TOKENS):
         raise RequestError(400, f"speculative k {k!r} is out of range: use 1 to {MAX_DRAFT_TOKENS}", "speculative.k")
-    if method in ("draft", *NATIVE_METHODS) and not draft_path:
+    if method_info(method).file_required and not draft_path:
         raise RequestError(400, f"speculative method {method!r} needs a drafter: start the server with --draft FILE",
                            "speculative.method")
     try:
         return SpecConfig(method=method, k=k if method != "none" else server_spec.k,
-                          draft_path=draft_path if method in ("draft", *NATIVE_METHODS) else None,
+                          draft_path=draft_path if uses_file(method) else None,
                           draft_p_min=server_spec.draft_p_min)
     except SpecDeskError as e:
         raise RequestError(400, str(e), "speculative") from None
@@ -316,16 +317,17 @@ class Outcome:
 
 
 class Service:
-    """The engine host, its configuration and counters; one generation at a time, FIFO."""
+    """The loaded models (an app/runtime/session.Session), the configuration and counters; one
+    generation at a time, FIFO."""
 
-    def __init__(self, engine: EngineClient, model_id: str, spec: SpecConfig, sampling: SamplingParams,
-                 draft_path: Optional[str] = None, engine_timeout_s: float = ENGINE_TIMEOUT_S,
-                 request_timeout_s: float = REQUEST_TIMEOUT_S, max_waiting: int = MAX_WAITING):
-        self.engine = engine
+    def __init__(self, session: Session, model_id: str, spec: SpecConfig, sampling: SamplingParams,
+                 engine_timeout_s: float = ENGINE_TIMEOUT_S, request_timeout_s: float = REQUEST_TIMEOUT_S,
+                 max_waiting: int = MAX_WAITING):
+        self.session = session
         self.model_id = model_id
         self.spec = spec
         self.sampling = sampling
-        self.draft_path = draft_path
+        self.draft_path = session.draft_path
         self.engine_timeout_s = engine_timeout_s
         self.request_timeout_s = request_timeout_s
         self.max_waiting = max_waiting
@@ -333,6 +335,7 @@ class Service:
         self.metrics = Metrics()
         self.created = int(time.time())
         self._lock = asyncio.Lock()
+        engine = session.need_engine()
         self.n_ctx = engine.n_ctx
         # The most characters one token stands for (raw text, and text with special tokens as a
         # chat template's is), read once in the engine: prompts are refused by length before
@@ -343,6 +346,10 @@ class Service:
             log.warning("the engine could not give its longest token (%s): prompts are bounded at %d characters "
                         "a token", e, FALLBACK_TOKEN_CHARS)
             self.longest_token = {False: FALLBACK_TOKEN_CHARS, True: FALLBACK_TOKEN_CHARS}
+
+    @property
+    def engine(self):
+        return self.session.engine
 
     def check_prompt(self, prompt: list[dict] | str | list[int]) -> None:
         """Refuse a prompt that cannot fit the context, before it is sent to the engine."""
@@ -358,18 +365,6 @@ class Service:
         except SpecDeskError as e:
             raise RequestError(400, str(e), "messages" if prompt and isinstance(prompt[0], dict) else "prompt") \
                 from None
-
-    def _ensure_engine(self, cancel: threading.Event) -> None:
-        """After the engine process died (or was ended), the next request starts a fresh one."""
-        if self.engine.alive:
-            return
-        old = self.engine
-        old.close()
-        self.engine = EngineClient(old.spec.target, old.spec.kind, old.spec.n_ctx, old.spec.n_threads, old.spec.device,
-                                   cancel=cancel, watchdog=old.watchdog, **old.spec.placement_options())
-        if self.draft_path is not None:
-            with self.engine.watching(cancel):
-                load_drafter(self.engine, self.draft_path)
 
     async def generate(self, prompt: list[dict] | str | list[int], params: Params) -> AsyncIterator[str | Outcome]:
         """Text pieces as they come, then one Outcome. An engine that sends nothing for
@@ -396,21 +391,23 @@ class Service:
 
         def work() -> None:
             try:
-                self._ensure_engine(cancel)
-                engine = self.engine
-                with engine.watching(cancel):  # a tokenizer or template that hangs is ended too
-                    if isinstance(prompt, str):
-                        tokens = engine.tokenize(prompt)
-                    elif prompt and isinstance(prompt[0], dict):
-                        tokens = engine.chat_prompt(prompt)
-                    else:
-                        tokens = list(prompt)
-                    room = engine.n_ctx - len(tokens)
-                    max_tokens = params.max_tokens if params.max_tokens is not None else max(1, room)
-                    request = GenerationRequest(tuple(tokens), max_tokens=max_tokens, sampling=params.sampling,
-                                                spec=params.spec)
-                    result = run_once(engine, request, cancel, on_event)
-                loop.call_soon_threadsafe(queue.put_nowait, ("result", (result, len(tokens))))
+                # after the engine process died (or was ended), the next request starts a fresh one
+                self.session.reopen(cancel)
+                if prompt and isinstance(prompt[0], dict):  # a chat: the turn the terminal and the app take
+                    settings = ChatSettings(params.spec, params.sampling, params.max_tokens, fit=False, record=False)
+                    outcome = chat_turn(self.session, list(prompt), settings, cancel, on_event)
+                    result, n_prompt = outcome.result, outcome.prompt_tokens
+                else:
+                    engine = self.engine
+                    with engine.watching(cancel):  # a tokenizer that hangs is ended too
+                        tokens = engine.tokenize(prompt) if isinstance(prompt, str) else list(prompt)
+                        room = engine.n_ctx - len(tokens)
+                        max_tokens = params.max_tokens if params.max_tokens is not None else max(1, room)
+                        request = GenerationRequest(tuple(tokens), max_tokens=max_tokens, sampling=params.sampling,
+                                                    spec=params.spec)
+                        result = run_once(engine, request, cancel, on_event)
+                    n_prompt = len(tokens)
+                loop.call_soon_threadsafe(queue.put_nowait, ("result", (result, n_prompt)))
             except BaseException as e:  # noqa: BLE001 - handed to the request, which answers with it
                 loop.call_soon_threadsafe(queue.put_nowait, ("error", e))
 
@@ -864,7 +861,7 @@ def model_id_for(target: str) -> str:
 
 
 def add_serve_parser(sub) -> None:
-    from ..main import add_model_options
+    from ..options import add_model_options
 
     p = sub.add_parser("serve", help="serve the models over an OpenAI-compatible HTTP API")
     add_model_options(p)
@@ -886,7 +883,7 @@ def add_serve_parser(sub) -> None:
 def cmd_serve(args: argparse.Namespace) -> int:
     import uvicorn
 
-    from ..main import build_configs, open_engine, resolve_models
+    from ..options import build_configs, open_session, resolve_models
 
     if not (0 <= args.port <= 65535):
         raise SpecDeskError(f"--port {args.port} is out of range: use 0 to 65535")
@@ -903,11 +900,14 @@ def cmd_serve(args: argparse.Namespace) -> int:
     except OSError as e:
         raise SpecDeskError(f"cannot listen on {args.host}:{args.port} ({e.strerror}): choose another --port") from None
     max_connections = descriptor_budget()
-    service = Service(open_engine(target, args), model_id_for(target), spec, sampling, spec.draft_path,
-                      engine_timeout_s=args.engine_timeout, request_timeout_s=args.request_timeout)
     try:
-        if spec.draft_path is not None:
-            load_drafter(service.engine, spec.draft_path)
+        session = open_session(target, spec, args)
+    except BaseException:
+        sock.close()
+        raise
+    service = Service(session, model_id_for(target), spec, sampling, engine_timeout_s=args.engine_timeout,
+                      request_timeout_s=args.request_timeout)
+    try:
         app = build_app(service, args.api_key)
         host, port = sock.getsockname()[:2]
         print(f"specdesk serve: model {service.model_id!r} at http://{host}:{port}/v1 "
@@ -928,6 +928,6 @@ def cmd_serve(args: argparse.Namespace) -> int:
             h11_max_incomplete_event_size=16 * 1024))  # a request line and headers: at most 16 KiB
         server.run(sockets=[sock])
     finally:
-        service.engine.close()  # the one running now (a crashed one is replaced on the next request)
+        session.close()  # the engine running now (a crashed one is replaced on the next request)
         sock.close()
     return 0

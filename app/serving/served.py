@@ -1,5 +1,6 @@
-"""Chat and compare against served engines (app/serving/endpoint.py): `specdesk chat --endpoint URL`
-and `specdesk compare --endpoint URL [--baseline-endpoint URL2]`.
+"""Chat and compare against served engines (app/serving/endpoint.py): `ServedSession`, a server
+as a chat backend (app/runtime/backend.py) for `specdesk chat --endpoint URL`, `specdesk compare
+--endpoint URL [--baseline-endpoint URL2]` and the app's Servers menu.
 
 Compare runs each prompt on a baseline and a speculative arm, alternating which goes first,
 with the same sampling, and reports the local compare's JSON (app/runtime/compare.CompareReport).
@@ -11,18 +12,16 @@ Servers send text, not token ids, so greedy identity is checked on the text.
 
 from __future__ import annotations
 
-import json
-import sys
 import threading
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Callable, Optional
+from typing import Callable, Generator, Optional, Sequence
 
 from specdesk.engines.types import SamplingParams, SpecDeskError, StepEvent
 
+from ..runtime.backend import ChatOutcome, ChatSettings
 from ..runtime.compare import CompareReport, PromptResult
 from ..storage.credentials import load_key
-from .endpoint import Endpoint, EndpointError, ServedRun, printable
+from .endpoint import Endpoint, EndpointError, ServedRun
 
 BASELINE = {"method": "none"}  # specdesk serve's per-request switch
 
@@ -101,6 +100,61 @@ def report_json(report: CompareReport, speculative: Endpoint, baseline: Optional
     return payload
 
 
+# --- a server as a chat backend ---------------------------------------------------------
+class ServedSession:
+    """A server as app/runtime/backend.ChatBackend: its replies stream from `endpoint`; Compare's
+    baseline is `baseline`, or the same server with speculation off per request where it can
+    (specdesk serve). The server cuts a conversation to its context and chooses its own
+    method; its numbers are its own and are not kept with this machine's measurements."""
+
+    def __init__(self, endpoint: Endpoint, baseline: Optional[Endpoint] = None):
+        self.endpoint = endpoint
+        self.baseline = baseline
+
+    @property
+    def label(self) -> str:
+        return f"{self.endpoint.model} at {self.endpoint.url}"
+
+    def chat(self, messages: list[dict], settings: ChatSettings, cancel: threading.Event
+             ) -> Generator[StepEvent, None, ChatOutcome]:
+        run = yield from self.endpoint.stream_chat(messages, settings.sampling, settings.max_tokens, cancel)
+        return ChatOutcome(run.result, numbers=run.numbers.source, note=run.note)
+
+    def record(self, settings: ChatSettings, outcome: ChatOutcome, tally) -> None:
+        """Nothing to keep here: the server measured the reply on its own hardware."""
+
+    def compare(self, prompts: Sequence[str], settings: ChatSettings, cancel: threading.Event,
+                on_event: Optional[Callable[[str, int, StepEvent], None]] = None,
+                chat: bool = True) -> CompareReport:
+        """Prompts go to the server as chat messages (a chat API has no raw completion here)."""
+        def forward(label: str, index: int, event: StepEvent) -> None:
+            if index >= 0:  # not the warm-up requests
+                on_event(label, index, event)
+
+        return compare_served(self.endpoint, self.baseline, list(prompts), settings.sampling, settings.max_tokens,
+                              forward if on_event is not None else None, cancel)
+
+    def chart_k(self, settings: ChatSettings) -> int:
+        """llama-server's chunks carry running draft counts (read as one step each); other
+        servers' numbers come with the reply's end."""
+        return 1 if self.endpoint.info.kind == "llama-server" else 0
+
+    def token_bytes(self) -> None:
+        """A server sends text, not token ids: each chunk is one piece, never tinted."""
+        return None
+
+    def compare_json(self, report: CompareReport) -> dict:
+        return report_json(report, self.endpoint, self.baseline)
+
+    def new_chat(self) -> None:
+        """A server keeps nothing between requests that a new chat should forget."""
+
+    def close(self) -> None:
+        self.endpoint.close()
+        if self.baseline is not None:
+            self.baseline.close()
+
+
 # --- the commands ------------------------------------------------------------------
 def add_endpoint_options(parser, compare: bool) -> None:
     parser.add_argument("--endpoint", metavar="URL",
@@ -123,82 +177,3 @@ def open_endpoint(url: str, model: Optional[str], api_key: Optional[str]) -> End
     endpoint.api_key = api_key or load_key(endpoint.url)
     endpoint.probe()
     return endpoint
-
-
-def served_sampling(args) -> SamplingParams:
-    if args.max_tokens < 1:
-        raise SpecDeskError(f"--max-tokens {args.max_tokens} is out of range: use at least 1")
-    return SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, seed=args.seed)
-
-
-def describe_numbers(run: ServedRun) -> str:
-    s = run.result.stats
-    parts = [f"{s.tokens} tokens", f"{s.tok_per_s:.1f} tok/s"]
-    if s.drafted:
-        parts += [f"acceptance {s.acceptance_rate:.2f}", f"{s.mean_accepted_length:.2f} tok/pass"]
-    if s.per_position_drafted and s.drafted:
-        parts.append("per position " + " ".join(f"{a:.2f}" for a in s.per_position_acceptance))
-    parts.append(f"numbers: {run.numbers.source}")
-    return " · ".join(parts)
-
-
-def cmd_served_chat(args) -> int:
-    from ..main import user_turns
-
-    endpoint = open_endpoint(args.endpoint, args.endpoint_model, args.endpoint_api_key)
-    sampling = served_sampling(args)
-    print(printable(f"SpecDesk chat · {endpoint.target_label} · {endpoint.info.describe()}", one_line=True)
-          + " · empty line or Ctrl-D to quit, /new for a new chat", file=sys.stderr)
-    messages: list[dict] = []
-    for _ in user_turns(messages):
-        cancel = threading.Event()
-        print("model> ", end="", flush=True)
-        try:
-            run = endpoint.chat(messages, sampling, args.max_tokens, cancel,
-                                on_event=lambda e: print(printable(e.text), end="", flush=True))
-        except KeyboardInterrupt:
-            cancel.set()
-            print("\n[stopped]")
-            messages.pop()
-            continue
-        except EndpointError as e:
-            print(f"\n[partial reply, {len(e.partial)} characters]" if e.partial else "", file=sys.stderr)
-            print(f"specdesk: {e}", file=sys.stderr)
-            if e.partial:
-                messages.append({"role": "assistant", "content": e.partial})
-            else:
-                messages.pop()
-            continue
-        messages.append({"role": "assistant", "content": run.result.text})
-        print(f"\n[{describe_numbers(run)}]" + (f"\n[{printable(run.note, one_line=True)}]" if run.note else ""),
-              file=sys.stderr)
-    return 0
-
-
-def cmd_served_compare(args) -> int:
-    from ..main import compare_prompts, format_table
-
-    prompts = compare_prompts(args)
-    sampling = served_sampling(args)
-    speculative = open_endpoint(args.endpoint, args.endpoint_model, args.endpoint_api_key)
-    baseline = None
-    if args.baseline_endpoint:
-        baseline = open_endpoint(args.baseline_endpoint, args.baseline_model or args.endpoint_model,
-                                 args.baseline_api_key or args.endpoint_api_key)
-    report = compare_served(speculative, baseline, prompts, sampling, args.max_tokens)
-    payload = report_json(report, speculative, baseline)
-    if args.json == "-":
-        print(json.dumps(payload))
-        return 0
-    print(printable(f"speculative: {speculative.target_label} ({speculative.info.kind}) · baseline: "
-                    + (f"{baseline.target_label} ({baseline.info.kind})" if baseline is not None
-                       else "the same server, speculation off per request"), one_line=True))
-    # a server does not say how long drafting took: leave out the local table's time split
-    print("\n".join(line for line in format_table(report).splitlines() if not line.startswith("time drafting")))
-    for i, result in enumerate(report.results):
-        at = result.first_text_difference() if isinstance(result, ServedPromptResult) else None
-        if report.temperature == 0 and at is not None:
-            print(f"prompt {i + 1}: texts differ from character {at}")
-    if args.json:
-        Path(args.json).write_text(json.dumps(payload) + "\n")
-    return 0
