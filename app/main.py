@@ -35,8 +35,11 @@ def format_table(report) -> str:
         f"{'speculative':14}{spec.tokens:>8}{spec.seconds:>10.2f}{spec.tok_per_s:>10.1f}"
         f"{spec.acceptance_rate:>9.2f}{spec.mean_accepted_length:>10.2f}",
         "",
-        f"speedup {report.speedup:.2f}x · identical outputs: {identical}",
+        f"speedup {report.speedup_measure.describe()}"
+        + ("" if report.beyond_noise else " (within the noise of 1.0x)") + f" · identical outputs: {identical}",
     ]
+    if report.busy:
+        rows.append(f"warning: {report.busy}; the figures may be off")
     if spec.per_position_drafted:
         rows.append("acceptance per draft position: "
                     + " ".join(f"{a:.2f}" for a in spec.per_position_acceptance))

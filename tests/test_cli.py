@@ -13,7 +13,8 @@ from specdesk.app.main import main
 from llama_helpers import rewrite_gguf
 
 REPORT_KEYS = {"engine", "target", "draft", "method", "k", "temperature", "prompts", "baseline", "speculative",
-               "speedup", "identical_outputs", "divergences", "placement", "device"}
+               "speedup", "speedup_spread", "speedup_beyond_noise", "runs", "busy", "identical_outputs",
+               "divergences", "placement", "device"}
 
 
 def run_cli(capsys, *argv: str) -> tuple[int, str, str]:
@@ -33,8 +34,9 @@ def test_compare_writes_one_json_object(capsys, demo_family, tmp_path):
     assert set(report) == REPORT_KEYS
     assert report["engine"] == "llama.cpp" and report["method"] == "draft" and report["prompts"] == 2
     assert report["baseline"]["tokens"] == report["speculative"]["tokens"] == 48
-    assert set(report["speculative"]) == {"tokens", "seconds", "tok_per_s", "drafted", "accepted", "acceptance_rate",
-                                          "mean_accepted_length", "per_position_acceptance"}
+    assert set(report["speculative"]) == {"tokens", "seconds", "tok_per_s", "tok_per_s_spread", "drafted", "accepted",
+                                          "acceptance_rate", "mean_accepted_length", "per_position_acceptance"}
+    assert 3 <= report["runs"] <= 7 and report["speedup_spread"] >= 0  # the median of runs repeated until steady
     assert len(report["speculative"]["per_position_acceptance"]) == 3
     assert report["identical_outputs"] is True and report["divergences"] == []
     assert report["speedup"] > 0

@@ -6,6 +6,9 @@ from __future__ import annotations
 import dataclasses
 import json
 import shutil
+import statistics
+
+import pytest
 
 from specdesk.app.models import measurements
 from specdesk.app.models.library import read_model
@@ -57,7 +60,11 @@ def test_a_compare_from_the_command_line_is_recorded(demo_family, tmp_path, caps
     assert code == 0
     [line] = measurements.read()
     assert line["method"] == "draft" and line["k"] == 2 and line["speedup"] > 0
-    assert measurements.measured_for(demo_family["target_gguf"], demo_family["draft_gguf"]).runs == 1
+    # the compare ran until its speedup was steady (at least 3 runs, at most 7): the line keeps each run
+    assert 3 <= line["runs"] == len(line["values"]) <= 7
+    assert line["speedup"] == pytest.approx(statistics.median(line["values"]), abs=1e-3)
+    measured = measurements.measured_for(demo_family["target_gguf"], demo_family["draft_gguf"])
+    assert measured.runs == line["runs"] and measured.speedup == pytest.approx(line["speedup"], abs=1e-3)
 
 
 def test_chat_replies_record_acceptance_and_tok_s_but_no_speedup(tmp_path):
@@ -144,3 +151,17 @@ def test_chat_replies_in_the_app_and_the_terminal_are_recorded(demo_family, monk
     terminal = measurements.read()[-1]
     assert (terminal["kind"], terminal["method"], terminal["k"], terminal["tokens"]) == ("chat", "draft", 2, 8)
     assert measurements.chat_measured_for(target, draft, "draft").replies == 2
+
+
+def test_pairing_takes_the_median_of_every_run_and_says_how_many(tmp_path):
+    path = tmp_path / "m.jsonl"
+    # one compare of three runs, one of a single run (an older record), at the same k
+    measurements.record("t.gguf", "d.gguf", "llama.cpp", "draft", 3, 1.5, 0.7, 96, 0.0, path,
+                        values=(1.4, 1.5, 1.6))
+    measurements.record("t.gguf", "d.gguf", "llama.cpp", "draft", 3, 10.2, 0.7, 96, 0.0, path)
+    [line, _] = measurements.read(path)
+    assert (line["runs"], line["spread"], line["values"]) == (3, 0.1, [1.4, 1.5, 1.6])
+    measured = measurements.measured_for("t.gguf", "d.gguf", "draft", measurements.read(path))
+    assert (measured.k, measured.runs) == (3, 4)
+    assert measured.speedup == pytest.approx(1.55)  # the one wild run does not carry the mean away
+    assert measured.measure.describe() == "1.55x ± 4.40, 4 runs"

@@ -351,7 +351,9 @@ def test_compare_tab_verdict_and_sweep(qtbot, open_window):
     report = blocker.args[0].value
     qtbot.wait(60)
     assert report.identical_outputs is True and report.speedup > 0
-    assert "faster" in view.verdict.text() or "slower" in view.verdict.text()
+    # the median of several runs and its spread; on a busy machine that can be noise, which it says
+    assert any(word in view.verdict.text() for word in ("faster (", "slower than baseline (", "within the noise"))
+    assert f"{report.speedup_measure.runs} runs" in view.verdict.text()
     assert "identical output" in view.verdict.text()
     assert view.baseline_pane.text.toPlainText() == report.results[0].baseline.text
     assert view.speculative_pane.text.toPlainText() == report.results[0].speculative.text
@@ -368,10 +370,12 @@ def test_compare_tab_verdict_and_sweep(qtbot, open_window):
     ks, ratios = view.cost_curve.getData()  # t(1 + k)/t(1) on the loaded placement
     assert list(ks) == list(range(1, 9)) and all(r > 0 for r in ratios)
     assert "target CPU" in view.cost_plot.getPlotItem().titleLabel.text
-    best = sweep.best()
-    assert view.apply_button.isEnabled() and str(best.k) in view.apply_button.text()
-    view.apply_button.click()
-    assert window.controls.k_spin.value() == best.k
+    best = sweep.best()  # None when no k is faster than the baseline beyond the runs' noise
+    assert view.apply_button.isEnabled() is (best is not None)
+    if best is not None:
+        assert str(best.k) in view.apply_button.text()
+        view.apply_button.click()
+        assert window.controls.k_spin.value() == best.k
 
 
 def test_compare_marks_the_first_diverging_token(qtbot, open_window):

@@ -105,7 +105,8 @@ def test_sweep_reports_baseline_then_each_k_and_stops_when_cancelled(engine):
     sweep = run_sweep(engine, "def f(x):", SpecConfig(method="ngram", k=4), SamplingParams(), 16, (1, 2, 3),
                       threading.Event(), points.append, chat=False)
     assert [p.k for p in points] == [0, 1, 2, 3] and [p.k for p in sweep.points] == [1, 2, 3]
-    assert sweep.best() in sweep.points
+    assert sweep.fastest() in sweep.points and sweep.best() in (None, sweep.fastest())
+    assert all(p.rate.runs >= 3 and p.speedup.runs == p.rate.runs for p in sweep.points)
     cancel = threading.Event()
     cancel.set()
     stopped = run_sweep(engine, "def f(x):", SpecConfig(method="ngram", k=4), SamplingParams(), 16, (1, 2, 3),

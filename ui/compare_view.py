@@ -27,6 +27,42 @@ SWEEP_KS = tuple(range(1, 9))
 PASS_COST_TITLE = "pass cost against k"
 
 
+def speedup_text(speedup, busy: Optional[str] = None) -> str:
+    """A measured speedup (app/runtime/compare.Measure) as the verdict says it: '1.46× ± 0.08
+    faster (3 runs)', or that it is within the noise of 1.0×; a busy machine is said beside it."""
+    from specdesk.app.runtime.compare import beyond_noise
+
+    runs = f"{speedup.runs} run{'s' if speedup.runs != 1 else ''}"
+    if not beyond_noise(speedup):
+        text = f"{speedup.figure('×')}: within the noise of 1.0× ({runs})"
+    elif speedup.median >= 1:
+        text = f"{speedup.figure('×')} faster ({runs})"
+    else:
+        text = f"{speedup.figure('×')}, slower than baseline ({runs})"
+    return text + (f" · ⚠ {busy}" if busy else "")
+
+
+def sweep_point_text(point) -> str:
+    """One finished k of a sweep: its median tok/s and spread, and its acceptance."""
+    return (f"k = {point.k}: {point.rate.figure(' tok/s', 0)} ({point.rate.runs} runs), "
+            f"acceptance {point.stats.acceptance_rate:.2f}")
+
+
+def sweep_summary(sweep) -> str:
+    """A finished sweep's verdict: the best k when one is faster than the baseline beyond the
+    noise, else that none is (and the fastest, for reference); a busy machine is said too."""
+    best, fastest = sweep.best(), sweep.fastest()
+    base = f"baseline {sweep.baseline_rate.figure(' tok/s', 0)}"
+    if best is not None:
+        text = f"best: k = {best.k}, {best.rate.median:.0f} tok/s ({best.speedup.describe('×')} of the {base})"
+    elif fastest is not None and fastest.speedup is not None:
+        text = (f"no k is faster than the {base} beyond the noise: the fastest, k = {fastest.k}, "
+                f"is {fastest.speedup.describe('×')}")
+    else:
+        text = "no k finished"
+    return text + (f" · ⚠ {sweep.busy}" if sweep.busy else "")
+
+
 def auto_rows(report: dict) -> list[tuple[str, str]]:
     """Method auto's report as table rows: its share of steps by method and k, then the
     pass costs it chose with (measured in its own passes, or the probe's scaled)."""
@@ -309,7 +345,7 @@ class CompareView(QWidget):
         self.speculative_pane.refresh()
 
     def _fit_sweep_range(self) -> None:
-        values = [p.stats.tok_per_s for p in self._sweep_points]
+        values = [p.rate.median for p in self._sweep_points]
         if self._sweep_baseline is not None:
             values.append(self._sweep_baseline.tok_per_s)
         self.sweep_plot.setYRange(0, max(values, default=1.0) * 1.15 or 1.0, padding=0)
@@ -320,14 +356,13 @@ class CompareView(QWidget):
             return
         if point.k == 0:
             self._sweep_baseline = point.stats
-            self.sweep_baseline_line.setValue(point.stats.tok_per_s)
+            self.sweep_baseline_line.setValue(point.rate.median)
             self.sweep_baseline_line.setVisible(True)
         else:
             self._sweep_points.append(point)
             self.sweep_curve.setData([p.k for p in self._sweep_points],
-                                     [p.stats.tok_per_s for p in self._sweep_points])
-            self.sweep_status.setText(f"k = {point.k}: {point.stats.tok_per_s:.0f} tok/s, "
-                                      f"acceptance {point.stats.acceptance_rate:.2f}")
+                                     [p.rate.median for p in self._sweep_points])
+            self.sweep_status.setText(sweep_point_text(point))
             self._show_pass_costs()
         self._fit_sweep_range()
 
@@ -383,8 +418,7 @@ class CompareView(QWidget):
         self.baseline_pane.show_result(base)
         self.speculative_pane.show_result(spec, f" · acceptance {spec.acceptance_rate:.2f} · "
                                                 f"{spec.mean_accepted_length:.2f} tok/pass")
-        speedup = report.speedup
-        pace = f"{speedup:.2f}× faster" if speedup >= 1 else f"{speedup:.2f}× (slower than baseline)"
+        pace = speedup_text(report.speedup_measure, report.busy)
         good = theme.secondary(self.palette()).name()
         stopped = "cancelled" in (result.baseline.finish_reason, result.speculative.finish_reason)
         if stopped:
@@ -422,7 +456,8 @@ class CompareView(QWidget):
         share = spec.draft_s / max(1e-9, spec.draft_s + spec.verify_s)
         timing = (f" · time drafting {share:.0%}, verifying {1 - share:.0%}" if spec.draft_s + spec.verify_s > 0
                   else "")  # a server does not say how long drafting took
-        self.details.setText(f"baseline {base.tok_per_s:.1f} tok/s · speculative {spec.tok_per_s:.1f} tok/s · "
+        self.details.setText(f"baseline {report.baseline_rate.figure(' tok/s', 1)} · speculative "
+                             f"{report.speculative_rate.figure(' tok/s', 1)} · "
                              f"{spec.accepted}/{spec.drafted} drafts accepted{timing}")
         self.show_auto(report.auto_report() if getattr(report, "method", None) == "auto" else None)
         acceptance = spec.per_position_acceptance
@@ -444,16 +479,11 @@ class CompareView(QWidget):
         points = sweep.points
         self._sweep_points, self._sweep_baseline = list(points), sweep.baseline
         self._fit_sweep_range()
-        self.sweep_curve.setData([p.k for p in points], [p.stats.tok_per_s for p in points])
-        self.sweep_baseline_line.setValue(sweep.baseline.tok_per_s)
+        self.sweep_curve.setData([p.k for p in points], [p.rate.median for p in points])
+        self.sweep_baseline_line.setValue(sweep.baseline_rate.median)
         self.sweep_baseline_line.setVisible(True)
-        best = sweep.best()
-        if best is None:
-            self.sweep_status.setText("stopped before any k finished")
-            return
-        self.sweep_best.setData([best.k], [best.stats.tok_per_s])
-        gain = best.stats.tok_per_s / sweep.baseline.tok_per_s if sweep.baseline.tok_per_s > 0 else 0.0
-        self.sweep_status.setText(f"best: k = {best.k}, {best.stats.tok_per_s:.0f} tok/s "
-                                  f"({gain:.2f}× baseline {sweep.baseline.tok_per_s:.0f} tok/s)")
-        self.apply_button.setText(f"Use k = {best.k}")
-        self.apply_button.setEnabled(True)
+        self.sweep_status.setText(sweep_summary(sweep) if points else "stopped before any k finished")
+        best = sweep.best()  # None within the noise of the baseline: no star, nothing to use
+        self.sweep_best.setData([best.k] if best else [], [best.rate.median] if best else [])
+        self.apply_button.setText(f"Use k = {best.k}" if best else "Use the best k")
+        self.apply_button.setEnabled(best is not None)

@@ -1,6 +1,8 @@
 """What this machine measured: each compare and k sweep appends its speedup and acceptance
 per target, draft, method and k to one JSON-lines file, so pairing can rank drafts by
-measured numbers and call the rest assumptions. Each chat reply appends its acceptance and
+measured numbers and call the rest assumptions. A compare or sweep point runs several times
+(app/runtime/compare.Repeats): its line keeps the median ("speedup"), the spread and each
+run's speedup ("values"), and pairing takes the median over all the runs measured for a k. Each chat reply appends its acceptance and
 tokens per second too (`record_chat`, "kind": "chat"): a reply has no baseline beside it, so
 its line has no speedup ("speedup": null) and pairing's speedups never include it; a reply
 of method auto also says what each method it chose drafted and had accepted.
@@ -13,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import statistics
 import time
 from collections import defaultdict
 from dataclasses import dataclass
@@ -21,11 +24,13 @@ from typing import Iterable, Optional
 
 from specdesk.engines.methods import METHODS
 
+from ..runtime.compare import Measure
 from ..storage.paths import data_dir
 
 FILE_NAME = "measurements.jsonl"
 MAX_FILE_BYTES = 8 * 2**20
 MAX_RECORDS = 20_000
+MAX_POOLED_RUNS = 15  # the newest runs of a target, draft, method and k that its median is taken over
 
 
 def measurements_file() -> Path:
@@ -38,12 +43,16 @@ def _real(path: Optional[str]) -> Optional[str]:
 
 def record(target: str, draft: Optional[str], engine: str, method: str, k: int, speedup: float,
            acceptance: float, tokens: int, temperature: float, path: Optional[Path] = None,
-           placement: str = "CPU") -> None:
-    """Append one measurement (a no-op when the folder cannot be written). `placement` is where
-    the target sat (app/runtime/placement.placement_label): a speedup belongs to its placement."""
+           placement: str = "CPU", values: tuple[float, ...] = ()) -> None:
+    """Append one measurement (a no-op when the folder cannot be written): `speedup` is the
+    median of the runs' `values` where it ran several times. `placement` is where the target
+    sat (app/runtime/placement.placement_label): a speedup belongs to its placement."""
     line = {"target": _real(target), "draft": _real(draft), "engine": engine, "method": method, "k": k,
             "speedup": round(float(speedup), 4), "acceptance": round(float(acceptance), 4), "tokens": int(tokens),
             "temperature": temperature, "time": round(time.time()), "placement": placement}
+    if len(values) > 1:
+        line.update(runs=len(values), spread=round((max(values) - min(values)) / 2, 4),
+                    values=[round(float(v), 4) for v in values])
     _append(line, path)
 
 
@@ -61,8 +70,20 @@ def record_compare(report, path: Optional[Path] = None, placement: str = "CPU") 
     """One compare report (app/runtime/compare.CompareReport): its speedup and acceptance, on `placement`."""
     spec = report.speculative
     if spec.tokens and report.baseline.tokens:
-        record(report.target, report.draft, report.engine, report.method, report.k, report.speedup,
-               spec.acceptance_rate, spec.tokens, report.temperature, path, placement)
+        speedup = report.speedup_measure
+        record(report.target, report.draft, report.engine, report.method, report.k, speedup.median,
+               spec.acceptance_rate, spec.tokens, report.temperature, path, placement, speedup.values)
+
+
+def record_sweep(target: str, engine: str, spec, points, temperature: float, path: Optional[Path] = None,
+                 placement: str = "CPU") -> None:
+    """The points of a k sweep (app/runtime/compare.SweepPoint, `spec` its SpecConfig): each k's
+    median speedup over its runs, and the runs' speedups."""
+    for point in points:
+        if point.speedup is not None and point.speedup.runs and point.stats.tokens:
+            record(target, spec.draft_path, engine, spec.method, point.k, point.speedup.median,
+                   point.stats.acceptance_rate, point.stats.tokens, temperature, path, placement,
+                   point.speedup.values)
 
 
 def on_placement(records: Iterable[dict], placement: str) -> list[dict]:
@@ -149,15 +170,29 @@ def read(path: Optional[Path] = None) -> list[dict]:
 @dataclass(frozen=True)
 class Measured:
     k: int
-    speedup: float  # mean over the runs
+    speedup: float  # the median over the runs
     acceptance: float
     runs: int
+    spread: float = 0.0  # half the range of the runs' speedups
+
+    @property
+    def measure(self) -> Measure:
+        return Measure(self.speedup, self.spread, self.runs)
+
+
+def run_speedups(item: dict) -> list[float]:
+    """Each run's speedup in one record: its "values", or its one speedup (a single run, or a
+    record written before runs were repeated)."""
+    values = item.get("values")
+    if isinstance(values, list) and values and all(isinstance(v, (int, float)) for v in values):
+        return [float(v) for v in values]
+    return [float(item["speedup"])]
 
 
 def measured_for(target: str, draft: Optional[str], method: str = "draft",
                  records: Optional[Iterable[dict]] = None) -> Optional[Measured]:
-    """The best k this machine measured for a target and draft (and method), or None; chat
-    replies measured no speedup and do not count."""
+    """The best k this machine measured for a target and draft (and method), or None: per k,
+    the median of the newest MAX_POOLED_RUNS runs; chat replies measured no speedup and do not count."""
     by_k: dict[int, list[dict]] = defaultdict(list)
     target, draft = _real(target), _real(draft)
     for item in read() if records is None else records:
@@ -166,9 +201,12 @@ def measured_for(target: str, draft: Optional[str], method: str = "draft",
             by_k[item["k"]].append(item)
     if not by_k:
         return None
-    summaries = [Measured(k, sum(i["speedup"] for i in items) / len(items),
-                          sum(float(i.get("acceptance", 0.0)) for i in items) / len(items), len(items))
-                 for k, items in by_k.items()]
+    summaries = []
+    for k, items in by_k.items():
+        runs = [v for item in items for v in run_speedups(item)][-MAX_POOLED_RUNS:]
+        summaries.append(Measured(k, statistics.median(runs),
+                                  sum(float(i.get("acceptance", 0.0)) for i in items) / len(items), len(runs),
+                                  (max(runs) - min(runs)) / 2))
     return max(summaries, key=lambda m: (m.speedup, -m.k))
 
 

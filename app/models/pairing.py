@@ -272,7 +272,7 @@ def score_draft(target: ModelEntry, draft: ModelEntry, records: Optional[list] =
 
     measured = measured_for(target.path, draft.path, "draft", records)
     if measured is not None:
-        note = (f"measured on this machine: {measured.speedup:.2f}x at k = {measured.k}, acceptance "
+        note = (f"measured on this machine: {measured.measure.figure()} at k = {measured.k}, acceptance "
                 f"{measured.acceptance:.0%} ({measured.runs} run{'s' if measured.runs != 1 else ''})")
         return DraftVerdict(draft.path, draft.name, True, round(measured.speedup, 2), measured.k, (note,), "measured")
     family = same_family(target, draft)

@@ -4,12 +4,21 @@ For each prompt it runs baseline (k = 0) and speculative decoding one after the 
 the same engine, alternating, so both see the same machine state. Timing covers decoding
 only: from the start of the first verification pass to the end of the last, so prompt
 processing (which prefix caching makes cheaper for whichever runs second) is excluded.
+
+One run of a busy machine can say 10x where the next says 1.5x, so compare and the k sweep
+repeat each point (`Repeats`: at least three runs, more until their spread is small, up to a
+limit) and report the median and the spread ("1.46x ± 0.08, 3 runs", `Measure`). A speedup
+within the noise of 1.0x (`beyond_noise`) is no reason to pick a setting, and a machine that
+is visibly busy (its load average above its cores, or the baseline's tok/s spread over 15%
+between runs) is said beside the figure (`busy_reason`).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import os
+import statistics
 import threading
 import time
 from dataclasses import dataclass
@@ -162,6 +171,102 @@ def merge_stats(stats: Iterable[RunStats]) -> RunStats:
     )
 
 
+# --- repeated runs --------------------------------------------------------------------
+MIN_RUNS = 3
+MAX_RUNS = 7
+STEADY_SPREAD = 0.05  # runs stop repeating once their spread is within this share of the median
+NOISE_FLOOR = 0.03  # a speedup this close to 1.0x is noise even when every run agrees
+BUSY_BASELINE_RANGE = 0.15  # the baseline's tok/s varying more than this share between runs: a busy machine
+
+
+@dataclass(frozen=True)
+class Measure:
+    """A figure measured over repeated runs: their median, and their spread (half the range
+    between the lowest and the highest run)."""
+
+    median: float
+    spread: float
+    runs: int
+    values: tuple[float, ...] = ()  # each run's figure, in the order they ran
+
+    @classmethod
+    def of(cls, values: Iterable[float]) -> "Measure":
+        items = tuple(float(v) for v in values)
+        if not items:
+            return cls(0.0, 0.0, 0)
+        return cls(statistics.median(items), (max(items) - min(items)) / 2, len(items), items)
+
+    @property
+    def relative_spread(self) -> float:
+        return self.spread / abs(self.median) if self.median else (0.0 if not self.spread else float("inf"))
+
+    def figure(self, unit: str = "x", digits: int = 2) -> str:
+        """'1.46x ± 0.08' ('1.46x' when one run has nothing to spread)."""
+        spread = f" ± {self.spread:.{digits}f}" if self.runs > 1 else ""
+        return f"{self.median:.{digits}f}{unit}{spread}"
+
+    def describe(self, unit: str = "x", digits: int = 2) -> str:
+        """'1.46x ± 0.08, 3 runs'."""
+        return f"{self.figure(unit, digits)}, {self.runs} run{'s' if self.runs != 1 else ''}"
+
+def beyond_noise(speedup: Measure) -> bool:
+    """Whether a measured speedup is a gain or a loss at all: 1.0x lies outside its spread
+    (and outside NOISE_FLOOR, which a single run or runs that happen to agree cannot narrow)."""
+    return speedup.runs > 0 and abs(speedup.median - 1.0) > max(speedup.spread, NOISE_FLOOR)
+
+
+@dataclass(frozen=True)
+class Repeats:
+    """How often a point is run: at least `min_runs`, then until the spread is within `steady`
+    of the median, at most `max_runs`."""
+
+    min_runs: int = MIN_RUNS
+    max_runs: int = MAX_RUNS
+    steady: float = STEADY_SPREAD
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.min_runs <= self.max_runs:
+            raise SpecDeskError(f"runs: at least {self.min_runs} and at most {self.max_runs} is not a range; "
+                                "give 1 <= min <= max")
+
+    def more(self, measure: Measure) -> bool:
+        """Whether another run is wanted after these."""
+        if measure.runs < self.min_runs:
+            return True
+        return measure.runs < self.max_runs and measure.relative_spread > self.steady
+
+
+def machine_load() -> Optional[tuple[float, int]]:
+    """(one-minute load average, logical cores), or None where the system has no load average."""
+    try:
+        return os.getloadavg()[0], os.cpu_count() or 1
+    except (AttributeError, OSError):
+        return None
+
+
+def busy_reason(baseline_rate: Measure, load: Optional[tuple[float, int]] = None) -> Optional[str]:
+    """Why the figures may be off, in a few words, when the machine is visibly busy; else None."""
+    if load is not None and load[0] > load[1]:
+        return f"busy machine: load average {load[0]:.1f} on {load[1]} cores"
+    if baseline_rate.runs > 1 and baseline_rate.median > 0:
+        varied = 2 * baseline_rate.spread / baseline_rate.median
+        if varied > BUSY_BASELINE_RANGE:
+            return f"busy machine: the baseline's tok/s varied by {varied:.0%} between runs"
+    return None
+
+
+def run_speedups(runs: Iterable[Iterable["PromptResult"]]) -> Measure:
+    """Each run's speedup (its speculative tok/s over its own baseline's, over its prompts): median and spread."""
+    speedups = []
+    for run in runs:
+        results = list(run)
+        base = merge_stats(r.baseline.stats for r in results)
+        spec = merge_stats(r.speculative.stats for r in results)
+        if base.tok_per_s > 0 and spec.tokens:
+            speedups.append(spec.tok_per_s / base.tok_per_s)
+    return Measure.of(speedups)
+
+
 @dataclass(frozen=True)
 class CompareReport:
     engine: str
@@ -173,25 +278,54 @@ class CompareReport:
     results: tuple[PromptResult, ...]
     divergences: tuple[Divergence, ...] = ()  # greedy runs only: each prompt's first divergence
     device: Optional[str] = None  # where the models sat (the engine's device_description)
+    repeats: tuple[tuple[PromptResult, ...], ...] = ()  # the runs after the first (`results`), over the same prompts
+    load: Optional[tuple[float, int]] = None  # the machine's load average and cores when the runs ended
+
+    @property
+    def runs(self) -> tuple[tuple[PromptResult, ...], ...]:
+        return (self.results, *self.repeats)
 
     @property
     def baseline(self) -> RunStats:
+        """The first run's baseline over the prompts; the tok/s figure over all runs is `baseline_rate`."""
         return merge_stats(r.baseline.stats for r in self.results)
 
     @property
     def speculative(self) -> RunStats:
         return merge_stats(r.speculative.stats for r in self.results)
 
+    def _per_run(self, arm: str) -> list[RunStats]:
+        return [merge_stats(getattr(r, arm).stats for r in run) for run in self.runs]
+
+    @property
+    def baseline_rate(self) -> Measure:
+        return Measure.of(s.tok_per_s for s in self._per_run("baseline") if s.tokens)
+
+    @property
+    def speculative_rate(self) -> Measure:
+        return Measure.of(s.tok_per_s for s in self._per_run("speculative") if s.tokens)
+
+    @property
+    def speedup_measure(self) -> Measure:
+        return run_speedups(self.runs)
+
     @property
     def speedup(self) -> float:
-        base = self.baseline.tok_per_s
-        return self.speculative.tok_per_s / base if base > 0 else 0.0
+        return self.speedup_measure.median
+
+    @property
+    def beyond_noise(self) -> bool:
+        return beyond_noise(self.speedup_measure)
+
+    @property
+    def busy(self) -> Optional[str]:
+        return busy_reason(self.baseline_rate, self.load)
 
     @property
     def identical_outputs(self) -> Optional[bool]:
         if self.temperature > 0:
             return None
-        return all(r.identical for r in self.results)
+        return all(r.identical for run in self.runs for r in run)
 
     def auto_report(self) -> dict:
         """Method auto over all prompts: its share of steps by method and k, and the costs it
@@ -209,6 +343,7 @@ class CompareReport:
 
     def to_json(self) -> dict:
         base, spec = self.baseline, self.speculative
+        base_rate, spec_rate, speedup = self.baseline_rate, self.speculative_rate, self.speedup_measure
         return {
             "engine": self.engine,
             "device": self.device,
@@ -218,16 +353,21 @@ class CompareReport:
             "k": self.k,
             "temperature": self.temperature,
             "prompts": len(self.results),
+            "runs": speedup.runs,
             "baseline": {"tokens": base.tokens, "seconds": round(base.seconds, 4),
-                         "tok_per_s": round(base.tok_per_s, 3)},
+                         "tok_per_s": round(base_rate.median, 3), "tok_per_s_spread": round(base_rate.spread, 3)},
             "speculative": {
-                "tokens": spec.tokens, "seconds": round(spec.seconds, 4), "tok_per_s": round(spec.tok_per_s, 3),
+                "tokens": spec.tokens, "seconds": round(spec.seconds, 4), "tok_per_s": round(spec_rate.median, 3),
+                "tok_per_s_spread": round(spec_rate.spread, 3),
                 "drafted": spec.drafted, "accepted": spec.accepted,
                 "acceptance_rate": round(spec.acceptance_rate, 4),
                 "mean_accepted_length": round(spec.mean_accepted_length, 4),
                 "per_position_acceptance": [round(a, 4) for a in spec.per_position_acceptance],
             },
-            "speedup": round(self.speedup, 4),
+            "speedup": round(speedup.median, 4),
+            "speedup_spread": round(speedup.spread, 4),
+            "speedup_beyond_noise": self.beyond_noise,
+            "busy": self.busy,
             **({"auto": self.auto_report()} if self.method == "auto" else {}),
             "identical_outputs": self.identical_outputs,
             "divergences": [d.to_json() for d in self.divergences],
@@ -242,41 +382,144 @@ def warm_up(engine, prompt_tokens: list[int], spec: SpecConfig, sampling: Sampli
 
 def compare(engine, prompts: list[str], spec: SpecConfig, sampling: SamplingParams, max_tokens: int,
             tokenize: Callable[[str], list[int]], on_event: Optional[EventCallback] = None,
-            cancel: Optional[threading.Event] = None, warm: bool = True) -> CompareReport:
+            cancel: Optional[threading.Event] = None, warm: bool = True,
+            repeats: Repeats = Repeats()) -> CompareReport:
+    """Baseline and speculative on every prompt, run again until the speedup is steady
+    (`repeats`); `on_event` sees the first run's events."""
     if not prompts:
         raise SpecDeskError("no prompts to compare")
     cancel = cancel or threading.Event()
     encoded = [tokenize(p) for p in prompts]
     if warm:
         warm_up(engine, encoded[0], spec, sampling)
-    baseline_spec = dataclasses.replace(spec, method="none")
-    results = []
-    for index, (prompt, tokens) in enumerate(zip(prompts, encoded)):
-        # Prompts are independent requests: what a learning proposer (the n-gram pool) saw
-        # in earlier prompts' outputs must not help it here.
-        engine.reset_chat()
-        runs = {}
-        # Alternate which arm goes first, so a machine that speeds up or slows down over the run
-        # (clock boost, a background job, caches warming) does not favour one arm.
-        order = (("baseline", baseline_spec), ("speculative", spec))
-        for label, config in order if index % 2 == 0 else order[::-1]:
-            request = GenerationRequest(tuple(tokens), max_tokens=max_tokens, sampling=sampling, spec=config)
-            callback = None if on_event is None else (lambda e, label=label: on_event(label, index, e))
-            runs[label] = run_once(engine, request, cancel, callback)
-        results.append(PromptResult(prompt, runs["baseline"], runs["speculative"]))
-        if cancel.is_set():
+    runs: list[tuple[PromptResult, ...]] = []
+    while True:
+        run = compare_once(engine, prompts, encoded, spec, sampling, max_tokens, cancel,
+                           on_event if not runs else None, flip=len(runs) % 2 == 1)
+        if runs and (cancel.is_set() or len(run) < len(prompts)):
+            break  # a cut run is not a measurement: the ones before it stand
+        runs.append(run)
+        if cancel.is_set() or not repeats.more(run_speedups(runs)):
             break
     divergences = []
     if sampling.greedy:
-        for index, (tokens, result) in enumerate(zip(encoded, results)):
+        for index, (tokens, result) in enumerate(zip(encoded, runs[0])):
             if "cancelled" in (result.baseline.finish_reason, result.speculative.finish_reason):
                 continue  # a cut run differs in length only
             divergence = classify_divergence(engine, index, tokens, result)
             if divergence is not None:
                 divergences.append(divergence)
     return CompareReport(engine.name, str(engine.target.path), spec.draft_path, spec.method,
-                         spec.k, sampling.temperature, tuple(results), tuple(divergences),
-                         getattr(engine, "device_description", None))
+                         spec.k, sampling.temperature, runs[0], tuple(divergences),
+                         getattr(engine, "device_description", None), tuple(runs[1:]), machine_load())
+
+
+def compare_once(engine, prompts: list[str], encoded: list[list[int]], spec: SpecConfig, sampling: SamplingParams,
+                 max_tokens: int, cancel: threading.Event, on_event: Optional[EventCallback] = None,
+                 flip: bool = False) -> tuple[PromptResult, ...]:
+    """One run over the prompts: baseline and speculative on each, the arm that goes first
+    alternating between prompts (and, with `flip`, the other way round from the last run)."""
+    baseline_spec = dataclasses.replace(spec, method="none")
+    results = []
+    for index, (prompt, tokens) in enumerate(zip(prompts, encoded)):
+        # Prompts are independent requests: what a learning proposer (the n-gram pool) saw
+        # in earlier prompts' outputs must not help it here.
+        engine.reset_chat()
+        arms = {}
+        # Alternate which arm goes first, so a machine that speeds up or slows down over the run
+        # (clock boost, a background job, caches warming) does not favour one arm.
+        order = (("baseline", baseline_spec), ("speculative", spec))
+        for label, config in order if (index % 2 == 0) != flip else order[::-1]:
+            request = GenerationRequest(tuple(tokens), max_tokens=max_tokens, sampling=sampling, spec=config)
+            callback = None if on_event is None else (lambda e, label=label: on_event(label, index, e))
+            arms[label] = run_once(engine, request, cancel, callback)
+        results.append(PromptResult(prompt, arms["baseline"], arms["speculative"]))
+        if cancel.is_set():
+            break
+    return tuple(results)
+
+
+# --- the k sweep ----------------------------------------------------------------------
+@dataclass(frozen=True)
+class SweepPoint:
+    k: int  # 0 is the baseline
+    stats: RunStats  # the run whose tok/s is the median of this point's runs
+    rate: Measure  # tok/s over the runs
+    speedup: Optional[Measure] = None  # each run's tok/s over the baseline's median; None for the baseline
+
+
+@dataclass(frozen=True)
+class SweepResult:
+    method: str
+    baseline: RunStats
+    points: tuple[SweepPoint, ...]  # speculative runs, in the order of ks
+    baseline_rate: Measure = Measure(0.0, 0.0, 0)
+    load: Optional[tuple[float, int]] = None  # the machine's load average and cores when the sweep ended
+
+    def best(self) -> Optional[SweepPoint]:
+        """The fastest k, when its speedup is beyond the noise of 1.0x; None otherwise (a k that
+        is no faster than the baseline, or whose gain the runs' spread could explain)."""
+        best = max(self.points, key=lambda p: p.rate.median, default=None)
+        if best is None or best.speedup is None or not beyond_noise(best.speedup) or best.speedup.median < 1.0:
+            return None
+        return best
+
+    def fastest(self) -> Optional[SweepPoint]:
+        return max(self.points, key=lambda p: p.rate.median, default=None)
+
+    @property
+    def busy(self) -> Optional[str]:
+        return busy_reason(self.baseline_rate, self.load)
+
+
+def repeated(run: Callable[[], RunStats], repeats: Repeats, cancel: threading.Event) -> tuple[RunStats, Measure]:
+    """`run` until its tok/s is steady: (the run at the median, the tok/s over the runs)."""
+    runs: list[RunStats] = []
+    while True:
+        stats = run()
+        if runs and cancel.is_set():
+            break  # a cut run is not a measurement
+        runs.append(stats)
+        rate = Measure.of(s.tok_per_s for s in runs)
+        if cancel.is_set() or not repeats.more(rate):
+            break
+    middle = sorted(runs, key=lambda s: s.tok_per_s)[(len(runs) - 1) // 2]
+    return middle, rate
+
+
+def sweep(engine, tokens: list[int], spec: SpecConfig, sampling: SamplingParams, max_tokens: int,
+          ks: Iterable[int], cancel: threading.Event, on_point: Callable[[SweepPoint], None],
+          repeats: Repeats = Repeats(), learns: bool = False) -> SweepResult:
+    """The baseline, then the speculative method at each k, each repeated until steady; with
+    `learns` (the n-gram pool) the engine's chat is reset before every speculative run, so
+    each starts from the same state."""
+    warm_up(engine, tokens, spec, sampling)
+
+    def once(config: SpecConfig) -> RunStats:
+        if learns and config.method != "none":
+            engine.reset_chat()
+        request = GenerationRequest(tuple(tokens), max_tokens=max_tokens, sampling=sampling, spec=config)
+        return run_once(engine, request, cancel).stats
+
+    baseline, baseline_rate = repeated(lambda: once(dataclasses.replace(spec, method="none")), repeats, cancel)
+    on_point(SweepPoint(0, baseline, baseline_rate))
+    points = []
+    for k in ks:
+        if cancel.is_set():
+            break
+        runs: list[RunStats] = []
+
+        def run_k(k=k) -> RunStats:
+            runs.append(once(dataclasses.replace(spec, k=k)))
+            return runs[-1]
+
+        stats, rate = repeated(run_k, repeats, cancel)
+        kept = runs[:rate.runs]
+        speedup = Measure.of(s.tok_per_s / baseline_rate.median for s in kept) if baseline_rate.median > 0 else None
+        point = SweepPoint(k, stats, rate, speedup)
+        points.append(point)
+        on_point(point)
+    return SweepResult(spec.method, baseline, tuple(points), baseline_rate, machine_load())
 
 
 MAX_PROMPTS_FILE_BYTES = 256 * 2**20

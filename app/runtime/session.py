@@ -14,7 +14,6 @@ or app/runtime/engine_client.EngineClient), and none asks which engine it is.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import threading
@@ -23,10 +22,11 @@ from pathlib import Path
 from typing import Callable, Generator, Optional, Sequence
 
 from specdesk.app.runtime.backend import ChatOutcome, ChatSettings
-from specdesk.app.runtime.compare import CompareReport, RunResult, compare, run_once, stream_once, warm_up
+from specdesk.app.runtime.compare import (CompareReport, RunResult, SweepPoint, SweepResult, compare, run_once,
+                                          stream_once, sweep)
 from specdesk.app.chat.prompting import chat_prompt, fit_chat, text_tokens
 from specdesk.app.storage.settings import DEMO, DEMO_DFLASH, DEMO_HF, DEMO_MTP
-from specdesk.engines.types import GenerationRequest, RunStats, SamplingParams, SpecConfig, SpecDeskError, StepEvent
+from specdesk.engines.types import GenerationRequest, SamplingParams, SpecConfig, SpecDeskError, StepEvent
 
 
 # --- engines -------------------------------------------------------------------
@@ -186,22 +186,6 @@ def prompt_tokenizer(engine, chat: bool) -> Callable[[str], list[int]]:
 
 
 # --- jobs ----------------------------------------------------------------------
-@dataclass(frozen=True)
-class SweepPoint:
-    k: int  # 0 is the baseline
-    stats: RunStats
-
-
-@dataclass(frozen=True)
-class SweepResult:
-    method: str
-    baseline: RunStats
-    points: tuple[SweepPoint, ...]  # speculative runs, in the order of ks
-
-    def best(self) -> Optional[SweepPoint]:
-        return max(self.points, key=lambda p: p.stats.tok_per_s, default=None)
-
-
 def stream_chat(engine, messages: list[dict], settings: ChatSettings, cancel: threading.Event
                 ) -> Generator[StepEvent, None, ChatOutcome]:
     """The reply to a conversation, step by step: with `settings.fit` its oldest turns are cut
@@ -246,36 +230,19 @@ def run_compare(engine, prompts: Sequence[str], spec: SpecConfig, sampling: Samp
 def run_sweep(engine, prompt: str, spec: SpecConfig, sampling: SamplingParams, max_tokens: int,
               ks: Sequence[int], cancel: threading.Event,
               on_point: Callable[[SweepPoint], None], chat: bool = True) -> SweepResult:
-    """Baseline once, then the speculative method at each k, on the same prompt."""
+    """The baseline, then the speculative method at each k, on the same prompt, each repeated
+    until steady (app/runtime/compare.sweep); each k's median speedup is kept for pairing."""
     if spec.method == "none":
         raise SpecDeskError("the k sweep needs a speculation method: choose ngram, ngram-pool or draft")
-    tokens = prompt_tokenizer(engine, chat)(prompt)
-    warm_up(engine, tokens, spec, sampling)
-
-    def once(config: SpecConfig) -> RunStats:
-        request = GenerationRequest(tuple(tokens), max_tokens=max_tokens, sampling=sampling, spec=config)
-        return run_once(engine, request, cancel).stats
-
-    from specdesk.app.models.measurements import record
+    from specdesk.app.models.measurements import record_sweep
     from specdesk.app.runtime.placement import engine_placement_label
 
-    placement = engine_placement_label(engine)
-    baseline = once(dataclasses.replace(spec, method="none"))
-    on_point(SweepPoint(0, baseline))
-    points = []
-    for k in ks:
-        if cancel.is_set():
-            break
-        if spec.method == "ngram-pool":
-            engine.reset_chat()  # the pool learns from every run: each k starts from the same state
-        point = SweepPoint(k, once(dataclasses.replace(spec, k=k)))
-        points.append(point)
-        on_point(point)
-        if baseline.tok_per_s > 0 and point.stats.tokens and not cancel.is_set():
-            record(str(engine.target.path), spec.draft_path, engine.name, spec.method, k,
-                   point.stats.tok_per_s / baseline.tok_per_s, point.stats.acceptance_rate, point.stats.tokens,
-                   sampling.temperature, placement=placement)
-    return SweepResult(spec.method, baseline, tuple(points))
+    result = sweep(engine, prompt_tokenizer(engine, chat)(prompt), spec, sampling, max_tokens, ks, cancel, on_point,
+                   learns=spec.method == "ngram-pool")
+    # a point cut by Stop is no measurement: the ones before it are kept
+    record_sweep(str(engine.target.path), engine.name, spec, result.points[:-1] if cancel.is_set() else result.points,
+                 sampling.temperature, placement=engine_placement_label(engine))
+    return result
 
 
 # --- one loaded target across jobs -----------------------------------------------
