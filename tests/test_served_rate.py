@@ -20,7 +20,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from served_replay import Replay, load  # noqa: E402
 
 from specdesk.app.serving.endpoint import Endpoint  # noqa: E402
-from specdesk.app.serving.stream import UNIT_CHARACTERS, UNIT_TOKENS  # noqa: E402
+from specdesk.app.serving.stream import UNIT_CHARACTERS, UNIT_TOKENIZER, UNIT_TOKENS  # noqa: E402
 from specdesk.engines.types import SamplingParams  # noqa: E402
 
 CHAT = [{"role": "user", "content": "Write a function that parses command line arguments."}]
@@ -156,3 +156,22 @@ def test_reset_empties_the_charts(charts):
     t, rate = charts.rates()
     assert len(t) == 0 and charts.current_stats() is None and charts.status.text() == "no run yet"
     assert charts.rate_curve.getData()[0] is None or len(charts.rate_curve.getData()[0]) == 0
+
+
+def test_with_the_targets_tokenizer_the_live_chart_counts_tokens(charts, serve, local):
+    """A caller that knows the target's tokenizer (here the served demo target's own) gets
+    events counted in tokens while the reply streams; the finished chart is the footer's."""
+    chunks: list[str] = []
+
+    def count_tokens(text: str) -> int:
+        chunks.append(text)
+        return len(local.tokenize(text, add_bos=False))
+
+    endpoint = Endpoint(serve, count_tokens=count_tokens)
+    assert endpoint.stream_unit() == UNIT_TOKENIZER
+    run, (t, rate) = chart_reply(charts, endpoint, 200)
+    counted = charts.series.tokens[charts.series.n - 1]
+    assert run.unit == UNIT_TOKENIZER and "".join(chunks) == run.result.text
+    assert counted == sum(max(1, len(local.tokenize(c, add_bos=False))) for c in chunks) != len(run.result.text)
+    footer = run.result.stats.tok_per_s
+    assert abs(curve_rate(t, rate) - footer) <= 0.1 * footer, (curve_rate(t, rate), footer)
