@@ -16,6 +16,7 @@ torch = pytest.importorskip("torch")
 
 from specdesk.app.training import cli  # noqa: E402
 from specdesk.app.training.adopt import Measured, decide  # noqa: E402
+from specdesk.app.training.methods import DEPTH  # noqa: E402
 from specdesk.app.training.prompts import (KINDS, Prompt, default_prompts_path, load_prompt_set,  # noqa: E402
                                            split_prompts)
 from specdesk.engines.types import SpecDeskError  # noqa: E402
@@ -126,39 +127,72 @@ def test_the_trained_head_computes_in_the_engine_what_training_unrolled(demo_fam
             previous = drafter.layer.feedback(out)
 
 
+def test_the_trained_dflash_drafter_computes_in_the_engine_what_training_did(demo_family, tmp_path, small_prompts):
+    import numpy as np
+
+    from specdesk.app.training import dflash, eagle3
+    from specdesk.app.training.record import RecordSettings, load_sequence, record
+    from specdesk.engines.torch.dflash import DFlashDrafter
+    from specdesk.engines.torch.engine import TorchEngine
+
+    torch.set_num_threads(1)
+    engine = TorchEngine(demo_family["target_hf"], device="cpu", dtype="float32")
+    network = engine.target.network
+    spec = dflash.spec_for(network.config)
+    files = record(engine, load_prompt_set(small_prompts)[:1],
+                   RecordSettings(taps=dflash.taps(spec), max_new_tokens=16), tmp_path / "cache", "train")
+    sequence = load_sequence(files[0])
+    drafter = dflash.new_drafter(network, spec)
+    with torch.no_grad():
+        for p in drafter.parameters():
+            p.add_(torch.randn(p.shape, generator=torch.Generator().manual_seed(2)) * 0.02)
+    folder = dflash.export_drafter(drafter.half().float(), spec, network.config, tmp_path / "dflash")
+    served = DFlashDrafter.from_folder(folder, engine.target, engine.n_ctx)
+    batch = eagle3.make_batch([sequence], 1024)
+    anchor = len(sequence.tokens) - spec.block_size - 2
+    with torch.no_grad():
+        trained = network.logits(dflash._block_rows(served.network, network, spec, batch, np.array([anchor]))[0, 0])
+        features = torch.from_numpy(sequence.features[:anchor].astype("float32"))
+        engine_logits = served.draft_logits(features, 0, int(sequence.tokens[anchor]))
+    torch.testing.assert_close(engine_logits, trained, rtol=1e-4, atol=1e-4)
+
+
 # --- train-drafter end to end --------------------------------------------------------------
 def _common(demo_family, prompts: Path, out: Path) -> list[str]:
     return ["--target", demo_family["target_hf"], "--prompts", str(prompts), "--out", str(out), "--device", "cpu",
-            "--threads", "1", "--max-tokens", "24", "--compare-prompts", "2", "--compare-tokens", "24",
+            "--threads", "1", "--max-tokens", "16", "--compare-prompts", "2", "--compare-tokens", "16",
             "--batch-size", "4"]
 
 
-def test_a_drafter_trained_for_one_step_is_kept_but_not_adopted(demo_family, small_prompts, tmp_path, capsys):
+@pytest.mark.parametrize("method", ["eagle3", "dflash"])
+def test_a_drafter_trained_for_one_step_is_kept_but_not_adopted(method, demo_family, small_prompts, tmp_path, capsys):
     from specdesk.app.runtime.compare import run_once
     from specdesk.engines.torch.engine import TorchEngine
     from specdesk.engines.types import GenerationRequest, SamplingParams, SpecConfig
 
     started = time.perf_counter()
     out = tmp_path / "run"
-    assert _run_cli(_common(demo_family, small_prompts, out) + ["--steps", "1", "--minutes", "1"]) == 0
+    assert _run_cli(_common(demo_family, small_prompts, out) + ["--method", method, "--steps", "1", "--minutes", "1"]) == 0
     assert time.perf_counter() - started < 60
     provenance = json.loads((out / "provenance.json").read_text())
     assert provenance["trained_here"] and provenance["training"]["steps"] == 1
     assert provenance["adopted"] is False
     best = max([1.0, *(m["speedup"] for m in provenance["measured"]["existing"].values())])
-    assert provenance["reason"].startswith(f"trained EAGLE-3: {provenance['speedup']:.2f}x, below ")
+    label = {"eagle3": "EAGLE-3", "dflash": "DFlash"}[method]
+    assert provenance["method"] == method
+    assert provenance["reason"].startswith(f"trained {label}: {provenance['speedup']:.2f}x, below ")
     assert provenance["reason"].endswith(f"{best:.2f}x")
     assert provenance["measured"]["trained"]["identical_outputs"] is True
-    assert len(provenance["held_out_acceptance_per_position"]) == cli.DEPTH
+    assert len(provenance["held_out_acceptance_per_position"]) == DEPTH
     err = capsys.readouterr().err
-    assert "kept, not adopted: trained EAGLE-3" in err and "MiB" in err.split("\n")[1]
+    assert f"kept, not adopted: trained {label}" in err and "MiB" in err.split("\n")[1]
 
     # The exported folder is an EAGLE-3 drafter the PyTorch engine loads, and greedy output through it is the baseline's.
     engine = TorchEngine(demo_family["target_hf"], device="cpu", dtype="float32")
     tokens = tuple(engine.tokenize("def parse_args(argv):\n"))
     runs = [run_once(engine, GenerationRequest(tokens, max_tokens=40, sampling=SamplingParams(temperature=0.0),
                                                spec=spec))
-            for spec in (SpecConfig(), SpecConfig(method="eagle3", k=3, draft_path=str(out / "eagle3")))]
+            for spec in (SpecConfig(), SpecConfig(method=method, k=3, draft_path=str(out / method)))]
     assert runs[0].tokens == runs[1].tokens and len(runs[0].tokens) == 40
     assert runs[1].stats.drafted > 0
 

@@ -64,7 +64,7 @@ def core_features(core_model, tokens, layer_ids):
     return torch.cat([taps[i + 1] for i in layer_ids], dim=-1), core_model.logits(hidden)
 
 
-def _copy_core_layers(drafter, core_model, core: ModelConfig) -> None:
+def copy_core_layers(drafter, core_model, core: ModelConfig) -> None:
     """Start each draft layer from one of the core's last layers, where the shapes agree: they
     already know which positions to attend to, which a drafter learns slowly from scratch."""
     import torch
@@ -101,7 +101,7 @@ def train_dflash(core_model, core: ModelConfig, spec: DFlashSpec, settings: DFla
     drafter = DFlashDraftModel(config)
     init_weights(drafter, settings.seed, spec.num_layers)
     if settings.init_from_core:
-        _copy_core_layers(drafter, core_model, core)
+        copy_core_layers(drafter, core_model, core)
     core_model.requires_grad_(False)
     B, T, n_blocks = spec.block_size, settings.seq_len, settings.blocks_per_sequence
     cos, sin = rope_tables(config.model, T + B)

@@ -11,14 +11,15 @@ from pathlib import Path
 
 from specdesk.engines.types import SpecDeskError
 
-METHODS = ("eagle3",)
+METHODS = ("eagle3", "dflash")
 DEVICES = ("auto", "cpu", "cuda", "mps")
-DEPTH = 3  # draft positions trained, measured per position, and the k of the compare
+TYPICAL_PROMPT_TOKENS = 64  # for the cache size said before recording
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--target", required=True, type=Path, help="the target: a Hugging Face model folder")
-    parser.add_argument("--method", choices=METHODS, default="eagle3", help="what to train (default eagle3)")
+    parser.add_argument("--method", choices=METHODS, default="eagle3",
+                        help="what to train: an EAGLE-3 head or a DFlash block drafter (default eagle3)")
     parser.add_argument("--prompts", type=Path,
                         help="JSONL prompts the target answers to make the data (default: the bundled set)")
     parser.add_argument("--minutes", type=float, default=20.0, help="training time budget (default 20)")
@@ -66,10 +67,10 @@ def _run(args: argparse.Namespace) -> int:
         _positive(value, name)
     from specdesk.engines.torch.engine import TorchEngine
 
-    from . import eagle3
-    from .adopt import METHOD_LABELS, Measured, decide, existing_methods, measure, write_provenance
+    from .adopt import METHOD_LABELS, decide, existing_methods, measure, write_provenance
     from .loop import CHECKPOINT, LoopSettings, terminal_live, train_loop
     from .prompts import default_prompts_path, load_prompt_set, split_prompts
+    from .methods import DEPTH, method_taps, plan
     from .record import RecordSettings, cache_key, estimate_bytes, load_sequence, prompt_tokens, record
 
     say = lambda message: print(message, file=sys.stderr, flush=True)  # noqa: E731
@@ -91,12 +92,11 @@ def _run(args: argparse.Namespace) -> int:
     engine = TorchEngine(target, device=args.device, dtype="float32" if args.device in ("cpu", "auto") and
                          not torch.cuda.is_available() else "auto")
     config = engine.target.config
-    taps = eagle3.default_taps(config.num_hidden_layers)
+    taps = method_taps(args.method, engine.target.network)
     settings = RecordSettings(taps=taps, max_new_tokens=args.max_tokens, limit_bytes=int(args.cache_mb * 2**20))
-    key = cache_key(target, train_prompts + held_prompts, settings)
+    key = cache_key(target, prompts, settings)  # the whole set: a larger --max-prompts reuses what is recorded
     cache = out / "cache" / key
-    typical = 64
-    size = estimate_bytes(len(train_prompts) + len(held_prompts), typical, settings, config.hidden_size)
+    size = estimate_bytes(len(train_prompts) + len(held_prompts), TYPICAL_PROMPT_TOKENS, settings, config.hidden_size)
     say(f"recording {len(train_prompts)} training and {len(held_prompts)} held-out prompts from {prompts_path} "
         f"into {cache}: about {size / 2**20:.1f} MiB "
         f"({settings.bytes_per_token(config.hidden_size)} bytes a token, at most {args.cache_mb:g} MiB)")
@@ -110,32 +110,18 @@ def _run(args: argparse.Namespace) -> int:
     train_seqs = [load_sequence(p) for p in train_files]
     held_seqs = [load_sequence(p) for p in held_files]
     tokens_recorded = sum(len(s.tokens) for s in train_seqs)
-    network = engine.target.network
-    head = eagle3.new_head(network, seed=0).to(network.model.embed_tokens.weight.device)
-    head_cfg = eagle3.head_config(config)
-    embed = network.model.embed_tokens
-    max_len = min(config.max_position_embeddings, 1024)
-    held_batch = eagle3.make_batch(held_seqs, max_len)
-
-    def step_fn(rng):
-        picks = rng.choice(len(train_seqs), size=min(args.batch_size, len(train_seqs)), replace=False)
-        batch = eagle3.make_batch([train_seqs[i] for i in picks], max_len)
-        return eagle3.kl_loss(eagle3.unroll(head, head_cfg, embed, batch, DEPTH), batch)
-
-    def eval_fn():
-        shares, rows = eagle3.acceptance(eagle3.unroll(head, head_cfg, embed, held_batch, DEPTH), held_batch)
-        return sum(shares), {"acceptance": [round(a, 4) for a in shares], "rows": rows}
-
+    trainer = plan(args.method, engine.target.network, train_seqs, held_seqs, args.batch_size,
+                   min(config.max_position_embeddings, 1024))
     loop = LoopSettings(minutes=args.minutes, max_steps=args.steps, eval_every=args.eval_every)
-    say(f"training an EAGLE-3 head on {len(train_seqs)} sequences ({tokens_recorded} tokens) for at most "
+    what = "an EAGLE-3 head" if args.method == "eagle3" else "a DFlash drafter"
+    say(f"training {what} on {len(train_seqs)} sequences ({tokens_recorded} tokens) for at most "
         f"{args.minutes:g} minutes" + (f" or {args.steps} steps" if args.steps else ""))
-    state = train_loop(head, step_fn, eval_fn, loop, out, args.resume, say, terminal_live())
-    best = state.history and max(state.history, key=lambda h: sum(h.get("acceptance", [0])))
-    acceptance = best["acceptance"] if best else []
+    state = train_loop(trainer.module, trainer.step, trainer.evaluate, loop, out, args.resume, say, terminal_live())
+    acceptance = next(h["acceptance"] for h in state.history if h["step"] == state.best_step)
     say(f"best held-out acceptance per position {acceptance} (mean accepted {sum(acceptance):.3f}) at step "
         f"{state.best_step} of {state.step}")
 
-    folder = eagle3.export_head(head, config, taps, out / args.method)
+    folder = trainer.export(out / args.method)
     say(f"exported {folder}")
     compare_texts = [p.text for p in held_prompts[:args.compare_prompts]]
     by_text = {p.text: p for p in held_prompts}

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import io
+import math
 import os
 import sys
 import time
@@ -100,7 +101,8 @@ def train_loop(module: torch.nn.Module, step_fn: StepFn, eval_fn: EvalFn, settin
         with torch.no_grad():
             score, figures = eval_fn()
         module.train()
-        state.history.append({"step": state.step, "loss": round(loss, 5), "seconds": round(state.elapsed, 1),
+        state.history.append({"step": state.step, "loss": None if math.isnan(loss) else round(loss, 5),
+                              "seconds": round(state.elapsed, 1),
                               **figures})
         if score > state.best_score:
             state.best_score, state.best_step = score, state.step
@@ -139,8 +141,9 @@ def train_loop(module: torch.nn.Module, step_fn: StepFn, eval_fn: EvalFn, settin
     return state
 
 
-def terminal_live(stream=sys.stderr) -> Callable[[str], None]:
+def terminal_live(stream=None) -> Callable[[str], None]:
     """A progress line rewritten in place on a terminal; nothing on a pipe (the evaluations report there)."""
+    stream = stream or sys.stderr
     if not stream.isatty():
         return lambda line: None
 

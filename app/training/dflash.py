@@ -1,0 +1,138 @@
+"""Training a DFlash block drafter for a PyTorch target from recorded data.
+
+The drafter is the engine's DFlashDraftModel (engines/torch/dflash.py) in z-lab's format, with
+the demo recipe's loss (app/demo/dflash.py): blocks [x_a, mask x (B-1)] at anchors a attend
+to the context rows before a (fc over the recorded outputs of the target layers it reads)
+and to their own block, and row i learns the target's distribution of x_{a+i}; here that
+distribution is the recorded top-k rather than the live target, so training needs no target
+pass. Its layers start as the target's last layers, as the demo's do.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+import torch
+
+from specdesk.app.demo.dflash import DFlashSpec, copy_core_layers, dflash_hf_config, drafter_config
+from specdesk.engines.torch.dflash import DFlashDraftModel
+from specdesk.engines.torch.model import ModelConfig, rope_tables
+
+from .eagle3 import Batch
+
+BLOCK_SIZE = 8
+POSITION_DECAY = 2.0  # loss weight exp(-i / decay) of block row i, as the demo recipe weighs them
+
+
+def layer_ids(num_layers: int) -> tuple[int, ...]:
+    """Target layers whose outputs the drafter reads: early, middle and late, never the last one
+    (llama.cpp hands out layer inputs, so the output of the last layer is out of its reach)."""
+    last_usable = max(0, num_layers - 2)
+    return tuple(sorted({min(i, last_usable) for i in (1, num_layers // 2, num_layers - 2)}))
+
+
+def spec_for(target: ModelConfig) -> DFlashSpec:
+    return DFlashSpec(num_layers=1, num_heads=target.num_attention_heads, head_dim=target.head_dim,
+                      intermediate_size=target.intermediate_size, block_size=BLOCK_SIZE,
+                      target_layer_ids=layer_ids(target.num_hidden_layers), mask_token_id=0)
+
+
+def taps(spec: DFlashSpec) -> tuple[int, ...]:
+    """H[id + 1], the input of the layer after each one read: that layer's output."""
+    return tuple(i + 1 for i in spec.target_layer_ids)
+
+
+def new_drafter(target_network, spec: DFlashSpec) -> DFlashDraftModel:
+    config = target_network.config
+    drafter = DFlashDraftModel(drafter_config(spec, config.hidden_size, config.rms_norm_eps, config.rms_norm_eps,
+                                              config))
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for name, param in drafter.named_parameters():
+            param.copy_(torch.ones_like(param) if name.endswith("norm.weight")
+                        else torch.randn(param.shape, generator=generator) * 0.02)
+    copy_core_layers(drafter, target_network, config)
+    drafter.norm.weight.data.copy_(target_network.model.norm.weight.float())
+    return drafter
+
+
+def _block_rows(drafter, target_network, spec: DFlashSpec, batch: Batch, anchors: np.ndarray) -> torch.Tensor:
+    """Normed drafted rows (Bt, n_blocks, B-1, d) of blocks at `anchors` (shared by the batch)."""
+    B, n_blocks = spec.block_size, len(anchors)
+    Bt, T = batch.tokens.shape
+    cos, sin = rope_tables(drafter_config(spec, 1, 1.0, 1.0, target_network.config).model, T + B)
+    with torch.no_grad():
+        ids = torch.full((Bt, n_blocks, B), spec.mask_token_id, dtype=torch.long)
+        ids[:, :, 0] = batch.tokens[:, anchors]
+        block = target_network.model.embed_tokens(ids.view(Bt, -1)).float()  # (Bt, n_blocks*B, d)
+    positions = torch.as_tensor((anchors[:, None] + np.arange(B)[None, :]).reshape(-1))  # (n_blocks*B,)
+    block_of = torch.arange(n_blocks).repeat_interleave(B)
+    sees_context = torch.arange(T)[None, :] < torch.as_tensor(anchors).repeat_interleave(B)[:, None]
+    sees_block = block_of[:, None] == block_of[None, :]
+    mask = torch.cat([sees_context, sees_block], dim=1)  # (n_blocks*B, T + n_blocks*B)
+    rope = (cos[positions], sin[positions], cos[:T], sin[:T])
+    rows = drafter(block, batch.features, rope, 0, mask)  # (Bt, n_blocks*B, d)
+    return rows.view(Bt, n_blocks, B, -1)[:, :, 1:]
+
+
+def _targets(spec: DFlashSpec, batch: Batch, anchors: np.ndarray):
+    """Positions a+i (i = 0..B-2) whose recorded distribution row i+1 learns, and where they exist."""
+    positions = torch.as_tensor(anchors[:, None] + np.arange(spec.block_size - 1)[None, :])  # (n_blocks, B-1)
+    exists = positions[None] <= batch.lengths[:, None, None] - 1  # (Bt, n_blocks, B-1)
+    return positions.clamp(max=batch.tokens.shape[1] - 1), exists
+
+
+def kl_loss(drafter, target_network, spec: DFlashSpec, batch: Batch, rng: np.random.Generator,
+            blocks: int = 16) -> tuple[torch.Tensor, dict]:
+    T, B = int(batch.lengths.min()), spec.block_size
+    choices = np.arange(1, max(2, T - B + 1))
+    anchors = np.sort(rng.choice(choices, size=min(blocks, len(choices)), replace=False))
+    rows = _block_rows(drafter, target_network, spec, batch, anchors)
+    logq = torch.log_softmax(target_network.logits(rows), dim=-1)  # (Bt, n_blocks, B-1, V)
+    positions, exists = _targets(spec, batch, anchors)
+    p, ids = batch.top_p[:, positions], batch.top_ids[:, positions]  # (Bt, n_blocks, B-1, k)
+    per_row = (p * (torch.log(p.clamp_min(1e-12)) - logq.gather(-1, ids))).sum(-1)
+    weights = torch.exp(-torch.arange(B - 1, dtype=torch.float32) / POSITION_DECAY).expand_as(per_row)
+    weights = weights * exists
+    return (per_row * weights).sum() / weights.sum().clamp_min(1e-9), {}
+
+
+@torch.no_grad()
+def acceptance(drafter, target_network, spec: DFlashSpec, held: Sequence[Batch], depth: int,
+               blocks: int = 16) -> tuple[list[float], int]:
+    """Per block row i = 1..depth, the share of answer blocks whose first i drafts all equal the
+    target's greedy tokens; one sequence per batch, blocks spread over its answer."""
+    alive_sums, count = np.zeros(depth), 0
+    for batch in held:
+        length, start = int(batch.lengths[0]), int(batch.answer_starts[0])
+        first, last = max(1, start - 1), length - depth - 1
+        if last < first:
+            continue
+        anchors = np.unique(np.linspace(first, last, num=min(blocks, last - first + 1)).round().astype(np.int64))
+        rows = _block_rows(drafter, target_network, spec, batch, anchors)[0, :, :depth]  # (n_blocks, depth, d)
+        drafted = target_network.logits(rows).argmax(-1)
+        positions, _ = _targets(spec, batch, anchors)
+        greedy = batch.top_ids[0, positions[:, :depth], 0]  # (n_blocks, depth)
+        alive = torch.cumprod((drafted == greedy).long(), dim=1)
+        alive_sums += alive.sum(0).numpy()
+        count += len(anchors)
+    return [float(s) / max(1, count) for s in alive_sums], count
+
+
+def export_drafter(drafter: DFlashDraftModel, spec: DFlashSpec, target: ModelConfig, folder: Path) -> Path:
+    """A z-lab DFlashDraftModel folder (config.json, model.safetensors in float16)."""
+    import json
+    import os
+
+    from safetensors.torch import save_file
+
+    folder.mkdir(parents=True, exist_ok=True)
+    weights = {name: t.detach().to(torch.float16).contiguous().cpu() for name, t in drafter.state_dict().items()}
+    tmp = folder / f"model.safetensors.tmp-{os.getpid()}"
+    save_file(weights, str(tmp), metadata={"format": "pt"})
+    os.replace(tmp, folder / "model.safetensors")
+    config = dflash_hf_config(spec, target, target.hidden_size, target.rms_norm_eps)
+    (folder / "config.json").write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
+    return folder

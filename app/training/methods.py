@@ -1,0 +1,73 @@
+"""What each trainable method needs from the command: the target layers it reads, the module
+trained, a training step, the held-out acceptance, and the export."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Sequence
+
+import numpy as np
+import torch
+
+from . import dflash, eagle3
+from .record import Recorded
+
+DEPTH = 3  # draft positions measured (and EAGLE-3 steps unrolled); the k of the speedup compare
+
+
+@dataclass
+class Plan:
+    method: str
+    taps: tuple[int, ...]
+    module: torch.nn.Module
+    step: Callable[[np.random.Generator], tuple[torch.Tensor, dict]]  # one training batch -> (loss, figures)
+    evaluate: Callable[[], tuple[float, dict]]  # held-out -> (mean accepted drafts, figures)
+    export: Callable[[Path], Path]
+
+
+def method_taps(method: str, network) -> tuple[int, ...]:
+    config = network.config
+    if method == "eagle3":
+        return eagle3.default_taps(config.num_hidden_layers)
+    return dflash.taps(dflash.spec_for(config))
+
+
+def plan(method: str, network, train: Sequence[Recorded], held: Sequence[Recorded], batch_size: int,
+         max_len: int) -> Plan:
+    config = network.config
+    taps = method_taps(method, network)
+
+    def sample(rng: np.random.Generator) -> eagle3.Batch:
+        picks = rng.choice(len(train), size=min(batch_size, len(train)), replace=False)
+        return eagle3.make_batch([train[i] for i in picks], max_len)
+
+    def figures(shares: list[float], rows: int) -> tuple[float, dict]:
+        return sum(shares), {"acceptance": [round(a, 4) for a in shares], "rows": rows}
+
+    if method == "eagle3":
+        head = eagle3.new_head(network, seed=0)
+        head_config, embed = eagle3.head_config(config), network.model.embed_tokens
+        held_batch = eagle3.make_batch(list(held), max_len)
+
+        def step(rng):
+            batch = sample(rng)
+            return eagle3.kl_loss(eagle3.unroll(head, head_config, embed, batch, DEPTH), batch)
+
+        def evaluate():
+            return figures(*eagle3.acceptance(eagle3.unroll(head, head_config, embed, held_batch, DEPTH), held_batch))
+
+        return Plan(method, taps, head, step, evaluate, lambda folder: eagle3.export_head(head, config, taps, folder))
+
+    spec = dflash.spec_for(config)
+    drafter = dflash.new_drafter(network, spec)
+    held_batches = [eagle3.make_batch([s], max_len) for s in held]
+
+    def dflash_step(rng):
+        return dflash.kl_loss(drafter, network, spec, sample(rng), rng)
+
+    def dflash_evaluate():
+        return figures(*dflash.acceptance(drafter, network, spec, held_batches, DEPTH))
+
+    return Plan(method, taps, drafter, dflash_step, dflash_evaluate,
+                lambda folder: dflash.export_drafter(drafter, spec, config, folder))
