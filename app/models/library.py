@@ -350,13 +350,19 @@ def load_sources(path: Optional[Path] = None) -> dict:
     """The table of other apps' model folders; empty (with a log line) when it is missing or broken,
     so a damaged install still lists the models it can."""
     path = Path(path) if path is not None else assets_dir() / "model_sources.json"
+    return read_table(path, "sources", dict, "model sources") or {}
+
+
+def read_table(path: Path, key: str, kind: type, what: str):
+    """The `key` table of a JSON file when it is a `kind`, else None (with a log line when the
+    file is missing or broken)."""
     try:
-        sources = json.loads(path.read_text(encoding="utf-8"))["sources"]
-        if isinstance(sources, dict):
-            return sources
+        table = json.loads(path.read_text(encoding="utf-8"))[key]
+        if isinstance(table, kind):
+            return table
     except (OSError, ValueError, KeyError, TypeError) as e:
-        log.warning("%s: cannot read the model sources table (%s)", path, e)
-    return {}
+        log.warning("%s: cannot read the %s table (%s)", path, what, e)
+    return None
 
 
 def expand_location(location: str, env: Optional[dict] = None) -> Optional[Path]:

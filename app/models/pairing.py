@@ -13,7 +13,6 @@ acceptance rate and the draft/target cost ratio taken from their weight bytes.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import re
@@ -26,7 +25,7 @@ from specdesk.engines.memory import MemoryInfo, available_memory  # noqa: F401 -
 from specdesk.engines.methods import method_info
 from specdesk.engines.types import MAX_DRAFT_TOKENS, SpecDeskError
 
-from .library import ModelEntry, Shape, find_entry, read_model
+from .library import ModelEntry, Shape, find_entry, read_model, read_table
 from ..storage.paths import assets_dir
 
 log = logging.getLogger(__name__)
@@ -360,13 +359,7 @@ def check_draft(target: ModelEntry, draft: ModelEntry, vocab_reasons: Optional[t
 def load_drafter_table(path: Optional[Path] = None) -> list[dict]:
     """Known targets and their drafter repositories; empty when the table is missing or broken."""
     path = Path(path) if path is not None else assets_dir() / "native_drafters.json"
-    try:
-        table = json.loads(path.read_text(encoding="utf-8"))["targets"]
-        if isinstance(table, list):
-            return table
-    except (OSError, ValueError, KeyError, TypeError) as e:
-        log.warning("%s: cannot read the native drafters table (%s)", path, e)
-    return []
+    return read_table(path, "targets", list, "native drafters") or []
 
 
 def known_target(entry: ModelEntry, table: Optional[list] = None) -> Optional[dict]:

@@ -29,6 +29,8 @@ from .ext import CachedPositions, Entry, HiddenStateProposer, LayerInputDrafter,
 class DFlashDrafter(LayerInputDrafter, CachedPositions):
     """A DFlash / DSpark drafter context over one target context; lives as long as the engine."""
 
+    label = "DFlash"
+
     def __init__(self, path: str | os.PathLike, target: GgufModel, target_ctx: GgufContext, n_threads: int,
                  model_options: Optional[dict] = None):
         self.ext = ext().require("dflash")
@@ -65,20 +67,14 @@ class DFlashDrafter(LayerInputDrafter, CachedPositions):
     def observe(self, output, tokens: Sequence[int], start: int) -> None:
         """Inject the target's features for the kept tokens tokens[:-1] at start.. into the drafter's cache."""
         n = len(tokens) - 1
-        self.rollback(start)
-        if len(self.cached) != start:
-            raise SpecDeskError(f"DFlash context out of step: it holds {len(self.cached)} positions, the target rows start at {start}")
+        self.rollback_to(start, "the target rows start at")
         features = np.concatenate([output.taps[layer][:n] for layer in self.layer_ids], axis=1)  # (n, L * n_embd)
-        for first in range(0, n, self.context.n_batch):
-            chunk = features[first:first + self.context.n_batch]
-            self.context.process([Entry(pos=start + first + j, embd=row) for j, row in enumerate(chunk)])
+        self.feed([Entry(pos=start + j, embd=row) for j, row in enumerate(features)])
         self.cached.extend(int(t) for t in tokens[:n])
 
     def draft(self, context: Sequence[int], k: int, p_min: float = 0.0) -> list[int]:
         pos0 = len(context) - 1
-        self.rollback(pos0)
-        if len(self.cached) != pos0:
-            raise SpecDeskError(f"DFlash context out of step: it holds {len(self.cached)} positions, drafting starts at {pos0}")
+        self.rollback_to(pos0, "drafting starts at")
         n_draft = min(k, self.max_draft)
         n_block = n_draft if self.from_anchor else n_draft + 1
         block = [int(context[-1])] + [self.mask_token] * (n_block - 1)

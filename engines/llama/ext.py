@@ -13,7 +13,6 @@ import ctypes
 import threading
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Optional, Sequence
 
 import numpy as np
@@ -221,6 +220,8 @@ class CachedPositions:
     """A drafter context that holds one row per committed position (`cached` tokens): it keeps
     the prefix it shares with a new context and forgets the rest by position."""
 
+    label = "drafter"  # how its errors name it
+
     def valid_prefix(self, tokens: Sequence[int]) -> int:
         """How much of `tokens` the drafter holds; the target re-decodes the rest."""
         n = common_prefix(self.cached, tokens)
@@ -231,6 +232,18 @@ class CachedPositions:
         if n_keep < len(self.cached):
             self.context.remove_from(n_keep)
             del self.cached[n_keep:]
+
+    def rollback_to(self, position: int, what: str) -> None:
+        """Forget the rows from `position` on, which must leave every row before it."""
+        self.rollback(position)
+        if len(self.cached) != position:
+            raise SpecDeskError(f"{self.label} context out of step: it holds {len(self.cached)} positions, "
+                                f"{what} {position}")
+
+    def feed(self, entries: Sequence[Entry]) -> None:
+        """Rows into the drafter's context, a batch at a time."""
+        for first in range(0, len(entries), self.context.n_batch):
+            self.context.process(entries[first:first + self.context.n_batch])
 
 
 class HiddenRows:

@@ -38,6 +38,8 @@ def nextn_layers(path) -> int:
 class MtpDrafter(CachedPositions):
     """The MTP context of one target context; lives as long as the engine."""
 
+    label = "MTP"
+
     def __init__(self, target: GgufModel, target_ctx: GgufContext, n_threads: int):
         self.ext = ext().require("mtp")
         if not target.load_mtp:
@@ -65,23 +67,18 @@ class MtpDrafter(CachedPositions):
         tokens[:-1] at start.. (`output.hidden`: the target's h for those positions)."""
         n = len(tokens) - 1
         h = output.hidden[:n]
-        self.rollback(start)
-        if len(self.cached) != start:
-            raise SpecDeskError(f"MTP context out of step: it holds {len(self.cached)} positions, the target rows start at {start}")
+        self.rollback_to(start, "the target rows start at")
         entries = []
         for j in range(n):
             h_prev = (self.h_hist[start - 1] if start > 0 else self.h_hist[-1]) if j == 0 else h[j - 1]
             entries.append(Entry(pos=start + j, token=int(tokens[j]), embd=np.array(h_prev, copy=True)))
         self.h_hist[start:start + n] = h
-        for first in range(0, n, self.context.n_batch):
-            self.context.process(entries[first:first + self.context.n_batch])
+        self.feed(entries)
         self.cached.extend(int(t) for t in tokens[:n])
 
     def draft(self, context: Sequence[int], k: int, p_min: float = 0.0) -> list[int]:
         pos0 = len(context) - 1
-        self.rollback(pos0)
-        if len(self.cached) != pos0:
-            raise SpecDeskError(f"MTP context out of step: it holds {len(self.cached)} positions, drafting starts at {pos0}")
+        self.rollback_to(pos0, "drafting starts at")
         h = self.h_hist[pos0 - 1] if pos0 > 0 else self.h_hist[-1]
         token = int(context[-1])
         out: list[int] = []
