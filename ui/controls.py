@@ -12,6 +12,7 @@ from PySide6.QtWidgets import (QComboBox, QDoubleSpinBox, QFileDialog, QFormLayo
                                QVBoxLayout, QWidget)
 
 from specdesk.app.storage.settings import DEMO, DEMO_DFLASH, DEMO_HF, DEMO_MTP, RANGES, Settings
+from specdesk.engines.llama.fit import DEFAULT_CONTEXT
 from specdesk.engines.methods import METHODS, method_info, method_names, needs_draft_model, uses_file
 from specdesk.engines.types import SamplingParams, SpecConfig, SpecDeskError
 
@@ -23,6 +24,24 @@ DRAFTS = [("No draft model", None), ("Demo draft (built in)", DEMO), ("Demo DFla
 HIDDEN = "\0hidden"  # combo item data of the "N incompatible hidden" line
 DEVICE_CHOICES = ("auto", "CPU")  # or any name `specdesk devices` lists, typed in
 LAYER_CHOICES = ("auto", "all", "0")  # or a number, typed in
+
+def spin_box(parent: QWidget, key: str, step: float = 0, special: str = "") -> QSpinBox | QDoubleSpinBox:
+    """A spin box over a setting's range (RANGES[key]): a QDoubleSpinBox when the range is in
+    fractions. `special` is shown at the minimum."""
+    low, high = RANGES[key]
+    spin = QDoubleSpinBox(parent) if isinstance(low, float) else QSpinBox(parent)
+    spin.setRange(low, high)
+    if step:
+        spin.setSingleStep(step)
+    if special:
+        spin.setSpecialValueText(special)
+    return spin
+
+
+def add_rows(form: QFormLayout, *rows: tuple[str, QWidget]) -> None:
+    for label, widget in rows:
+        form.addRow(label, widget)
+
 
 def set_clamped(spin: QSpinBox | QDoubleSpinBox, value: float) -> None:
     """setValue within the box's range: QSpinBox.setValue raises OverflowError past 32 bits,
@@ -64,49 +83,28 @@ class ControlsPanel(QScrollArea):
         self.method_combo = QComboBox(models)
         for method in method_names():
             self.method_combo.addItem(METHODS[method].label, method)
-        self.k_spin = QSpinBox(models)
-        self.k_spin.setRange(*RANGES["k"])
+        self.k_spin = spin_box(models, "k")
         self.k_spin.setToolTip("Draft tokens proposed per step (the upper bound for variable-length proposers)")
-        form.addRow("Target", self.target_combo)
-        form.addRow("Method", self.method_combo)
-        form.addRow("Draft", self.draft_combo)
-        form.addRow("k", self.k_spin)
+        add_rows(form, ("Target", self.target_combo), ("Method", self.method_combo), ("Draft", self.draft_combo),
+                 ("k", self.k_spin))
 
         sampling = QGroupBox("Sampling", body)
         form = QFormLayout(sampling)
-        self.temperature_spin = QDoubleSpinBox(sampling)
-        self.temperature_spin.setRange(*RANGES["temperature"])
-        self.temperature_spin.setSingleStep(0.1)
+        self.temperature_spin = spin_box(sampling, "temperature", step=0.1, special="0 (greedy)")
         self.temperature_spin.setDecimals(2)
-        self.temperature_spin.setSpecialValueText("0 (greedy)")
-        self.top_p_spin = QDoubleSpinBox(sampling)
-        self.top_p_spin.setRange(*RANGES["top_p"])
-        self.top_p_spin.setSingleStep(0.05)
-        self.top_k_spin = QSpinBox(sampling)
-        self.top_k_spin.setRange(*RANGES["top_k"])
-        self.top_k_spin.setSpecialValueText("off")
-        self.seed_spin = QSpinBox(sampling)
-        self.seed_spin.setRange(*RANGES["seed"])
-        form.addRow("Temperature", self.temperature_spin)
-        form.addRow("Top-p", self.top_p_spin)
-        form.addRow("Top-k", self.top_k_spin)
-        form.addRow("Seed", self.seed_spin)
+        self.top_p_spin = spin_box(sampling, "top_p", step=0.05)
+        self.top_k_spin = spin_box(sampling, "top_k", special="off")
+        self.seed_spin = spin_box(sampling, "seed")
+        add_rows(form, ("Temperature", self.temperature_spin), ("Top-p", self.top_p_spin), ("Top-k", self.top_k_spin),
+                 ("Seed", self.seed_spin))
 
         limits = QGroupBox("Limits", body)
         form = QFormLayout(limits)
-        self.max_tokens_spin = QSpinBox(limits)
-        self.max_tokens_spin.setRange(*RANGES["max_tokens"])
-        self.threads_spin = QSpinBox(limits)
-        self.threads_spin.setRange(*RANGES["threads"])
-        self.threads_spin.setSpecialValueText("auto")
-        self.ctx_spin = QSpinBox(limits)
-        self.ctx_spin.setRange(*RANGES["n_ctx"])
-        self.ctx_spin.setSingleStep(256)
-        self.ctx_spin.setSpecialValueText("model's")
-        self.ctx_spin.setToolTip("Context size in tokens (default: the model's own, at most 4096)")
-        form.addRow("Max tokens", self.max_tokens_spin)
-        form.addRow("Threads", self.threads_spin)
-        form.addRow("Context", self.ctx_spin)
+        self.max_tokens_spin = spin_box(limits, "max_tokens")
+        self.threads_spin = spin_box(limits, "threads", special="auto")
+        self.ctx_spin = spin_box(limits, "n_ctx", step=256, special="model's")
+        self.ctx_spin.setToolTip(f"Context size in tokens (default: the model's own, at most {DEFAULT_CONTEXT})")
+        add_rows(form, ("Max tokens", self.max_tokens_spin), ("Threads", self.threads_spin), ("Context", self.ctx_spin))
         # Where a GGUF's layers sit (llama.cpp's -dev/-ngl, -devd/-ngld, --rpc)
         self.device_combo = self._choice_combo(limits, DEVICE_CHOICES, "Target's device: auto (the first GPU or RPC "
                                                "device), CPU, or a name `specdesk devices` lists")
@@ -118,11 +116,9 @@ class ControlsPanel(QScrollArea):
         self.rpc_edit.setPlaceholderText("HOST:PORT, …")
         self.rpc_edit.setToolTip("llama.cpp RPC servers (rpc-server on this or another machine): their devices "
                                  "can then take layers like a GPU")
-        form.addRow("Device", self.device_combo)
-        form.addRow("GPU layers", self.gpu_layers_combo)
-        form.addRow("Draft device", self.draft_device_combo)
-        form.addRow("Draft GPU layers", self.draft_gpu_layers_combo)
-        form.addRow("RPC servers", self.rpc_edit)
+        add_rows(form, ("Device", self.device_combo), ("GPU layers", self.gpu_layers_combo),
+                 ("Draft device", self.draft_device_combo), ("Draft GPU layers", self.draft_gpu_layers_combo),
+                 ("RPC servers", self.rpc_edit))
 
         chats = QGroupBox("Chats", body)
         chat_layout = QVBoxLayout(chats)
