@@ -560,3 +560,69 @@ def test_an_oversized_tokenizer_is_refused_before_any_parse(tmp_path, size):
     message = str(refused.value)
     assert "\n" not in message and f"{size} bytes is not a plausible tokenizer.json file" in message
     assert f"the limit is {MAX_TOKENIZER_BYTES}" in message
+
+
+# --- clients that go away, engines that stop (the CLI's and serve's watchdogs) -------------
+@pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals and sockets")
+def test_twenty_abandoned_requests_are_all_stopped_and_the_next_client_is_answered(demo_family):
+    import socket
+
+    from test_serve import MODEL, raw_post, read_metrics, start_limited_server, stop_server
+
+    child, url = start_limited_server(demo_family["target_gguf"], "--ctx", "4096")
+    try:
+        host, port = url.removeprefix("http://").removesuffix("/v1").split(":")
+        body = json.dumps({"model": MODEL, "prompt": "import os\n", "max_tokens": 4000, "temperature": 0}).encode()
+        abandoned = []
+        for _ in range(20):
+            s = socket.create_connection((host, int(port)), timeout=30)
+            s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                      + f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
+            abandoned.append(s)
+        time.sleep(0.3)  # the first has started; the others wait for the engine
+        for s in abandoned:
+            s.close()
+        short = json.dumps({"model": MODEL, "prompt": "import os\n", "max_tokens": 8, "temperature": 0}).encode()
+        status, text = raw_post(url, "/v1/completions", short, key=None, timeout=120)
+        assert status == 200 and json.loads(text)["usage"]["completion_tokens"] == 8
+        metrics = read_metrics(url)
+        aborted = 'specdesk:request_success_total{finished_reason="abort"}'
+        finished = 'specdesk:request_success_total{finished_reason="length"}'
+        # the run in progress was stopped; the waiting ones were dropped before they started
+        assert metrics.get(aborted, 0) >= 1 and metrics.get(finished) == 1, metrics  # length: the short one only
+        assert metrics["specdesk:generation_tokens_total"] < 4000, metrics
+        assert metrics["specdesk:num_requests_running"] == metrics["specdesk:num_requests_waiting"] == 0
+    finally:
+        stop_server(child)
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="finds the engine process through /proc")
+def test_compare_ends_an_engine_that_stops_answering_in_one_line(demo_family):
+    """`specdesk compare` waits on the engine as `chat` does: a stopped engine process is ended
+    after Stop's grace, with one line and exit status 2 (tests/test_engine_host.py has chat)."""
+    import re
+    import signal
+
+    from test_serve import engine_processes
+
+    child = subprocess.Popen([sys.executable, "-u", "-m", "specdesk.app.main", "compare", "--target",
+                              demo_family["target_gguf"], "--method", "ngram", "--threads", "1", "--ctx", "4096",
+                              "--max-tokens", "4000", "--prompt", "import os\n"],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while not engine_processes(child.pid):
+            assert child.poll() is None and time.monotonic() < deadline, "no engine process started"
+            time.sleep(0.1)
+        time.sleep(2.0)  # loaded and comparing by now (a stop while it loads gets the load's longer grace)
+        (host,) = engine_processes(child.pid)
+        os.kill(host, signal.SIGSTOP)
+        _, err = child.communicate(timeout=120)
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+    errors = [line for line in err.splitlines() if line.startswith("specdesk")]
+    assert child.returncode == 2 and len(errors) == 1 and "Traceback" not in err, err
+    assert re.match(r"specdesk: error: the engine process for specdesk-demo-target-F16\.gguf sent nothing for \d+ s "
+                    r".*\(it is stopped or stuck\) and was ended$", errors[0]), errors[0]
