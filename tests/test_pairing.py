@@ -404,3 +404,23 @@ def test_a_vocabulary_that_ends_llama_cpp_costs_only_its_own_verdict(demo_family
     stopped = [path for path, reasons in verdicts.items() if reasons]
     assert len(stopped) == 1 and verdicts[stopped[0]] == (
         "llama.cpp stopped (SIGABRT) while reading its vocabulary: this file cannot be used",)
+
+
+VOCAB_HERE = """
+import sys
+from specdesk.app.models.vocab_check import vocab_verdicts
+verdicts = vocab_verdicts(sys.argv[1], sys.argv[2:])
+print(repr(sorted((path, bool(reasons)) for path, reasons in verdicts.items())))
+print("llama_cpp" in sys.modules)
+"""
+
+
+def test_the_vocabularies_are_read_by_llama_cpp_in_a_process_of_their_own(demo_family, variants):
+    """The window's process (and the CLI's) asks, and never loads llama.cpp for it."""
+    drafts = [demo_family["draft_gguf"], variants["bos"]]
+    out = subprocess.run([sys.executable, "-c", VOCAB_HERE, demo_family["target_gguf"], *drafts], capture_output=True,
+                         text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    verdicts, loaded = out.stdout.strip().splitlines()
+    assert verdicts == repr(sorted([(demo_family["draft_gguf"], False), (variants["bos"], True)]))
+    assert loaded == "False"
