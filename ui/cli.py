@@ -38,11 +38,11 @@ def cmd_screenshot(args) -> int:
         from specdesk.ui.served_screenshot import take_served_screenshot
 
         print(take_served_screenshot(Path(args.out), args.endpoint, args.api_key, args.model, (width, height),
-                                     dark=args.dark, suffix=args.suffix, progress=terminal._progress))
+                                     dark=args.dark, suffix=args.suffix, progress=terminal.progress))
         return 0
     for path in take_screenshots(Path(args.out), (width, height), dark=args.dark, threads=args.threads or 0,
                                  demo_size="full" if args.full_demo else "small",
-                                 suffix=args.suffix, progress=terminal._progress):
+                                 suffix=args.suffix, progress=terminal.progress):
         print(path)
     return 0
 
