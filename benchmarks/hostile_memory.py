@@ -257,7 +257,8 @@ url, max_tokens, timeout = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
 started = time.monotonic()
 try:
     run = Endpoint(url, timeout=timeout).chat({chat}, max_tokens=max_tokens)
-    outcome = f"{{run.result.finish_reason}}: {{len(run.result.text)}} characters" + (f" ({{run.note}})" if run.note else "")
+    outcome = f"{{run.result.finish_reason}}: {{len(run.result.text)}} characters"
+    outcome += f" ({{run.note}})" if run.note else ""
 except EndpointError as e:
     outcome = str(e)
 print(json.dumps({{"outcome": outcome, "seconds": round(time.monotonic() - started, 2),
