@@ -2,9 +2,8 @@
 process (app/runtime/session.Session on the small demo target) and a server (a real
 `specdesk serve` on the same target, through app/serving/served.ServedSession).
 
-A turn stopped or failed before any text (whitespace aside) leaves the conversation as it
-was before the user's message; one that produced text keeps it as the reply, Ctrl-C
-included. The terminal chat, the app and `specdesk serve` all take their turns here."""
+A turn stopped or failed before any text (Ctrl-C, an error) leaves the conversation as it
+was before the user's message; one stopped after some text keeps it as the reply. The terminal chat, the app and `specdesk serve` all take their turns here."""
 
 from __future__ import annotations
 
@@ -17,7 +16,6 @@ from specdesk.app.runtime.session import Session
 from specdesk.engines.types import SamplingParams, SpecConfig, SpecDeskError
 
 SETTINGS = ChatSettings(SpecConfig(method="ngram", k=3), SamplingParams(), 12)
-SAMPLED = ChatSettings(SpecConfig(method="ngram", k=3), SamplingParams(temperature=1.0, seed=7), 12)
 TOO_LONG = "word " * 200_000  # far past the demo target's context, in characters alone
 
 
@@ -56,37 +54,36 @@ def user(text: str) -> dict:
 
 
 def test_a_turn_without_text_is_rolled_back_and_one_with_text_is_kept(backend):
-    """Property of the shipped small family relied on: its greedy chat replies to these prompts
-    begin with a newline, and a sampled one soon shows other text."""
     messages = [{"role": "system", "content": "You write Python."}, user("def f(x):")]
     outcome = chat_turn(backend, messages, SETTINGS, threading.Event())
     assert outcome.text and outcome.result.stats.tokens == 12
     assert messages[-1] == {"role": "assistant", "content": outcome.text} and len(messages) == 3
     answered = [dict(m) for m in messages]
 
-    stopped = threading.Event()
-    stopped.set()  # Stop at once: at most a step's whitespace came, so the user's turn goes
+    def interrupt(event) -> None:  # Ctrl-C while the first text is being shown: nothing was
+        raise KeyboardInterrupt
+
     messages.append(user("class A:"))
-    outcome = chat_turn(backend, messages, SETTINGS, stopped)
-    assert not outcome.text.strip() and outcome.result.finish_reason == "cancelled"
-    assert messages == answered
+    with pytest.raises(KeyboardInterrupt):
+        chat_turn(backend, messages, SETTINGS, threading.Event(), interrupt)
+    assert messages == answered  # the user's turn went with it
 
     messages.append(user(TOO_LONG))  # refused: an error, and the conversation is as it was
     with pytest.raises(SpecDeskError, match="context|long"):
         chat_turn(backend, messages, SETTINGS, threading.Event())
     assert messages == answered
 
+    stop = threading.Event()
     shown = []
 
-    def interrupted(event) -> None:  # Ctrl-C while the reply streams: what was shown stays the reply
+    def stop_after_the_first(event) -> None:  # Stop once some text is shown: it stays as the reply
         shown.append(event.text)
-        if "".join(shown).strip():
-            raise KeyboardInterrupt
+        stop.set()
 
     messages.append(user("import os"))
-    with pytest.raises(KeyboardInterrupt):
-        chat_turn(backend, messages, SAMPLED, threading.Event(), interrupted)
-    assert messages == [*answered, user("import os"), {"role": "assistant", "content": "".join(shown)}]
+    outcome = chat_turn(backend, messages, SETTINGS, stop, stop_after_the_first)
+    assert outcome.result.finish_reason == "cancelled" and shown[0] and outcome.text.startswith(shown[0])
+    assert messages == [*answered, user("import os"), {"role": "assistant", "content": outcome.text}]
 
     # the next turn follows a reply, never a second user message in a row
     messages.append(user("def g(y):"))

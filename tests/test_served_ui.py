@@ -1,4 +1,4 @@
-"""The window on a served engine (ui/served_chat.py), offscreen: Servers > Add server…, the
+"""The window on a served engine (ui/served_chat.py, ui/main_window.py), offscreen: Servers > Add server…, the
 chat streamed from the server with the same charts, and a failed reply kept as partial.
 The server is the replayed vLLM recording (tests/served/, marked as a recording); the real
 llama-server and specdesk serve are in tests/test_llama_server.py and tests/test_endpoint.py.
@@ -66,13 +66,13 @@ def test_add_server_lists_models_says_what_it_reports_and_chats_with_its_charts(
             assert ("session only" in dialog.key_note) is (not keyring_available())
             assert "sk-team" not in (Path(window._settings_file).read_text()
                                      if Path(window._settings_file).exists() else "")
-            assert window.served.active and "vLLM" in window.status_label.text()
+            assert window.backend is not None and "vLLM" in window.status_label.text()
             models_group = next(g for g in window.controls.findChildren(QGroupBox) if g.title() == "Models")
             assert not models_group.isEnabled()  # the local pickers do not apply to the server's replies
 
             window.chat_view.input.setPlainText("Write a function that parses command line arguments.")
             window.chat_view.send_button.click()
-            qtbot.waitUntil(lambda: not window.served.busy, timeout=TIMEOUT_MS)
+            qtbot.waitUntil(lambda: not window.worker.busy, timeout=TIMEOUT_MS)
         finally:
             store_key(replay.url, None)
     stats = window.charts.current_stats()
@@ -86,9 +86,9 @@ def test_add_server_lists_models_says_what_it_reports_and_chats_with_its_charts(
     saved = window.history.messages(window.chat_id)[-1]
     assert saved.meta["numbers_from"] == "per request" and "sk-team" not in str(saved.meta)
     with Replay(recording) as again:  # Regenerate asks the server again, not a local model
-        window.served.endpoint.url = again.url
+        window.backend.endpoint.url = again.url
         window.chat_view.regenerate_button.click()
-        qtbot.waitUntil(lambda: not window.served.busy, timeout=TIMEOUT_MS)
+        qtbot.waitUntil(lambda: not window.worker.busy, timeout=TIMEOUT_MS)
     assert len(again.requests) == 1 and again.requests[0]["messages"][-1]["role"] == "user"
     assert [m.role for m in window.chat_view.messages] == ["user", "assistant"]
     assert window.chat_view.messages[-1].text == expected
@@ -104,7 +104,7 @@ def test_a_dropped_stream_keeps_the_partial_reply_marked(qtbot, window):
         ok.click()
         window.chat_view.input.setPlainText("hello")
         window.chat_view.send_button.click()
-        qtbot.waitUntil(lambda: not window.served.busy, timeout=TIMEOUT_MS)
+        qtbot.waitUntil(lambda: not window.worker.busy, timeout=TIMEOUT_MS)
     reply = window.chat_view.messages[-1]
     assert reply.role == "assistant" and reply.text
     assert len(window.errors) == 1 and "closed the stream mid-reply" in window.errors[0]
@@ -128,7 +128,7 @@ def test_compare_view_runs_on_a_server_against_its_baseline_server(qtbot, window
         view.prompt.setPlainText("def parse_args(argv):")
         view.run_button.click()
         assert view.stop_button.isEnabled()
-        qtbot.waitUntil(lambda: not window.served.busy, timeout=TIMEOUT_MS)
+        qtbot.waitUntil(lambda: not window.worker.busy, timeout=TIMEOUT_MS)
     assert not window.errors
     report = view.report
     assert report.identical_outputs is True and "identical output" in view.verdict.text()
@@ -136,3 +136,24 @@ def test_compare_view_runs_on_a_server_against_its_baseline_server(qtbot, window
     assert len(speculative.requests) == 2 and len(baseline.requests) == 2  # a warm-up and the run on each
     assert view.speculative_pane.pieces and "".join(view.baseline_pane.pieces) == report.results[0].baseline.text
     assert "time drafting" not in view.details.text()
+
+
+def test_a_reply_that_fails_before_any_text_takes_its_turn_back_and_local_models_return(qtbot, window):
+    """The window mirrors chat_turn's rule (tests/test_chat_turn.py): no text, no turn. The user's
+    message leaves the transcript and the history, and its text returns to the input."""
+    with Replay(load("vllm_counters.json"), drop_after=0) as replay:
+        _, ok = connect(qtbot, window, replay.url)
+        ok.click()
+        assert window.backend is not None and replay.url in window.windowTitle()
+        window.chat_view.input.setPlainText("hello")
+        window.chat_view.send_button.click()
+        assert window.chat_view.input.toPlainText() == ""
+        qtbot.waitUntil(lambda: not window.worker.busy, timeout=TIMEOUT_MS)
+    assert len(window.errors) == 1 and "closed the stream mid-reply after 0 characters" in window.errors[0]
+    assert window.chat_view.messages == [] and window.chat_id is None and window.history.chats() == []
+    assert window.chat_view.input.toPlainText() == "hello"  # nothing typed is lost
+    models_group = window.controls.target_combo.parentWidget()
+    assert not models_group.isEnabled()
+    window.served.local_action.trigger()  # Servers > Use local models
+    assert window.backend is None and models_group.isEnabled()
+    assert replay.url not in window.windowTitle() and window.windowTitle() == "SpecDesk"

@@ -155,6 +155,13 @@ class RunPane(QGroupBox):
         self.text.ensureCursorVisible()
 
 
+def arm_titles(spec, backend) -> tuple[str, str]:
+    """What the baseline and the speculative panes ran on: the method and k, or the servers."""
+    if backend is None:
+        return "no speculation", f"{spec.method}, k = {spec.k}"
+    return backend.baseline_label, backend.label
+
+
 class CompareView(QWidget):
     apply_k = Signal(int)
 
@@ -168,7 +175,7 @@ class CompareView(QWidget):
         self.sweep_result = None
         self._sweep_points: list = []
         self._sweep_baseline = None
-        self.served = None  # set by the window: runs the compare on a served engine (ui/served_chat.py)
+        self._sweep_allowed = True  # the k sweep runs on local models only
 
         self.prompt = QPlainTextEdit(self)
         self.prompt.setPlaceholderText("A prompt to run without and with speculation")
@@ -276,37 +283,42 @@ class CompareView(QWidget):
     def running(self) -> bool:
         return self._compare_job is not None or self._sweep_job is not None
 
-    def set_available(self, available: bool) -> None:
-        """The window disables new runs while the worker is busy or no model is loaded."""
+    def set_available(self, available: bool, sweep: Optional[bool] = None) -> None:
+        """The window disables new runs while the worker is busy or no model is loaded; `sweep`
+        says whether the backend in use can run the k sweep (a server cannot)."""
+        if sweep is not None:
+            self._sweep_allowed = sweep
         self.run_button.setEnabled(available and not self.running)
-        self.sweep_button.setEnabled(available and not self.running)
+        self.sweep_button.setEnabled(available and not self.running and self._sweep_allowed)
         self.stop_button.setEnabled(self.running)
 
     def _request(self):
         text = self.prompt.toPlainText()
         if not text.strip():
             raise SpecDeskError("type a prompt to compare first")
-        spec, sampling, max_tokens = self._request_source()
-        if spec.method == "none":
-            raise SpecDeskError("compare needs a speculation method: choose ngram, ngram-pool or draft in the left panel")
-        return text, spec, sampling, max_tokens
+        spec, sampling, max_tokens, backend = self._request_source()  # the window's: it checks the method
+        return text, spec, sampling, max_tokens, backend
 
     def run_compare(self) -> Optional[int]:
-        if self.served is not None and self.served.active:
-            return self.served.run_compare(self.prompt.toPlainText())
-        text, spec, sampling, max_tokens = self._request()
+        """Baseline then speculative on the backend in use (the local models, or a server)."""
+        text, spec, sampling, max_tokens, backend = self._request()
+        baseline, speculative = arm_titles(spec, backend)
         self.baseline_pane.clear()
         self.speculative_pane.clear()
-        self.speculative_pane.setTitle(f"Speculative ({spec.method}, k = {spec.k})")
+        self.baseline_pane.setTitle(f"Baseline ({baseline})")
+        self.speculative_pane.setTitle(f"Speculative ({speculative})")
         self.verdict.setText("running baseline, then speculative…")
         self.details.setText("")
         self.report = None
-        self._compare_job = self.worker.compare(text, spec, sampling, max_tokens, chat=self.chat_box.isChecked())
+        self._compare_job = self.worker.compare(text, spec, sampling, max_tokens, chat=self.chat_box.isChecked(),
+                                                backend=backend)
         self.set_available(False)
         return self._compare_job
 
     def run_sweep(self) -> Optional[int]:
-        text, spec, sampling, max_tokens = self._request()
+        text, spec, sampling, max_tokens, backend = self._request()
+        if backend is not None:
+            raise SpecDeskError("the k sweep runs on local models: Servers > Use local models first")
         self._sweep_points = []
         self._sweep_baseline = None
         self.sweep_result = None
@@ -322,8 +334,6 @@ class CompareView(QWidget):
         return self._sweep_job
 
     def stop(self) -> None:
-        if self.served is not None:
-            self.served.stop()
         for job in (self._compare_job, self._sweep_job):
             if job is not None:
                 self.worker.stop(job)

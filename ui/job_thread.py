@@ -5,9 +5,9 @@ A `JobThread` lives in the GUI thread and owns one QThread with a `JobRunner` mo
 jobs one after another, in the order they were queued, and the outcome comes back to the GUI
 thread as a queued `done` (job, value) or `failed` (job, the runner's account of the error)
 signal. Cancel is the job's `threading.Event`, set from the GUI thread and checked by the
-work itself between its steps. The engine worker (ui/worker.py), the Models tab's lanes
-(ui/models_view.py) and the chat and compare on a served engine (ui/served_chat.py) are this
-one class with their own runners.
+work itself between its steps. The engine worker (ui/worker.py: chat and compare on the local
+models or a server), the Models tab's lanes (ui/models_view.py) and Add server…'s Connect
+(ui/served_chat.py) are this one class with their own runners.
 """
 
 from __future__ import annotations

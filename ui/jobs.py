@@ -1,8 +1,8 @@
 """A job's stream to the GUI, without Qt: one run's StepEvents coalesced into StreamBatches at
 most once per BATCH_INTERVAL_S, each token's text split out for the draft tint. What the
-engine's jobs do (load, chat, compare, sweep) is app/runtime/session.py; ui/worker.py runs them on its
-thread, and ui/served_chat.py a served engine's chat and compare on its own, and both send
-these batches as queued Qt signals.
+jobs do (load, chat, compare, sweep) is app/runtime/session.py's, or a server's
+(app/serving/served.py); ui/worker.py runs them on its thread and sends these batches as
+queued Qt signals.
 """
 
 from __future__ import annotations

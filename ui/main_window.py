@@ -1,8 +1,13 @@
 """The main window: controls on the left; Chat (transcript + live charts) and Compare tabs.
 
-All inference goes through one EngineWorker. The window only records what arrives
-(streamed tokens, chart points) and draws it from a ~30 Hz timer that runs while the
-worker is busy, so the event loop stays responsive however fast the model is.
+All inference goes through one EngineWorker, whether the local models or a server answer:
+the window's `backend` is None for the local models or a server's ServedSession
+(Servers > Add server…, ui/served_chat.py), and every chat and compare job carries it. One
+chat controller takes each turn there (app/runtime/backend.chat_turn on the worker thread)
+and mirrors how it ended: the reply saved, or the turn rolled back (its user message leaves
+the transcript and the history, and its text returns to the input). The window only records
+what arrives (streamed tokens, chart points) and draws it from one ~30 Hz timer that runs
+while the worker is busy, so the event loop stays responsive however fast the model is.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ from PySide6.QtWidgets import QLabel, QMainWindow, QMessageBox, QProgressBar, QS
 from specdesk.app.storage.history import History
 from specdesk.app.runtime.session import ModelInfo, file_label
 from specdesk.app.storage.settings import DEMO, DEMO_HF, DEMO_MTP, Settings, read_settings, save_settings
+from specdesk.engines.methods import drafter_methods
 from specdesk.engines.types import SpecConfig, SpecDeskError
 
 from .chat_view import ChatMessage, ChatView
@@ -26,7 +32,7 @@ from .controls import ControlsPanel
 from .dialogs import ask, show_error
 from .models_view import ModelsView
 from .served_chat import ServedChat
-from .worker import EngineWorker, JobError, JobResult
+from .worker import ChatJob, EngineWorker, JobError, JobResult
 
 REPAINT_INTERVAL_MS = 33  # ~30 Hz
 NO_SHIPPED_FAMILY = "no trained demo family"
@@ -34,11 +40,20 @@ NO_SHIPPED_FAMILY = "no trained demo family"
 
 @dataclass
 class _ChatJob:
-    job_id: int
+    job: ChatJob  # its messages show how the turn ended
     chat_id: int
     message: ChatMessage  # the reply being generated
-    spec: SpecConfig
+    user: Optional[ChatMessage]  # the user's message this turn answers
     last_reason: Optional[str] = None  # method auto: the latest step's choice and why
+
+    @property
+    def job_id(self) -> int:
+        return self.job.job_id
+
+    @property
+    def kept(self) -> bool:
+        """The turn kept a reply (else it was rolled back: app/runtime/backend.settle)."""
+        return bool(self.job.messages) and self.job.messages[-1]["role"] == "assistant"
 
 
 def chat_title(text: str, limit: int = 48) -> str:
@@ -60,6 +75,7 @@ class MainWindow(QMainWindow):
         self.settings = settings
         self.history = history if history is not None else self._open_history()
         self.worker = EngineWorker(self)
+        self.backend = None  # a server's ServedSession while one is in use; None: the local models
         self.info: Optional[ModelInfo] = None
         self.chat_id: Optional[int] = None
         self._chat_job: Optional[_ChatJob] = None
@@ -126,7 +142,7 @@ class MainWindow(QMainWindow):
         self.worker.finished.connect(self._on_finished)
         self.worker.errored.connect(self._on_errored)
         self.worker.busy_changed.connect(self._on_busy)
-        self.served = ServedChat(self)  # Servers > Add server…: the chat on a served engine
+        self.served = ServedChat(self)  # Servers > Add server…, and back to the local models
         help_menu = self.menuBar().addMenu("&Help")
         self.about_action = help_menu.addAction("About SpecDesk…")
         self.about_action.triggered.connect(self.show_about)
@@ -181,11 +197,12 @@ class MainWindow(QMainWindow):
 
     def _on_loaded(self, info: ModelInfo) -> None:
         self.info = info
-        native = next((m for m in ("dflash", "eagle3") if info.draft_path and m in info.supported_methods), "draft")
+        native = next((m for m in drafter_methods() if info.draft_path and m in info.supported_methods), "draft")
         self.controls.set_supported_methods(info.supported_methods, info.engine, dict(info.unavailable),
                                             fallback=native if info.draft_path else "none")
         self.controls.set_draft_verdicts(dict(info.draft_verdicts))
-        self.setWindowTitle(f"SpecDesk — {file_label(info.target_path)}")
+        if self.backend is None:
+            self._show_title()
         self.models_view.show_placement(info.placement)
         self.compare_view.set_placement(info.placement)
         self._show_model_status()
@@ -240,20 +257,17 @@ class MainWindow(QMainWindow):
     def send_message(self, text: str) -> Optional[int]:
         if self._chat_job is not None:
             return None
-        if self.served.active:
-            return self.served.send(text)
         try:
-            spec, sampling, max_tokens = self._request()
+            request = self._request()
         except SpecDeskError as e:
             self.chat_view.input.setPlainText(text)  # nothing typed is lost
             self.report_error(str(e))
             return None
         self.add_user_message(text)
-        return self._start_reply(spec, sampling, max_tokens)
+        return self._start_reply(*request)
 
     def add_user_message(self, text: str) -> None:
-        """The user's message in the transcript and the history (a new chat when none is open),
-        whether a local model or a server replies to it."""
+        """The user's message in the transcript and the history (a new chat when none is open)."""
         if self.chat_id is None:
             self.chat_id = self.history.create_chat(chat_title(text))
         message = ChatMessage("user", [text], [False])
@@ -262,47 +276,79 @@ class MainWindow(QMainWindow):
         self._refresh_chat_list()
 
     def drop_last_reply(self) -> None:
-        """Regenerate's first half, for a local model or a server: the last reply goes from the
-        transcript and the history, the conversation before it stays."""
+        """Regenerate's first half: the last reply goes from the transcript and the history, the
+        conversation before it stays."""
         while self.chat_view.messages and self.chat_view.messages[-1].role == "assistant":
             old = self.chat_view.remove_last()
             if old.db_id is not None:
                 self.history.delete_message(old.db_id)
 
     def _request(self):
+        """(spec, sampling, max tokens, backend) for a reply or a compare. A server chooses its own
+        method; the local models need one loaded."""
+        if self.backend is not None:
+            return SpecConfig(), self.controls.sampling(), self.controls.max_tokens(), self.backend
         if self.info is None:
             raise SpecDeskError("no model is loaded yet: wait for loading to finish, or pick a target model")
-        return (self.controls.spec(self.info.draft_path), self.controls.sampling(), self.controls.max_tokens())
+        return (self.controls.spec(self.info.draft_path), self.controls.sampling(), self.controls.max_tokens(),
+                None)
 
     def _compare_request(self):
-        return self._request()
+        spec, sampling, max_tokens, backend = self._request()
+        if backend is None and spec.method == "none":
+            raise SpecDeskError("compare needs a speculation method: choose ngram, ngram-pool or draft in the left panel")
+        if backend is not None and backend.needs_baseline:
+            raise SpecDeskError(f"{backend.endpoint.url} ({backend.endpoint.info.kind}) cannot switch speculation off "
+                                "per request: add the server again with a baseline server (the same model without "
+                                "speculation)")
+        return spec, sampling, max_tokens, backend
 
-    def _start_reply(self, spec, sampling, max_tokens) -> int:
+    def _start_reply(self, spec, sampling, max_tokens, backend) -> int:
         history = [{"role": m.role, "content": m.text} for m in self.chat_view.messages]
+        user = self.chat_view.messages[-1] if self.chat_view.messages else None
         reply = self.chat_view.add_message(ChatMessage("assistant"))
-        job_id = self.worker.chat(history, spec, sampling, max_tokens).job_id
+        job = self.worker.chat(history, spec, sampling, max_tokens, backend)
         self.charts.start_run(spec.draft_tokens)
-        self._chat_job = _ChatJob(job_id, self.chat_id, reply, spec)
+        self._chat_job = _ChatJob(job, self.chat_id, reply, user if user is not None and user.role == "user" else None)
         self._update_actions()
-        return job_id
+        return job.job_id
 
     def stop(self) -> None:
-        self.served.stop()
         if self._chat_job is not None:
             self.worker.stop(self._chat_job.job_id)
 
     def regenerate(self) -> Optional[int]:
-        if self.served.active:
-            return self.served.regenerate()
         if self._chat_job is not None or self.chat_view.last_user_index() is None:
             return None
         try:
-            spec, sampling, max_tokens = self._request()
+            request = self._request()
         except SpecDeskError as e:
             self.report_error(str(e))
             return None
         self.drop_last_reply()
-        return self._start_reply(spec, sampling, max_tokens)
+        return self._start_reply(*request)
+
+    def use_backend(self, backend, status: str = "") -> None:
+        """Chat and compare on a server's ServedSession from now on, or on the local models
+        (None); `status` says what the server reports."""
+        self.stop()
+        self.compare_view.stop()
+        self.backend = backend
+        local = backend is None
+        models = self.controls.target_combo.parentWidget()  # the group of the local model pickers
+        models.setEnabled(local)  # they do not apply to a server's replies
+        models.setToolTip("" if local else "replies come from the server (Servers > Use local models to return)")
+        if local:
+            self._show_title()
+            self._show_model_status()
+        else:
+            self.setWindowTitle(f"SpecDesk — {backend.label}")
+            self.status_label.setText(status)
+        self._update_actions()
+
+    def _show_title(self) -> None:
+        self.setWindowTitle(f"SpecDesk — {file_label(self.info.target_path)}" if self.info is not None
+                            else "SpecDesk")
 
     def new_chat(self) -> None:
         self.stop()  # a reply still generating is saved to the chat it belongs to
@@ -358,41 +404,82 @@ class MainWindow(QMainWindow):
             self._loaded_choice = self._requested_choice
             self._show_model_status()
         elif self._chat_job is not None and result.job_id == self._chat_job.job_id:
-            self._finish_reply(result.value.result)
+            self._finish_reply(result.value)
+            self._tick()  # the reply's final numbers are drawn at once
         self._update_actions()
 
-    def _finish_reply(self, run) -> None:
+    def _finish_reply(self, outcome) -> None:
         job, self._chat_job = self._chat_job, None
-        message = job.message
+        run = outcome.result
         stats = run.stats
-        self.charts.finish_run(stats)
-        if not message.text and run.finish_reason == "cancelled":
-            if self.chat_view.showing(message):
-                self.chat_view.remove_last()
+        charts = self.charts
+        # a server's per-position numbers come with the reply's end
+        charts.k = len(stats.per_position_drafted) or charts.k or (1 if stats.drafted else 0)
+        charts.finish_run(stats)
+        if not job.kept:  # stopped before any text: the turn is rolled back
+            self._roll_back(job)
             return
         reason = {"cancelled": "stopped", "length": "max tokens", "context": "context full",
                   "eos": "done"}.get(run.finish_reason, run.finish_reason or "done")
-        method = job.spec.method if job.spec.method == "none" else f"{job.spec.method}, k = {job.spec.k}"
-        if job.last_reason:
-            method = f"auto (last: {job.last_reason})"
-        footer = f"{reason} · {method} · {format_status(stats, job.spec.draft_tokens)}"
-        meta = {
-            "finish_reason": run.finish_reason, "method": job.spec.method, "k": job.spec.k,
-            "tokens": stats.tokens, "tok_per_s": round(stats.tok_per_s, 3),
+        spec = job.job.spec
+        if job.job.backend is not None:
+            source = job.job.backend.endpoint.model
+        elif job.last_reason:
+            source = f"auto (last: {job.last_reason})"
+        else:
+            source = spec.method if spec.method == "none" else f"{spec.method}, k = {spec.k}"
+        footer = (f"{reason} · {source} · {format_status(stats, charts.k)}"
+                  + (f" · numbers: {outcome.numbers}" if outcome.numbers != "engine" else "")
+                  + (f" · {outcome.note}" if outcome.note else ""))
+        self._save_reply(job, footer, {
+            "finish_reason": run.finish_reason, "tokens": stats.tokens, "tok_per_s": round(stats.tok_per_s, 3),
             "acceptance": round(stats.acceptance_rate, 4), "tok_per_pass": round(stats.mean_accepted_length, 4),
-            "draft_spans": message.draft_spans(), "footer": footer,
-        }
+            **({"numbers_from": outcome.numbers} if job.job.backend is not None else {})})
+
+    def _origin(self, job: _ChatJob) -> dict:
+        """What answered, as the history keeps it: the method and k, or the server."""
+        backend = job.job.backend
+        if backend is None:
+            return {"method": job.job.spec.method, "k": job.job.spec.k}
+        return {"server": backend.meta()}
+
+    def _save_reply(self, job: _ChatJob, footer: str, meta: dict) -> None:
+        message = job.message
+        meta = {**meta, **self._origin(job), "draft_spans": message.draft_spans(), "footer": footer}
         if not self.history.is_open or self.history.chat(job.chat_id) is None:
             return  # closing, or its chat was deleted while it generated
         message.db_id = self.history.add_message(job.chat_id, "assistant", message.text, meta)
         self.chat_view.end_reply(message, footer)
         self._refresh_chat_list()
 
+    def _roll_back(self, job: _ChatJob) -> None:
+        """A turn without a reply: its empty reply and its user message leave the transcript and
+        the history, and the user's text returns to the input (nothing typed is lost)."""
+        if self.chat_view.showing(job.message):
+            self.chat_view.remove_last()
+        user = job.user
+        if user is None or not self.chat_view.messages or self.chat_view.messages[-1] is not user:
+            return  # another chat is on screen now
+        self.chat_view.remove_last()
+        if not self.chat_view.input.toPlainText().strip():
+            self.chat_view.input.setPlainText(user.text)
+        if user.db_id is None or not self.history.is_open:
+            return
+        self.history.delete_message(user.db_id)
+        if not self.history.messages(job.chat_id):  # a chat that was only this turn goes with it
+            self.history.delete_chat(job.chat_id)
+            if self.chat_id == job.chat_id:
+                self.chat_id = None
+        self._refresh_chat_list()
+
     def _on_errored(self, error: JobError) -> None:
         if self._chat_job is not None and error.job_id == self._chat_job.job_id:
             job, self._chat_job = self._chat_job, None
-            if self.chat_view.showing(job.message):
-                self.chat_view.remove_last()
+            if job.kept:  # the reply so far stays, marked
+                self._save_reply(job, f"partial reply · {error.message}",
+                                 {"finish_reason": "error", "partial": True, "error": error.message})
+            else:
+                self._roll_back(job)
         if error.job_id == self._load_job:
             self._load_job = None
             self._show_loaded_choice(error.kind)
@@ -455,14 +542,10 @@ class MainWindow(QMainWindow):
 
     def _update_actions(self) -> None:
         loading = self._load_job is not None
-        can_run = self.info is not None and not loading
-        self.chat_view.set_generating(self._chat_job is not None or self.served.busy,
-                                      can_run or self.served.active)
-        served = self.served
-        self.compare_view.set_available((can_run or served.active) and not self.worker.busy and not served.busy)
-        if served.active:  # on a server: compare runs there (no k sweep), and Stop ends it
-            self.compare_view.sweep_button.setEnabled(False)
-            self.compare_view.stop_button.setEnabled(served.busy)
+        local = self.backend is None
+        can_run = (self.info is not None or not local) and not loading
+        self.chat_view.set_generating(self._chat_job is not None, can_run)
+        self.compare_view.set_available(can_run and not self.worker.busy, sweep=local)
         self.busy_bar.setVisible(loading)
 
     # --- closing --------------------------------------------------------------------

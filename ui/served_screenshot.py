@@ -55,10 +55,10 @@ def take_served_screenshot(out: Path, url: str, api_key: Optional[str] = None, m
             window.chat_view.input.setPlainText(PROMPT)
             window.chat_view.send_button.click()
             deadline = time.monotonic() + 300
-            while window.served.busy and time.monotonic() < deadline:
+            while window.worker.busy and time.monotonic() < deadline:
                 app.processEvents()
                 time.sleep(0.01)
-            if window.served.busy:
+            if window.worker.busy:
                 raise SpecDeskError(f"{endpoint.url} did not finish the reply within 300 s")
             if errors:
                 raise SpecDeskError(errors[0])

@@ -7,9 +7,9 @@ A `ChatBackend` is either the local engine process (app/runtime/session.Session)
 `chat_turn` is the one place a turn's bookkeeping lives, for the terminal chat, the app and
 `specdesk serve` alike: the backend cuts the conversation to the context and generates, the
 reply's measurements are recorded, and the conversation gets the reply. A turn that is
-stopped (Stop, Ctrl-C) or fails before any text came (whitespace aside) is rolled back: its
-user message leaves the conversation, so the next turn never sends two user messages in a
-row. A stopped or failed turn that did produce text keeps it as the reply.
+stopped (Stop, Ctrl-C) or fails before any text came is rolled back: its user message
+leaves the conversation, so the next turn never sends two user messages in a row. A stopped
+or failed turn that did produce text keeps it as the reply.
 """
 
 from __future__ import annotations
@@ -89,8 +89,8 @@ class ChatBackend(Protocol):
 def settle(messages: list[dict], text: str, finished: bool) -> bool:
     """A turn's end for `messages` (ending in the user's turn): a finished reply is appended,
     and so is the text of a stopped or failed one; one that stopped or failed before any text
-    (whitespace aside) takes the user's turn with it. Returns whether the turn was kept."""
-    if finished or text.strip():
+    takes the user's turn with it. Returns whether the turn was kept."""
+    if finished or text:
         messages.append({"role": "assistant", "content": text})
         return True
     if messages and messages[-1].get("role") == "user":
@@ -111,9 +111,9 @@ def chat_turn(backend: ChatBackend, messages: list[dict], settings: ChatSettings
 
     def observe(event: StepEvent) -> None:
         tally(event)
-        pieces.append(event.text)
         if on_event is not None:
-            on_event(event)
+            on_event(event)  # shown first: a reply cut by Ctrl-C keeps what was shown
+        pieces.append(event.text)
 
     stream = backend.chat(messages, settings, cancel)
     try:

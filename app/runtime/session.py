@@ -88,8 +88,8 @@ def file_label(path: Optional[str]) -> str:
 
 # --- drafters ------------------------------------------------------------------
 def drafter_kind(path: str) -> str:
-    """The drafter method ("dflash", "eagle3": engines/methods.drafter_methods) of a drafter made
-    for one target (a folder or GGUF), else "draft" (a draft model)."""
+    """The method of a drafter made for one target (a folder or GGUF; engines/methods.py's
+    drafter_methods), else "draft" (a draft model)."""
     from specdesk.engines.methods import drafter_for_config, drafter_methods
 
     if os.path.isdir(path):

@@ -115,6 +115,20 @@ class ServedSession:
     def label(self) -> str:
         return f"{self.endpoint.model} at {self.endpoint.url}"
 
+    @property
+    def baseline_label(self) -> str:
+        """What Compare's baseline arm runs on."""
+        return "no speculation" if self.baseline is None else f"{self.baseline.model} at {self.baseline.url}"
+
+    @property
+    def needs_baseline(self) -> bool:
+        """Compare needs a baseline server: this one cannot switch speculation off per request."""
+        return self.baseline is None and not self.endpoint.info.switches_speculation
+
+    def meta(self) -> dict:
+        """Where a reply came from, as the chat history keeps it (never the API key)."""
+        return {"url": self.endpoint.url, "model": self.endpoint.model}
+
     def chat(self, messages: list[dict], settings: ChatSettings, cancel: threading.Event
              ) -> Generator[StepEvent, None, ChatOutcome]:
         run = yield from self.endpoint.stream_chat(messages, settings.sampling, settings.max_tokens, cancel)
