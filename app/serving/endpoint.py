@@ -35,7 +35,7 @@ import httpx2
 
 from specdesk.engines.types import SamplingParams, StepEvent
 
-from ..runtime.compare import RunResult
+from ..runtime.compare import RunResult, drain
 from ..terminal import printable
 from .dialects import DIALECTS, KINDS, ServedNumbers, dialect, drafted_per_position, recognise
 from .prometheus import MetricSamples, delta, parse_metrics
@@ -253,14 +253,7 @@ class Endpoint(HttpTransport):
     def chat(self, messages: list[dict], sampling: SamplingParams = SamplingParams(), max_tokens: int = 128,
              cancel: Optional[threading.Event] = None, on_event: Optional[Callable[[StepEvent], None]] = None,
              speculative: Optional[dict] = None) -> ServedRun:
-        stream = self.stream_chat(messages, sampling, max_tokens, cancel, speculative)
-        while True:
-            try:
-                event = next(stream)
-            except StopIteration as done:
-                return done.value
-            if on_event is not None:
-                on_event(event)
+        return drain(self.stream_chat(messages, sampling, max_tokens, cancel, speculative), on_event)
 
     # --- counters around a reply --------------------------------------------------------
     def _scrape_quietly(self) -> Optional[MetricSamples]:
