@@ -35,6 +35,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--batch-size", type=int, default=8, help="sequences per training step (default 8)")
     parser.add_argument("--compare-prompts", type=int, default=4, help="held-out prompts in the speedup compare")
     parser.add_argument("--compare-tokens", type=int, default=64, help="tokens per prompt in the compare")
+    parser.add_argument("--target-gguf", type=Path,
+                        help="the target's GGUF: also export the drafter as a GGUF that the llama.cpp engine loads")
     parser.add_argument("--draft", type=Path, help="a draft model the target already has, to measure against")
     parser.add_argument("--threads", type=int, help="CPU threads for torch")
 
@@ -79,6 +81,10 @@ def _run(args: argparse.Namespace) -> int:
     if (out / CHECKPOINT).is_file() and not args.resume:
         raise SpecDeskError(f"{out} holds a training run already: pass --resume to continue it, or choose "
                             "another --out")
+    if args.target_gguf:
+        from specdesk.engines.files import require_regular_file
+
+        require_regular_file(args.target_gguf, "GGUF model file (--target-gguf)")
     prompts_path = args.prompts or default_prompts_path()
     prompts = load_prompt_set(prompts_path)
     train_prompts, held_prompts = split_prompts(prompts)
@@ -123,6 +129,13 @@ def _run(args: argparse.Namespace) -> int:
 
     folder = trainer.export(out / args.method)
     say(f"exported {folder}")
+    gguf_path = None
+    if args.target_gguf:
+        from specdesk.app.demo.export_native_gguf import export_dflash_folder, export_eagle3_folder
+
+        writer = export_eagle3_folder if args.method == "eagle3" else export_dflash_folder
+        gguf_path = writer(folder, args.target_gguf, out / f"{args.method}-F16.gguf")
+        say(f"exported {gguf_path} for the llama.cpp engine")
     compare_texts = [p.text for p in held_prompts[:args.compare_prompts]]
     by_text = {p.text: p for p in held_prompts}
 
@@ -140,7 +153,8 @@ def _run(args: argparse.Namespace) -> int:
     adopted, reason = decide(trained, existing)
     record_json = {
         "method": args.method,
-        "drafter": args.method,
+        "drafter": str(folder.resolve()),
+        "gguf": None if gguf_path is None else str(gguf_path.resolve()),
         "trained_here": True,
         "target": str(target.resolve()),
         "trained_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
