@@ -157,3 +157,16 @@ def test_a_reply_that_fails_before_any_text_takes_its_turn_back_and_local_models
     window.served.local_action.trigger()  # Servers > Use local models
     assert window.backend is None and models_group.isEnabled()
     assert replay.url not in window.windowTitle() and window.windowTitle() == "SpecDesk"
+
+
+def test_compare_on_a_server_without_a_baseline_is_refused_in_one_message(qtbot, window):
+    with Replay(load("vllm_per_request.json")) as replay:
+        _, ok = connect(qtbot, window, replay.url)
+        ok.click()
+        view = window.compare_view
+        view.prompt.setPlainText("def parse_args(argv):")
+        view.run_button.click()  # vLLM cannot switch speculation off per request
+        assert not window.worker.busy and view.report is None
+        assert len(replay.requests) == 0
+    assert len(window.errors) == 1 and "cannot switch speculation off per request" in window.errors[0]
+    assert "baseline server" in window.errors[0]

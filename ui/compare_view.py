@@ -164,6 +164,7 @@ def arm_titles(spec, backend) -> tuple[str, str]:
 
 class CompareView(QWidget):
     apply_k = Signal(int)
+    refused = Signal(str)  # a run that cannot start (no prompt, no method, a server without a baseline), in one line
 
     def __init__(self, worker, request_source: RequestSource, prompt: str = "", parent: Optional[QWidget] = None):
         super().__init__(parent)
@@ -186,10 +187,10 @@ class CompareView(QWidget):
         self.chat_box.setToolTip("Wrap the prompt in the model's chat template as one user message "
                                  "(off: the prompt is raw text to continue)")
         self.run_button = QPushButton("Run compare", self)
-        self.run_button.clicked.connect(self.run_compare)
+        self.run_button.clicked.connect(lambda: self._start(self.run_compare))
         self.sweep_button = QPushButton(f"Sweep k = {SWEEP_KS[0]}..{SWEEP_KS[-1]}", self)
         self.sweep_button.setToolTip("Run the prompt at every k and plot throughput against k")
-        self.sweep_button.clicked.connect(self.run_sweep)
+        self.sweep_button.clicked.connect(lambda: self._start(self.run_sweep))
         self.stop_button = QPushButton("Stop", self)
         self.stop_button.setEnabled(False)
         self.stop_button.clicked.connect(self.stop)
@@ -298,6 +299,13 @@ class CompareView(QWidget):
             raise SpecDeskError("type a prompt to compare first")
         spec, sampling, max_tokens, backend = self._request_source()  # the window's: it checks the method
         return text, spec, sampling, max_tokens, backend
+
+    def _start(self, run: Callable[[], Optional[int]]) -> None:
+        """A button's run; what keeps it from starting goes to `refused` (the window says it)."""
+        try:
+            run()
+        except SpecDeskError as e:
+            self.refused.emit(str(e))
 
     def run_compare(self) -> Optional[int]:
         """Baseline then speculative on the backend in use (the local models, or a server)."""

@@ -135,6 +135,7 @@ class MainWindow(QMainWindow):
         self.chat_view.new_chat_requested.connect(self.new_chat)
         self.chat_view.highlight_box.toggled.connect(self._highlight_toggled)
         self.compare_view.apply_k.connect(self.apply_k)
+        self.compare_view.refused.connect(self.report_error)
         self.worker.progress.connect(self._on_progress)
         self.worker.fraction.connect(self._on_fraction)
         self.worker.loaded.connect(self._on_loaded)
