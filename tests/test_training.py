@@ -158,6 +158,80 @@ def test_the_trained_dflash_drafter_computes_in_the_engine_what_training_did(dem
     torch.testing.assert_close(engine_logits, trained, rtol=1e-4, atol=1e-4)
 
 
+def test_the_trained_mtp_layer_computes_in_the_engine_what_training_unrolled(demo_family, tmp_path, small_prompts):
+    from specdesk.app.training import eagle3, mtp
+    from specdesk.app.training.record import RecordSettings, load_sequence, record
+    from specdesk.engines.torch.engine import TorchEngine
+
+    torch.set_num_threads(1)
+    engine = TorchEngine(demo_family["core_hf"], device="cpu", dtype="float32")
+    network = engine.target.network
+    files = record(engine, load_prompt_set(small_prompts)[:1],
+                   RecordSettings(taps=mtp.taps(network.config), max_new_tokens=16), tmp_path / "cache", "train")
+    sequence = load_sequence(files[0])
+    layer = mtp.new_layer(network, seed=5)
+    with torch.no_grad():
+        for p in layer.parameters():
+            p.add_(torch.randn(p.shape, generator=torch.Generator().manual_seed(4)) * 0.02)
+    folder = mtp.export_target_with_mtp(layer.half().float(), Path(demo_family["core_hf"]), tmp_path / "with-mtp")
+    assert not (Path(demo_family["core_hf"]) / "model-mtp.safetensors").exists()  # the target is left alone
+    served = TorchEngine(folder, device="cpu", dtype="float32")
+    drafter = served.load_native("mtp")
+    batch = eagle3.make_batch([sequence], 1024)
+    with torch.no_grad():
+        unrolled = mtp.unroll(drafter.layer, served.target.network, batch, 3)
+        hidden = served.target.network.model.norm(torch.from_numpy(sequence.features.astype("float32")))
+    tokens = sequence.tokens.tolist()
+    p = len(tokens) - 5
+    out, logits = drafter.step(hidden[:p + 1], tokens[1:p + 2], 0)
+    torch.testing.assert_close(logits, unrolled[0][0, p], rtol=1e-4, atol=1e-4)
+    previous = drafter.layer.feedback(out[-1:])
+    for step in (1, 2):
+        out, logits = drafter.step(previous, [tokens[p + 1 + step]], p + step)
+        torch.testing.assert_close(logits, unrolled[step][0, p], rtol=1e-4, atol=1e-4)
+        previous = drafter.layer.feedback(out)
+
+
+def test_an_mtp_layer_trained_for_one_step_is_kept_and_runs_in_both_engines(demo_family, small_prompts, tmp_path,
+                                                                             capsys):
+    from specdesk.app.demo.export_gguf import export_gguf
+    from specdesk.app.runtime.compare import run_once
+    from specdesk.engines.llama.engine import LlamaEngine
+    from specdesk.engines.torch.engine import TorchEngine
+    from specdesk.engines.types import GenerationRequest, SamplingParams, SpecConfig
+
+    core_gguf = export_gguf(Path(demo_family["core_hf"]), tmp_path / "core.gguf", "core")
+    out = tmp_path / "run"
+    argv = _common(demo_family, small_prompts, out) + ["--method", "mtp", "--steps", "1", "--target-gguf",
+                                                        str(core_gguf)]
+    argv[argv.index("--target") + 1] = demo_family["core_hf"]
+    assert _run_cli(argv) == 0
+    provenance = json.loads((out / "provenance.json").read_text())
+    assert provenance["adopted"] is False and provenance["reason"].startswith("trained MTP: ")
+    assert provenance["measured"]["trained"]["identical_outputs"] is True
+    prompt = "with open(path) as f:\n"
+    plain, greedy = SpecConfig(), SamplingParams(temperature=0.0)
+    torch_engine = TorchEngine(provenance["drafter"], device="cpu", dtype="float32")
+    tokens = tuple(torch_engine.tokenize(prompt))
+    runs = [run_once(torch_engine, GenerationRequest(tokens, max_tokens=32, sampling=greedy, spec=spec))
+            for spec in (plain, SpecConfig(method="mtp", k=3))]
+    llama = LlamaEngine(provenance["gguf"], n_ctx=256, n_threads=1)
+    try:
+        native = [run_once(llama, GenerationRequest(tokens, max_tokens=32, sampling=greedy, spec=spec))
+                  for spec in (plain, SpecConfig(method="mtp", k=3))]
+    finally:
+        llama.close()
+    assert runs[0].tokens == runs[1].tokens == native[0].tokens == native[1].tokens
+    assert runs[1].stats.drafted > 0 and native[1].stats.drafted > 0
+    assert abs(native[1].stats.acceptance_rate - runs[1].stats.acceptance_rate) <= 0.1
+
+    # A target that has an MTP layer already is refused before anything is recorded.
+    capsys.readouterr()
+    argv[argv.index("--target") + 1] = demo_family["target_hf"]
+    assert _run_cli(argv[:argv.index("--target-gguf")] + ["--out", str(tmp_path / "again")]) == 2
+    assert "MTP layer(s) already" in capsys.readouterr().err
+
+
 # --- train-drafter end to end --------------------------------------------------------------
 def _common(demo_family, prompts: Path, out: Path) -> list[str]:
     return ["--target", demo_family["target_hf"], "--prompts", str(prompts), "--out", str(out), "--device", "cpu",

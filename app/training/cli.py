@@ -11,7 +11,7 @@ from pathlib import Path
 
 from specdesk.engines.types import SpecDeskError
 
-METHODS = ("eagle3", "dflash")
+METHODS = ("eagle3", "mtp", "dflash")
 DEVICES = ("auto", "cpu", "cuda", "mps")
 TYPICAL_PROMPT_TOKENS = 64  # for the cache size said before recording
 
@@ -19,7 +19,8 @@ TYPICAL_PROMPT_TOKENS = 64  # for the cache size said before recording
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--target", required=True, type=Path, help="the target: a Hugging Face model folder")
     parser.add_argument("--method", choices=METHODS, default="eagle3",
-                        help="what to train: an EAGLE-3 head or a DFlash block drafter (default eagle3)")
+                        help="what to train: an EAGLE-3 head, an MTP layer (for a target without one) or a "
+                             "DFlash block drafter (default eagle3)")
     parser.add_argument("--prompts", type=Path,
                         help="JSONL prompts the target answers to make the data (default: the bundled set)")
     parser.add_argument("--minutes", type=float, default=20.0, help="training time budget (default 20)")
@@ -85,6 +86,10 @@ def _run(args: argparse.Namespace) -> int:
         from specdesk.engines.files import require_regular_file
 
         require_regular_file(args.target_gguf, "GGUF model file (--target-gguf)")
+    if args.method == "mtp":
+        from .mtp import refuse_existing
+
+        refuse_existing(target)
     prompts_path = args.prompts or default_prompts_path()
     prompts = load_prompt_set(prompts_path)
     train_prompts, held_prompts = split_prompts(prompts)
@@ -117,9 +122,9 @@ def _run(args: argparse.Namespace) -> int:
     held_seqs = [load_sequence(p) for p in held_files]
     tokens_recorded = sum(len(s.tokens) for s in train_seqs)
     trainer = plan(args.method, engine.target.network, train_seqs, held_seqs, args.batch_size,
-                   min(config.max_position_embeddings, 1024))
+                   min(config.max_position_embeddings, 1024), target)
     loop = LoopSettings(minutes=args.minutes, max_steps=args.steps, eval_every=args.eval_every)
-    what = "an EAGLE-3 head" if args.method == "eagle3" else "a DFlash drafter"
+    what = {"eagle3": "an EAGLE-3 head", "mtp": "an MTP layer", "dflash": "a DFlash drafter"}[args.method]
     say(f"training {what} on {len(train_seqs)} sequences ({tokens_recorded} tokens) for at most "
         f"{args.minutes:g} minutes" + (f" or {args.steps} steps" if args.steps else ""))
     state = train_loop(trainer.module, trainer.step, trainer.evaluate, loop, out, args.resume, say, terminal_live())
@@ -131,10 +136,11 @@ def _run(args: argparse.Namespace) -> int:
     say(f"exported {folder}")
     gguf_path = None
     if args.target_gguf:
-        from specdesk.app.demo.export_native_gguf import export_dflash_folder, export_eagle3_folder
+        from specdesk.app.demo.export_native_gguf import export_dflash_folder, export_eagle3_folder, export_mtp_target
 
-        writer = export_eagle3_folder if args.method == "eagle3" else export_dflash_folder
-        gguf_path = writer(folder, args.target_gguf, out / f"{args.method}-F16.gguf")
+        writer = {"eagle3": export_eagle3_folder, "mtp": export_mtp_target, "dflash": export_dflash_folder}[args.method]
+        name = "target-mtp-F16.gguf" if args.method == "mtp" else f"{args.method}-F16.gguf"
+        gguf_path = writer(folder, args.target_gguf, out / name)
         say(f"exported {gguf_path} for the llama.cpp engine")
     compare_texts = [p.text for p in held_prompts[:args.compare_prompts]]
     by_text = {p.text: p for p in held_prompts}
@@ -146,8 +152,14 @@ def _run(args: argparse.Namespace) -> int:
     k = DEPTH
     from specdesk.engines.types import SpecConfig
 
-    trained = measure(engine, label, SpecConfig(method=args.method, k=k, draft_path=str(folder)), compare_texts,
-                      tokenize, args.compare_tokens)
+    if args.method == "mtp":  # the layer lives in the exported copy of the target
+        with_layer = TorchEngine(folder, device=engine.device, dtype=str(engine.dtype).removeprefix("torch."))
+        trained = measure(with_layer, label, SpecConfig(method="mtp", k=k), compare_texts,
+                          lambda text: prompt_tokens(with_layer, by_text[text]), args.compare_tokens)
+        with_layer.close()
+    else:
+        trained = measure(engine, label, SpecConfig(method=args.method, k=k, draft_path=str(folder)), compare_texts,
+                          tokenize, args.compare_tokens)
     existing = [measure(engine, name, spec, compare_texts, tokenize, args.compare_tokens)
                 for name, spec in existing_methods(engine, k, str(args.draft) if args.draft else None)]
     adopted, reason = decide(trained, existing)

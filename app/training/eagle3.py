@@ -121,6 +121,30 @@ def make_batch(sequences: Sequence[Recorded], max_len: int) -> Batch:
     return Batch(tokens, features, top_ids, torch.softmax(top_logp, dim=-1), lengths, starts)
 
 
+def chained_attention(attn, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, keys: list, values: list
+                      ) -> torch.Tensor:
+    """One unrolled step's attention, (B, rows, in) -> (B, rows, d), as the proposer's cache holds it:
+    row p of step s (at position p + s) sees the first step's rows 0..p and its own rows of steps
+    1..s. `keys` and `values` gather each step's (they grow by one entry per call)."""
+    B, rows, _ = x.shape
+    heads, kv, hd = attn.n_head, attn.n_kv, attn.head_dim
+    q = attn.q_proj(x).view(B, rows, heads, hd)
+    k = attn.k_proj(x).view(B, rows, kv, hd)
+    if hasattr(attn, "q_norm"):
+        q, k = attn.q_norm(q), attn.k_norm(k)
+    q = apply_rope(q.transpose(1, 2), cos, sin)  # (B, heads, rows, hd)
+    keys.append(apply_rope(k.transpose(1, 2), cos, sin))  # (B, kv, rows, hd)
+    values.append(attn.v_proj(x).view(B, rows, kv, hd).transpose(1, 2))
+    causal = torch.ones(rows, rows, dtype=torch.bool, device=x.device).tril()
+    same_row = torch.eye(rows, dtype=torch.bool, device=x.device)
+    mask = torch.cat([causal] + [same_row] * (len(keys) - 1), dim=1)  # committed rows up to p, then row p's own steps
+    k_all, v_all = torch.cat(keys, dim=2), torch.cat(values, dim=2)
+    if heads != kv:
+        k_all, v_all = k_all.repeat_interleave(heads // kv, dim=1), v_all.repeat_interleave(heads // kv, dim=1)
+    y = F.scaled_dot_product_attention(q, k_all, v_all, attn_mask=mask)  # (B, heads, rows, hd)
+    return attn.o_proj(y.transpose(1, 2).reshape(B, rows, -1))
+
+
 def unroll(head: Eagle3Model, config: ModelConfig, embed: torch.nn.Embedding, batch: Batch,
            depth: int) -> list[torch.Tensor]:
     """Draft-vocabulary logits of each step s = 1..depth: (B, T-1, V), row p drafting x_{p+s+1}.
@@ -129,37 +153,16 @@ def unroll(head: Eagle3Model, config: ModelConfig, embed: torch.nn.Embedding, ba
     where an earlier draft was wrong the later ones are never used, so the acceptance they imply
     is exact)."""
     m = head.midlayer
-    attn = m.self_attn
     B, T = batch.tokens.shape
     rows = T - 1
     cos, sin = rope_tables(config, rows + depth)
-    heads, kv, hd = attn.n_head, attn.n_kv, attn.head_dim
-
-    def project(g, token_ids, c, s):
-        x = torch.cat([m.input_layernorm(embed(token_ids)), m.hidden_norm(g)], dim=-1)
-        q = apply_rope(attn.q_proj(x).view(B, rows, heads, hd).transpose(1, 2), c, s)
-        k = apply_rope(attn.k_proj(x).view(B, rows, kv, hd).transpose(1, 2), c, s)
-        v = attn.v_proj(x).view(B, rows, kv, hd).transpose(1, 2)
-        return q, k, v
-
     g = head.fc(batch.features[:, :rows])
-    causal = torch.ones(rows, rows, dtype=torch.bool).tril()
-    same_row = torch.eye(rows, dtype=torch.bool)
     keys, values, logits = [], [], []
     for step in range(depth):
         token_ids = torch.zeros(B, rows, dtype=torch.long)
-        available = T - 1 - step  # row p reads x_{p+1+step}
-        token_ids[:, :max(0, available)] = batch.tokens[:, 1 + step:]
-        q, k, v = project(g, token_ids, cos[step:step + rows], sin[step:step + rows])
-        keys.append(k)
-        values.append(v)
-        mask = torch.cat([causal] + [same_row] * step, dim=1)  # committed rows up to p, then row p's own steps
-        k_all, v_all = torch.cat(keys, dim=2), torch.cat(values, dim=2)
-        if heads != kv:
-            k_all = k_all.repeat_interleave(heads // kv, dim=1)
-            v_all = v_all.repeat_interleave(heads // kv, dim=1)
-        y = F.scaled_dot_product_attention(q, k_all, v_all, attn_mask=mask)
-        h = g + attn.o_proj(y.transpose(1, 2).reshape(B, rows, -1))
+        token_ids[:, :max(0, T - 1 - step)] = batch.tokens[:, 1 + step:]  # row p reads x_{p+1+step}
+        x = torch.cat([m.input_layernorm(embed(token_ids).float()), m.hidden_norm(g)], dim=-1)  # (B, rows, 2d)
+        h = g + chained_attention(m.self_attn, x, cos[step:step + rows], sin[step:step + rows], keys, values)
         out = h + m.mlp(m.post_attention_layernorm(h))
         logits.append(head.lm_head(head.norm(out)).float())
         g = head.feedback(out)

@@ -10,7 +10,7 @@ from typing import Callable, Sequence
 import numpy as np
 import torch
 
-from . import dflash, eagle3
+from . import dflash, eagle3, mtp
 from .record import Recorded
 
 DEPTH = 3  # draft positions measured (and EAGLE-3 steps unrolled); the k of the speedup compare
@@ -30,11 +30,13 @@ def method_taps(method: str, network) -> tuple[int, ...]:
     config = network.config
     if method == "eagle3":
         return eagle3.default_taps(config.num_hidden_layers)
+    if method == "mtp":
+        return mtp.taps(config)
     return dflash.taps(dflash.spec_for(config))
 
 
 def plan(method: str, network, train: Sequence[Recorded], held: Sequence[Recorded], batch_size: int,
-         max_len: int) -> Plan:
+         max_len: int, target: Path) -> Plan:
     config = network.config
     taps = method_taps(method, network)
 
@@ -58,6 +60,20 @@ def plan(method: str, network, train: Sequence[Recorded], held: Sequence[Recorde
             return figures(*eagle3.acceptance(eagle3.unroll(head, head_config, embed, held_batch, DEPTH), held_batch))
 
         return Plan(method, taps, head, step, evaluate, lambda folder: eagle3.export_head(head, config, taps, folder))
+
+    if method == "mtp":
+        layer = mtp.new_layer(network)
+        held_batch = eagle3.make_batch(list(held), max_len)
+
+        def mtp_step(rng):
+            batch = sample(rng)
+            return eagle3.kl_loss(mtp.unroll(layer, network, batch, DEPTH), batch)
+
+        def mtp_evaluate():
+            return figures(*eagle3.acceptance(mtp.unroll(layer, network, held_batch, DEPTH), held_batch))
+
+        return Plan(method, taps, layer, mtp_step, mtp_evaluate,
+                    lambda folder: mtp.export_target_with_mtp(layer, target, folder))
 
     spec = dflash.spec_for(config)
     drafter = dflash.new_drafter(network, spec)

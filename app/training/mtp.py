@@ -1,0 +1,105 @@
+"""Training an MTP layer for a PyTorch target that has none, from recorded data.
+
+The layer is the engine's MtpLayer in MiMo's format: row p reads the target's final-normed
+hidden state h_p (the recorded output of its last layer, through its final norm) and the
+embedding of x_{p+1}, and drafts x_{p+2}; further steps feed the layer's own normed output
+back, at the next position, attending to the committed rows up to p and to row p's own
+earlier steps, as the engine's proposer chains them. The loss is KL from the recorded top-k
+at every step, later steps weighted down (EAGLE-3's training-time test, which the demo's MTP
+layer uses for its second step).
+
+The export is the target's folder with the layer added as a second shard
+(`model-mtp.safetensors`, `num_nextn_predict_layers: 1`), the target's own weight files
+linked (or copied where links are not possible), never modified.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import torch
+
+from specdesk.app.demo.mtp import PREFIX, mtp_config_keys
+from specdesk.app.demo.train import init_weights
+from specdesk.engines.torch.loader import INDEX_NAME, open_checkpoint
+from specdesk.engines.torch.model import ModelConfig, rope_tables
+from specdesk.engines.torch.mtp import MtpLayer
+from specdesk.engines.types import SpecDeskError
+
+from .eagle3 import STEP_WEIGHT, Batch, chained_attention  # noqa: F401  (STEP_WEIGHT: the same weighting)
+
+
+def taps(config: ModelConfig) -> tuple[int, ...]:
+    """H[L]: the last layer's output, which the target's final norm turns into what MTP reads."""
+    return (config.num_hidden_layers,)
+
+
+def new_layer(target_network, seed: int = 0) -> MtpLayer:
+    config = target_network.config
+    layer = MtpLayer(config, "mimo")
+    init_weights(layer, seed, config.num_hidden_layers)
+    layer.final_layernorm.weight.data.copy_(target_network.model.norm.weight.float())
+    return layer
+
+
+def unroll(layer: MtpLayer, target_network, batch: Batch, depth: int) -> list[torch.Tensor]:
+    """Target-vocabulary logits of each step (B, T-1, V), row p drafting x_{p+step+2}."""
+    B, T = batch.tokens.shape
+    rows = T - 1
+    cos, sin = rope_tables(target_network.config, rows + depth)
+    embed = target_network.model.embed_tokens
+    g = target_network.model.norm(batch.features[:, :rows])  # (B, rows, d) final-normed h_p
+    keys, values, logits = [], [], []
+    for step in range(depth):
+        token_ids = torch.zeros(B, rows, dtype=torch.long)
+        token_ids[:, :max(0, T - 1 - step)] = batch.tokens[:, 1 + step:]
+        x = layer.fuse(g, embed(token_ids).float())  # (B, rows, d)
+        y = chained_attention(layer.self_attn, layer.input_layernorm(x), cos[step:step + rows],
+                              sin[step:step + rows], keys, values)
+        h = x + y
+        out = h + layer.mlp(layer.post_attention_layernorm(h))
+        logits.append(target_network.logits(layer.final_layernorm(out)))
+        g = layer.feedback(out)
+    return logits
+
+
+def refuse_existing(target: Path) -> None:
+    from specdesk.engines.torch.mtp import mtp_style
+
+    style, count = mtp_style(open_checkpoint(target))
+    if count:
+        raise SpecDeskError(f"{target} has {count} MTP layer(s) already: --method mtp adds one to a target without")
+
+
+def _link_or_copy(source: Path, destination: Path) -> None:
+    destination.unlink(missing_ok=True)
+    try:
+        os.link(source, destination)
+    except OSError:
+        shutil.copy2(source, destination)
+
+
+def export_target_with_mtp(layer: MtpLayer, target: Path, folder: Path) -> Path:
+    """The target's folder plus the layer as model-mtp.safetensors and an index naming every shard."""
+    from safetensors.torch import save_file
+
+    checkpoint = open_checkpoint(target)
+    folder.mkdir(parents=True, exist_ok=True)
+    for path in sorted(Path(target).iterdir()):
+        if path.is_file() and path.name not in ("config.json", INDEX_NAME) and not path.name.startswith("model-mtp"):
+            _link_or_copy(path, folder / path.name)
+    weights = {PREFIX + name: t.detach().to(torch.float16).contiguous().cpu() for name, t in layer.state_dict().items()}
+    tmp = folder / f"model-mtp.safetensors.tmp-{os.getpid()}"
+    save_file(weights, str(tmp), metadata={"format": "pt"})
+    os.replace(tmp, folder / "model-mtp.safetensors")
+    weight_map = dict(checkpoint.weight_map)
+    weight_map.update({name: "model-mtp.safetensors" for name in weights})
+    total = sum((folder / f).stat().st_size for f in set(weight_map.values()))
+    (folder / INDEX_NAME).write_text(json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map},
+                                                indent=2) + "\n", encoding="utf-8")
+    config = dict(checkpoint.config, **mtp_config_keys())
+    (folder / "config.json").write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
+    return folder
