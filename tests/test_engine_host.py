@@ -308,7 +308,8 @@ def test_stop_ends_a_hung_host_and_closing_never_waits_long(qtbot, window):
     with qtbot.waitSignal(win.worker.errored, timeout=15_000) as blocker:
         win.chat_view.stop_button.click()
     assert re.search(r"within \d+ s of Stop", blocker.args[0].message) and win.engine_stop_box.isVisible()
-    assert [m.role for m in win.history.messages(win.chat_id)] == ["user", "assistant", "user"]
+    saved = win.history.messages(win.chat_id)  # what streamed before Stop stays, marked partial
+    assert [m.role for m in saved] == ["user", "assistant", "user", "assistant"] and saved[-1].meta["partial"]
 
     # reload, hang again, and close the window while it hangs
     with qtbot.waitSignal(win.worker.finished, timeout=60_000, check_params_cb=lambda r: r.kind == "load"):
