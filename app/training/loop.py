@@ -1,8 +1,9 @@
 """The time-budgeted training loop: AdamW with warmup, held-out evaluation, the best state kept,
 and checkpoints that a killed run resumes from.
 
-The budget counts training time only (recording data and measuring come on top of it); it
-is carried in the checkpoint, so a resumed run spends only what the killed one left.
+The budget counts training steps and held-out evaluations (recording data before and
+measuring after come on top of it); it is carried in the checkpoint, so a resumed run
+spends only what the killed one left.
 """
 
 from __future__ import annotations
@@ -96,7 +97,9 @@ def train_loop(module: torch.nn.Module, step_fn: StepFn, eval_fn: EvalFn, settin
     budget = settings.minutes * 60.0
     live = live or (lambda line: None)
 
-    def evaluate_and_save(loss: float) -> None:
+    def evaluate_and_save(loss: float) -> float:
+        """Returns the seconds it took (counted in the budget, as training steps are)."""
+        started = time.perf_counter()
         module.eval()
         with torch.no_grad():
             score, figures = eval_fn()
@@ -107,17 +110,20 @@ def train_loop(module: torch.nn.Module, step_fn: StepFn, eval_fn: EvalFn, settin
         if score > state.best_score:
             state.best_score, state.best_step = score, state.step
             state.best_state = copy.deepcopy({k: v.detach().cpu() for k, v in module.state_dict().items()})
+        state.elapsed += time.perf_counter() - started
         _atomic_save({"module": module.state_dict(), "optimizer": optimizer.state_dict(),
                       "rng": rng.bit_generator.state, "state": state}, checkpoint)
         report(progress_line(state, loss, figures, budget))
+        return time.perf_counter() - started
 
     def done() -> bool:
         return state.elapsed >= budget or (settings.max_steps is not None and state.step >= settings.max_steps)
 
     module.train()
     last_eval_time, last_eval_step, loss_value = state.elapsed, state.step, float("nan")
+    eval_cost = 0.0
     if state.step == 0 and not state.history:
-        evaluate_and_save(loss_value)  # the untrained head is the first candidate
+        eval_cost = evaluate_and_save(loss_value)  # the untrained drafter is the first candidate
     while not done():
         started = time.perf_counter()
         lr = settings.peak_lr * min(1.0, (state.step + 1) / max(1, settings.warmup_steps))
@@ -132,9 +138,10 @@ def train_loop(module: torch.nn.Module, step_fn: StepFn, eval_fn: EvalFn, settin
         state.elapsed += time.perf_counter() - started
         loss_value = float(loss.detach())
         live(f"step {state.step} · loss {loss_value:.4f} · {format_left(budget - state.elapsed)} left")
-        if (state.elapsed - last_eval_time >= settings.eval_seconds or state.step - last_eval_step >= settings.eval_every
-                or done()):
-            evaluate_and_save(loss_value)
+        # Evaluations take at most about a fifth of the budget, however slow they are here.
+        interval = max(settings.eval_seconds, 4 * eval_cost)
+        if state.elapsed - last_eval_time >= interval or state.step - last_eval_step >= settings.eval_every or done():
+            eval_cost = evaluate_and_save(loss_value)
             last_eval_time, last_eval_step = state.elapsed, state.step
     if state.best_state is not None:
         module.load_state_dict(state.best_state)
