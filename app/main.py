@@ -202,8 +202,8 @@ def terminal_chat(backend: ChatBackend, settings: ChatSettings, system: Optional
             print(f"specdesk: {e}", file=sys.stderr)
             continue
         print()
-        print(f"[{describe_reply(outcome)}]" + (f"\n[{printable(outcome.note, one_line=True)}]" if outcome.note else ""),
-              file=sys.stderr)
+        note = f"\n[{printable(outcome.note, one_line=True)}]" if outcome.note else ""
+        print(f"[{describe_reply(outcome)}]{note}", file=sys.stderr)
 
 
 def start_conversation(system: Optional[str]) -> list[dict]:

@@ -3,7 +3,8 @@ process (app/runtime/session.Session on the small demo target) and a server (a r
 `specdesk serve` on the same target, through app/serving/served.ServedSession).
 
 A turn stopped or failed before any text (Ctrl-C, an error) leaves the conversation as it
-was before the user's message; one stopped after some text keeps it as the reply. The terminal chat, the app and `specdesk serve` all take their turns here."""
+was before the user's message; one stopped after some text keeps it as the reply. The
+terminal chat, the app and `specdesk serve` all take their turns here."""
 
 from __future__ import annotations
 
