@@ -29,6 +29,16 @@ def _run_cli(argv: list[str]) -> int:
     return cli.run(parser.parse_args(argv))
 
 
+def test_the_subcommand_registers_with_its_defaults():
+    parser = argparse.ArgumentParser(prog="specdesk")
+    cli.register(parser.add_subparsers(dest="command"))
+    args = parser.parse_args(["train-drafter", "--target", "some/model"])
+    assert args.func is cli.run and args.method == "eagle3" and args.minutes == 20 and args.device == "auto"
+    assert not args.resume and args.prompts is None
+    with pytest.raises(SystemExit):
+        parser.parse_args(["train-drafter", "--target", "m", "--method", "medusa"])
+
+
 @pytest.fixture()
 def small_prompts(tmp_path) -> Path:
     """Code the small demo target continues well, and a chat line or two."""

@@ -42,6 +42,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--threads", type=int, help="CPU threads for torch")
 
 
+def register(subparsers) -> argparse.ArgumentParser:
+    """`specdesk train-drafter`: the subcommand in the CLI's subparsers, dispatched to `run`."""
+    parser = subparsers.add_parser("train-drafter", help="train an EAGLE-3 head, MTP layer or DFlash drafter for a "
+                                                         "PyTorch target here, and adopt it only if it pays",
+                                   description=__doc__)
+    add_arguments(parser)
+    parser.set_defaults(func=run)
+    return parser
+
+
 def _positive(value, name: str) -> None:
     if value is not None and not value > 0:
         raise SpecDeskError(f"{name} {value} is out of range: use a number above 0")
