@@ -627,3 +627,32 @@ def test_compare_ends_an_engine_that_stops_answering_in_one_line(demo_family):
     assert child.returncode == 2 and len(errors) == 1 and "Traceback" not in err, err
     assert re.match(r"specdesk: error: the engine process for specdesk-demo-target-F16\.gguf sent nothing for \d+ s "
                     r".*\(it is stopped or stuck\) and was ended$", errors[0]), errors[0]
+
+
+@pytest.mark.parametrize("spins", [0, 1, 2])
+def test_a_cancellation_that_comes_with_the_engines_next_piece_is_never_lost(spins):
+    """serve stops the run of a client that went away by cancelling the request's task; a
+    cancellation that comes as the engine's next piece arrives must still be raised (Python
+    3.11's asyncio.wait_for returns the piece and drops it), and the piece stays queued."""
+    import asyncio
+
+    from specdesk.app.serving.serve import next_item
+
+    async def scenario() -> None:
+        queue: asyncio.Queue = asyncio.Queue()
+        task = asyncio.ensure_future(next_item(queue, 60))
+        await asyncio.sleep(0)  # waiting for the engine
+        queue.put_nowait(("text", "a"))
+        for _ in range(spins):
+            await asyncio.sleep(0)
+        assert not task.done()
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert queue.get_nowait() == ("text", "a")
+        with pytest.raises(asyncio.TimeoutError):
+            await next_item(queue, 0.01)
+        queue.put_nowait(("result", None))
+        assert await next_item(queue, 1) == ("result", None)
+
+    asyncio.run(scenario())

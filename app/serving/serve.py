@@ -316,6 +316,26 @@ class Outcome:
     summary: dict
 
 
+async def next_item(queue: asyncio.Queue, timeout_s: float):
+    """queue.get() within timeout_s (asyncio.TimeoutError past it). Before Python 3.12,
+    asyncio.wait_for returns the item when a cancellation comes as the item arrives, and the
+    cancellation is lost (a client that went away then has its run go on to the end); here it
+    is raised, and the item goes back in the queue."""
+    getter = asyncio.ensure_future(queue.get())
+    try:
+        done, _ = await asyncio.wait({getter}, timeout=timeout_s)
+    except asyncio.CancelledError:
+        if getter.done() and not getter.cancelled():
+            queue.put_nowait(getter.result())
+        else:
+            getter.cancel()  # an item that arrives now stays in the queue
+        raise
+    if not done:
+        getter.cancel()
+        raise asyncio.TimeoutError
+    return getter.result()
+
+
 class Service:
     """The loaded models (an app/runtime/session.Session), the configuration and counters; one
     generation at a time, FIFO."""
@@ -418,7 +438,7 @@ class Service:
             while True:
                 if pending is None:
                     try:
-                        kind, value = await asyncio.wait_for(queue.get(), self.engine_timeout_s)
+                        kind, value = await next_item(queue, self.engine_timeout_s)
                     except asyncio.TimeoutError:
                         if stalled:  # the client ends the engine within its grace: wait for that
                             continue
