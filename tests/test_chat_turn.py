@@ -82,7 +82,8 @@ def test_a_turn_without_text_is_rolled_back_and_one_with_text_is_kept(backend):
         stop.set()
 
     messages.append(user("import os"))
-    outcome = chat_turn(backend, messages, SETTINGS, stop, stop_after_the_first)
+    long_reply = ChatSettings(SETTINGS.spec, SETTINGS.sampling, 1000)  # far longer than Stop takes to arrive
+    outcome = chat_turn(backend, messages, long_reply, stop, stop_after_the_first)
     assert outcome.result.finish_reason == "cancelled" and shown[0] and outcome.text.startswith(shown[0])
     assert messages == [*answered, user("import os"), {"role": "assistant", "content": outcome.text}]
 
