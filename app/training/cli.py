@@ -110,8 +110,8 @@ def _run(args: argparse.Namespace) -> int:
         torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     say(f"loading {target}")
-    engine = TorchEngine(target, device=args.device, dtype="float32" if args.device in ("cpu", "auto") and
-                         not torch.cuda.is_available() else "auto")
+    # float32 everywhere: the drafter trains in float32 against the target's frozen embeddings and head
+    engine = TorchEngine(target, device=args.device, dtype="float32")
     config = engine.target.config
     taps = method_taps(args.method, engine.target.network)
     settings = RecordSettings(taps=taps, max_new_tokens=args.max_tokens, limit_bytes=int(args.cache_mb * 2**20))

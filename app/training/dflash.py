@@ -62,14 +62,17 @@ def _block_rows(drafter, target_network, spec: DFlashSpec, batch: Batch, anchors
     """Normed drafted rows (Bt, n_blocks, B-1, d) of blocks at `anchors` (shared by the batch)."""
     B, n_blocks = spec.block_size, len(anchors)
     Bt, T = batch.tokens.shape
-    cos, sin = rope_tables(drafter_config(spec, 1, 1.0, 1.0, target_network.config).model, T + B)
+    device = batch.tokens.device
+    cos, sin = (t.to(device) for t in rope_tables(drafter_config(spec, 1, 1.0, 1.0, target_network.config).model,
+                                                   T + B))
     with torch.no_grad():
-        ids = torch.full((Bt, n_blocks, B), spec.mask_token_id, dtype=torch.long)
-        ids[:, :, 0] = batch.tokens[:, anchors]
+        ids = torch.full((Bt, n_blocks, B), spec.mask_token_id, dtype=torch.long, device=device)
+        ids[:, :, 0] = batch.tokens[:, torch.as_tensor(anchors, device=device)]
         block = target_network.model.embed_tokens(ids.view(Bt, -1)).float()  # (Bt, n_blocks*B, d)
-    positions = torch.as_tensor((anchors[:, None] + np.arange(B)[None, :]).reshape(-1))  # (n_blocks*B,)
-    block_of = torch.arange(n_blocks).repeat_interleave(B)
-    sees_context = torch.arange(T)[None, :] < torch.as_tensor(anchors).repeat_interleave(B)[:, None]
+    positions = torch.as_tensor((anchors[:, None] + np.arange(B)[None, :]).reshape(-1), device=device)  # (n_blocks*B,)
+    block_of = torch.arange(n_blocks, device=device).repeat_interleave(B)
+    starts = torch.as_tensor(anchors, device=device).repeat_interleave(B)
+    sees_context = torch.arange(T, device=device)[None, :] < starts[:, None]
     sees_block = block_of[:, None] == block_of[None, :]
     mask = torch.cat([sees_context, sees_block], dim=1)  # (n_blocks*B, T + n_blocks*B)
     rope = (cos[positions], sin[positions], cos[:T], sin[:T])
@@ -79,7 +82,8 @@ def _block_rows(drafter, target_network, spec: DFlashSpec, batch: Batch, anchors
 
 def _targets(spec: DFlashSpec, batch: Batch, anchors: np.ndarray):
     """Positions a+i (i = 0..B-2) whose recorded distribution row i+1 learns, and where they exist."""
-    positions = torch.as_tensor(anchors[:, None] + np.arange(spec.block_size - 1)[None, :])  # (n_blocks, B-1)
+    positions = torch.as_tensor(anchors[:, None] + np.arange(spec.block_size - 1)[None, :],
+                                device=batch.tokens.device)  # (n_blocks, B-1)
     exists = positions[None] <= batch.lengths[:, None, None] - 1  # (Bt, n_blocks, B-1)
     return positions.clamp(max=batch.tokens.shape[1] - 1), exists
 
@@ -94,7 +98,8 @@ def kl_loss(drafter, target_network, spec: DFlashSpec, batch: Batch, rng: np.ran
     positions, exists = _targets(spec, batch, anchors)
     p, ids = batch.top_p[:, positions], batch.top_ids[:, positions]  # (Bt, n_blocks, B-1, k)
     per_row = (p * (torch.log(p.clamp_min(1e-12)) - logq.gather(-1, ids))).sum(-1)
-    weights = torch.exp(-torch.arange(B - 1, dtype=torch.float32) / POSITION_DECAY).expand_as(per_row)
+    weights = torch.exp(-torch.arange(B - 1, dtype=torch.float32, device=per_row.device) / POSITION_DECAY)
+    weights = weights.expand_as(per_row)
     weights = weights * exists
     return (per_row * weights).sum() / weights.sum().clamp_min(1e-9), {}
 
@@ -116,7 +121,7 @@ def acceptance(drafter, target_network, spec: DFlashSpec, held: Sequence[Batch],
         positions, _ = _targets(spec, batch, anchors)
         greedy = batch.top_ids[0, positions[:, :depth], 0]  # (n_blocks, depth)
         alive = torch.cumprod((drafted == greedy).long(), dim=1)
-        alive_sums += alive.sum(0).numpy()
+        alive_sums += alive.sum(0).cpu().numpy()
         count += len(anchors)
     return [float(s) / max(1, count) for s in alive_sums], count
 

@@ -102,8 +102,8 @@ class Batch:
     answer_starts: torch.Tensor  # (B,)
 
 
-def make_batch(sequences: Sequence[Recorded], max_len: int) -> Batch:
-    """Right-padded batch; sequences longer than max_len are cut (positions stay absolute)."""
+def make_batch(sequences: Sequence[Recorded], max_len: int, device: str | torch.device = "cpu") -> Batch:
+    """Right-padded batch on `device`; sequences longer than max_len are cut (positions stay absolute)."""
     T = min(max_len, max(len(s.tokens) for s in sequences))
     B, width, k = len(sequences), sequences[0].features.shape[1], sequences[0].top_ids.shape[1]
     tokens = torch.zeros(B, T, dtype=torch.long)
@@ -118,7 +118,7 @@ def make_batch(sequences: Sequence[Recorded], max_len: int) -> Batch:
         top_ids[i, :n] = torch.from_numpy(s.top_ids[:n].astype(np.int64))
         top_logp[i, :n] = torch.from_numpy(s.top_logp[:n].astype(np.float32))
         lengths[i], starts[i] = n, s.answer_start
-    return Batch(tokens, features, top_ids, torch.softmax(top_logp, dim=-1), lengths, starts)
+    return Batch(*(t.to(device) for t in (tokens, features, top_ids, torch.softmax(top_logp, dim=-1), lengths, starts)))
 
 
 def chained_attention(attn, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, keys: list, values: list
@@ -155,11 +155,12 @@ def unroll(head: Eagle3Model, config: ModelConfig, embed: torch.nn.Embedding, ba
     m = head.midlayer
     B, T = batch.tokens.shape
     rows = T - 1
-    cos, sin = rope_tables(config, rows + depth)
+    device = batch.tokens.device
+    cos, sin = (t.to(device) for t in rope_tables(config, rows + depth))
     g = head.fc(batch.features[:, :rows])
     keys, values, logits = [], [], []
     for step in range(depth):
-        token_ids = torch.zeros(B, rows, dtype=torch.long)
+        token_ids = torch.zeros(B, rows, dtype=torch.long, device=device)
         token_ids[:, :max(0, T - 1 - step)] = batch.tokens[:, 1 + step:]  # row p reads x_{p+1+step}
         x = torch.cat([m.input_layernorm(embed(token_ids).float()), m.hidden_norm(g)], dim=-1)  # (B, rows, 2d)
         h = g + chained_attention(m.self_attn, x, cos[step:step + rows], sin[step:step + rows], keys, values)
@@ -172,7 +173,7 @@ def unroll(head: Eagle3Model, config: ModelConfig, embed: torch.nn.Embedding, ba
 def _valid(batch: Batch, step: int, rows: int, answer_only: bool) -> torch.Tensor:
     """(B, rows) bool: row p's step (0-based) target, position p + step + 1, exists; with
     answer_only, it also lies in the generated answer."""
-    p = torch.arange(rows)[None, :]
+    p = torch.arange(rows, device=batch.tokens.device)[None, :]
     target_position = p + step + 1
     ok = target_position <= batch.lengths[:, None] - 1
     if answer_only:
@@ -185,7 +186,7 @@ def kl_loss(logits: list[torch.Tensor], batch: Batch) -> tuple[torch.Tensor, dic
     rows = batch.tokens.shape[1] - 1
     total, weights, figures = 0.0, 0.0, {}
     for step, step_logits in enumerate(logits):
-        position = torch.arange(rows) + step + 1
+        position = torch.arange(rows, device=batch.tokens.device) + step + 1
         position = position.clamp(max=batch.tokens.shape[1] - 1)
         p = batch.top_p[:, position]  # (B, rows, k)
         ids = batch.top_ids[:, position]
@@ -212,7 +213,7 @@ def acceptance(logits: list[torch.Tensor], batch: Batch) -> tuple[list[float], i
     shares = []
     count = int(usable.sum())
     for step, step_logits in enumerate(logits):
-        position = (torch.arange(rows) + step + 1).clamp(max=batch.tokens.shape[1] - 1)
+        position = (torch.arange(rows, device=batch.tokens.device) + step + 1).clamp(max=batch.tokens.shape[1] - 1)
         greedy = batch.top_ids[:, position, 0]  # the target's choice there: the token it will verify against
         alive &= step_logits.argmax(-1) == greedy
         shares.append(float(alive.sum()) / max(1, count))

@@ -39,18 +39,19 @@ def plan(method: str, network, train: Sequence[Recorded], held: Sequence[Recorde
          max_len: int, target: Path) -> Plan:
     config = network.config
     taps = method_taps(method, network)
+    device = network.model.embed_tokens.weight.device
 
     def sample(rng: np.random.Generator) -> eagle3.Batch:
         picks = rng.choice(len(train), size=min(batch_size, len(train)), replace=False)
-        return eagle3.make_batch([train[i] for i in picks], max_len)
+        return eagle3.make_batch([train[i] for i in picks], max_len, device)
 
     def figures(shares: list[float], rows: int) -> tuple[float, dict]:
         return sum(shares), {"acceptance": [round(a, 4) for a in shares], "rows": rows}
 
     if method == "eagle3":
-        head = eagle3.new_head(network, seed=0)
+        head = eagle3.new_head(network, seed=0).to(device)
         head_config, embed = eagle3.head_config(config), network.model.embed_tokens
-        held_batch = eagle3.make_batch(list(held), max_len)
+        held_batch = eagle3.make_batch(list(held), max_len, device)
 
         def step(rng):
             batch = sample(rng)
@@ -62,8 +63,8 @@ def plan(method: str, network, train: Sequence[Recorded], held: Sequence[Recorde
         return Plan(method, taps, head, step, evaluate, lambda folder: eagle3.export_head(head, config, taps, folder))
 
     if method == "mtp":
-        layer = mtp.new_layer(network)
-        held_batch = eagle3.make_batch(list(held), max_len)
+        layer = mtp.new_layer(network).to(device)
+        held_batch = eagle3.make_batch(list(held), max_len, device)
 
         def mtp_step(rng):
             batch = sample(rng)
@@ -76,8 +77,8 @@ def plan(method: str, network, train: Sequence[Recorded], held: Sequence[Recorde
                     lambda folder: mtp.export_target_with_mtp(layer, target, folder))
 
     spec = dflash.spec_for(config)
-    drafter = dflash.new_drafter(network, spec)
-    held_batches = [eagle3.make_batch([s], max_len) for s in held]
+    drafter = dflash.new_drafter(network, spec).to(device)
+    held_batches = [eagle3.make_batch([s], max_len, device) for s in held]
 
     def dflash_step(rng):
         return dflash.kl_loss(drafter, network, spec, sample(rng), rng)

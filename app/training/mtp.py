@@ -49,12 +49,13 @@ def unroll(layer: MtpLayer, target_network, batch: Batch, depth: int) -> list[to
     """Target-vocabulary logits of each step (B, T-1, V), row p drafting x_{p+step+2}."""
     B, T = batch.tokens.shape
     rows = T - 1
-    cos, sin = rope_tables(target_network.config, rows + depth)
+    device = batch.tokens.device
+    cos, sin = (t.to(device) for t in rope_tables(target_network.config, rows + depth))
     embed = target_network.model.embed_tokens
     g = target_network.model.norm(batch.features[:, :rows])  # (B, rows, d) final-normed h_p
     keys, values, logits = [], [], []
     for step in range(depth):
-        token_ids = torch.zeros(B, rows, dtype=torch.long)
+        token_ids = torch.zeros(B, rows, dtype=torch.long, device=device)
         token_ids[:, :max(0, T - 1 - step)] = batch.tokens[:, 1 + step:]
         x = layer.fuse(g, embed(token_ids).float())  # (B, rows, d)
         y = chained_attention(layer.self_attn, layer.input_layernorm(x), cos[step:step + rows],
