@@ -276,7 +276,7 @@ def test_a_drafter_trained_for_one_step_is_kept_but_not_adopted(method, demo_fam
     err = capsys.readouterr().err
     assert f"kept, not adopted: trained {label}" in err and "MiB" in err.split("\n")[1]
 
-    # The exported folder is an EAGLE-3 drafter the PyTorch engine loads, and greedy output through it is the baseline's.
+    # The exported folder is a drafter the PyTorch engine loads, and greedy output through it is the baseline's.
     engine = TorchEngine(demo_family["target_hf"], device="cpu", dtype="float32")
     tokens = tuple(engine.tokenize("with open(path) as f:\n"))
     runs = [run_once(engine, GenerationRequest(tokens, max_tokens=40, sampling=SamplingParams(temperature=0.0),

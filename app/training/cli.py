@@ -73,17 +73,15 @@ def _run(args: argparse.Namespace) -> int:
     from specdesk.engines.torch.device import require_torch
 
     torch = require_torch("training a drafter")
-    for value, name in ((args.minutes, "--minutes"), (args.max_prompts, "--max-prompts"),
-                        (args.max_tokens, "--max-tokens"), (args.cache_mb, "--cache-mb"), (args.steps, "--steps"),
-                        (args.batch_size, "--batch-size"), (args.eval_every, "--eval-every"), (args.compare_prompts, "--compare-prompts"),
-                        (args.compare_tokens, "--compare-tokens"), (args.threads, "--threads")):
-        _positive(value, name)
+    for name in ("minutes", "max_prompts", "max_tokens", "cache_mb", "steps", "batch_size", "eval_every",
+                 "compare_prompts", "compare_tokens", "threads"):
+        _positive(getattr(args, name), "--" + name.replace("_", "-"))
     from specdesk.engines.torch.engine import TorchEngine
 
     from .adopt import METHOD_LABELS, decide, existing_methods, measure, write_provenance
     from .loop import CHECKPOINT, LoopSettings, terminal_live, train_loop
-    from .prompts import default_prompts_path, load_prompt_set, split_prompts
     from .methods import DEPTH, method_taps, plan
+    from .prompts import default_prompts_path, load_prompt_set, split_prompts
     from .record import RecordSettings, cache_key, estimate_bytes, load_sequence, prompt_tokens, record
 
     say = lambda message: print(message, file=sys.stderr, flush=True)  # noqa: E731
