@@ -94,6 +94,9 @@ def test_adoption_needs_to_beat_the_best_existing_method_and_plain_decoding():
     assert not adopted and reason == "trained EAGLE-3: 0.95x, below plain decoding 1.00x"
     adopted, reason = decide(Measured("trained EAGLE-3", 2.0, False, 0.5), [])
     assert not adopted and "differs from the baseline" in reason
+    adopted, reason = decide(Measured("trained EAGLE-3", 1.04, True, 0.5, spread=0.06, beyond_noise=False),
+                             [Measured("n-gram", 0.9, True, 0.3)])
+    assert not adopted and reason == "trained EAGLE-3: 1.04x, within the noise of plain decoding (± 0.06)"
 
 
 # --- the head against the engine ---------------------------------------------------------

@@ -28,20 +28,25 @@ class Measured:
     identical: Optional[bool]
     acceptance_rate: Optional[float]
     per_position: tuple[float, ...] = ()
+    spread: float = 0.0  # half the range of the repeated runs' speedups
+    beyond_noise: bool = True  # 1.0x lies outside the spread (compare.beyond_noise)
 
     def to_json(self) -> dict:
-        return {"speedup": round(self.speedup, 3), "identical_outputs": self.identical,
+        return {"speedup": round(self.speedup, 3), "spread": round(self.spread, 3), "beyond_noise": self.beyond_noise,
+                "identical_outputs": self.identical,
                 "acceptance_rate": None if self.acceptance_rate is None else round(self.acceptance_rate, 4),
                 "acceptance_per_position": [round(a, 4) for a in self.per_position]}
 
 
 def decide(trained: Measured, existing: Sequence[Measured]) -> tuple[bool, str]:
     """(adopted, reason): adopted only above the best existing method and plain decoding (1.00x),
-    and only with output identical to the baseline."""
+    by more than the noise of its own runs, and only with output identical to the baseline."""
     best = max([Measured(PLAIN, 1.0, True, None), *existing], key=lambda m: m.speedup)
     figure = f"{trained.label}: {trained.speedup:.2f}x"
     if trained.identical is False:
         return False, f"{figure}, but its greedy output differs from the baseline's"
+    if trained.speedup > best.speedup and not trained.beyond_noise:
+        return False, f"{figure}, within the noise of plain decoding (± {trained.spread:.2f})"
     if trained.speedup > best.speedup:
         return True, f"{figure}, above {best.label} {best.speedup:.2f}x"
     return False, f"{figure}, below {best.label} {best.speedup:.2f}x"
@@ -65,7 +70,7 @@ def measure(engine, label: str, spec: SpecConfig, prompts: Sequence[str], tokeni
     report = compare(engine, list(prompts), spec, SamplingParams(temperature=0.0), max_tokens, tokenize)
     stats = report.speculative
     return Measured(label, report.speedup, report.identical_outputs, stats.acceptance_rate,
-                    tuple(stats.per_position_acceptance))
+                    tuple(stats.per_position_acceptance), report.speedup_measure.spread, report.beyond_noise)
 
 
 def write_provenance(folder: Path, record: dict) -> Path:
