@@ -81,6 +81,25 @@ def test_a_tiny_prompt_set_still_holds_some_out():
         split_prompts(prompts[:2])
 
 
+# --- the cache size and the progress line ------------------------------------------------
+def test_the_cache_size_said_before_recording_is_what_a_token_costs_within_the_limit():
+    from specdesk.app.training.record import RecordSettings, estimate_bytes
+
+    settings = RecordSettings(taps=(1, 2, 3), top_k=32, max_new_tokens=96, limit_bytes=10**6)
+    assert settings.bytes_per_token(64) == 2 * 64 * 3 + 6 * 32 + 4  # fp16 taps, int32 ids + fp16 log-probs, a token
+    assert estimate_bytes(10, 64, settings, 64) == 10 * (64 + 96) * 580
+    assert estimate_bytes(1000, 64, settings, 64) == 10**6
+
+
+def test_the_progress_line_says_steps_loss_acceptance_and_time_left():
+    from specdesk.app.training.loop import LoopState, format_left, progress_line
+
+    state = LoopState(step=120, elapsed=61.0)
+    line = progress_line(state, 1.23456, {"acceptance": [0.8, 0.5, 0.25]}, budget_s=300.0)
+    assert line == "step 120 · loss 1.2346 · held-out acceptance 0.80/0.50/0.25 (mean accepted 1.55) · 3:59 left"
+    assert format_left(-5) == "0:00" and format_left(3600) == "60:00"
+
+
 # --- adoption ----------------------------------------------------------------------------
 def test_adoption_needs_to_beat_the_best_existing_method_and_plain_decoding():
     trained = Measured("trained EAGLE-3", 1.08, True, 0.5)
