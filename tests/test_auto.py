@@ -11,8 +11,9 @@ import pytest
 
 from specdesk.app.runtime.compare import load_prompts
 from specdesk.app.storage.paths import assets_dir
-from specdesk.engines.speculation.auto import (REPROBE_EVERY, AcceptanceEstimate, AutoProposer, Costs, choose, expected_speedup,
-                                               expected_tokens)
+from specdesk.engines.speculation import costs as cost_cache
+from specdesk.engines.speculation.auto import REPROBE_EVERY, AutoProposer
+from specdesk.engines.speculation.chooser import AcceptanceEstimate, Costs, choose, expected_speedup, expected_tokens
 from specdesk.engines.types import GenerationRequest, SamplingParams, SpecConfig, SpecDeskError
 
 PROMPTS = load_prompts(assets_dir() / "prompts" / "code.jsonl")
@@ -108,6 +109,20 @@ def test_a_method_unused_for_a_while_is_probed_again():
     assert losing.proposed == len(used)
 
 
+def test_auto_chooses_among_the_methods_this_target_can_run_now():
+    from specdesk.engines.speculation.auto import auto_plan
+
+    available = {"ngram": None, "ngram-pool": None, "draft": None, "mtp": "no MTP layers", "dflash": None}
+    plan = auto_plan(SpecConfig("auto", k=3), available)
+    assert plan.methods == ("ngram", "ngram-pool") and plan.observer is None and plan.draft_path is None  # no draft file
+    plan = auto_plan(SpecConfig("auto", k=3, draft_path="d.gguf"), {**available, "mtp": None})
+    assert plan.methods == ("ngram", "ngram-pool", "draft", "mtp") and plan.max_k == 3
+    assert (plan.observer, plan.draft_path) == ("mtp", "d.gguf")
+    # The request's own list and order (the order the cost cache keys them in).
+    plan = auto_plan(SpecConfig("auto", k=2, draft_path="d.gguf", auto_methods=("mtp", "ngram")), available)
+    assert plan.methods == ("ngram",) and plan.draft_path is None
+
+
 def test_auto_methods_are_checked():
     with pytest.raises(SpecDeskError, match="auto cannot choose 'warp'"):
         SpecConfig(method="auto", auto_methods=("warp",))
@@ -119,14 +134,12 @@ TEST_METHODS = ("ngram", "ngram-pool", "draft")
 
 
 def pin_costs(engine, folder, k: int, draft: str, methods=TEST_METHODS) -> None:
-    from specdesk.engines.speculation import auto
-
     engine.cost_cache_dir = folder
     if draft:  # where the draft sits is part of the key: load it first, as the run will
         engine.load_draft(draft)
     costs = Costs(tuple(1.0 + 0.15 * n for n in range(k + 1)), {"ngram": 0.001, "ngram-pool": 0.002, "draft": 0.08})
-    (folder / f"costs-{auto.cost_key(engine, list(methods), k, draft)}.json").write_text(json.dumps(costs.to_json()))
-    auto._models.clear()
+    (folder / f"costs-{cost_cache.cost_key(engine, list(methods), k, draft)}.json").write_text(json.dumps(costs.to_json()))
+    cost_cache._models.clear()
     engine.cost_learning = False  # the pinned costs stay what the test chose
 
 
@@ -234,19 +247,49 @@ def test_llama_greedy_auto_on_mtp_alone_equals_baseline(demo_family, demo_cache_
     engine.cost_cache_dir = tmp_path
     costs = Costs((1.0, 1.7, 2.4, 3.1), {"mtp": 0.05}, {"mtp": 0.0})
     monkeypatch.setattr(auto, "RETIRE_AFTER", 10**6)  # kept fed through its pauses, re-probed after them
-    (tmp_path / f"costs-{auto.cost_key(engine, ['mtp'], 3, None)}.json").write_text(json.dumps(costs.to_json()))
-    auto._models.clear()
+    (tmp_path / f"costs-{cost_cache.cost_key(engine, ['mtp'], 3, None)}.json").write_text(json.dumps(costs.to_json()))
+    cost_cache._models.clear()
     engine.cost_learning = False  # the pinned costs stay what the test chose
     try:
         used = assert_greedy_identical(engine, SpecConfig("auto", k=3, auto_methods=("mtp",)), PROMPTS[:3], 64)
         assert {"mtp", "none"} <= used
     finally:
-        auto._models.clear()
+        cost_cache._models.clear()
+        engine.close()
+
+
+def test_the_cost_probe_is_a_job_of_its_own_before_the_run(demo_family, demo_cache_dir, tmp_path):
+    """`prepare` measures auto's costs (here with a hidden-state drafter, timed over verified
+    steps of its own) without running the engine's loop; the factory only reads what it left."""
+    from specdesk.app.demo.export_native_gguf import build_native
+    from specdesk.engines.llama.engine import LlamaEngine
+    from specdesk.engines.speculation.proposers import make_proposer, prepare
+
+    native = build_native(demo_family, demo_cache_dir / "native")
+    engine = LlamaEngine(native["mtp_gguf"], n_ctx=256, n_threads=2)
+    engine.cost_cache_dir = tmp_path
+    spec = SpecConfig("auto", k=3, auto_methods=("ngram", "mtp"))
+    cost_cache._models.clear()
+    try:
+        with pytest.raises(SpecDeskError, match="method auto has no costs for these models yet"):
+            make_proposer(engine, spec, SamplingParams(), np.random.default_rng(0))
+        prepare(engine, spec)
+        assert engine.last_proposer is None  # no run went through the loop
+        costs = cost_cache.measured(engine, ["ngram", "mtp"], 3, None).costs()
+        assert len(costs.pass_s) == 4 and costs.draft_token_s["mtp"] > 0 and costs.observe_s["mtp"] >= 0
+        assert set(costs.draft_token_s) == {"ngram", "mtp"} and len(list(tmp_path.glob("costs-*.json"))) == 1
+        tokens = engine.tokenize(PROMPTS[0])
+        baseline, _ = run(engine, tokens, SpecConfig(), 24)
+        auto, steps = run(engine, tokens, spec, 24)
+        assert auto == baseline, steps
+        assert engine.last_proposer.report()["costs"]["observe_ms"].keys() == {"mtp"}
+    finally:
+        cost_cache._models.clear()
         engine.close()
 
 
 def test_a_hidden_state_drafter_that_cannot_pay_for_its_catch_up_is_not_fed():
-    from specdesk.engines.speculation.auto import worth_feeding
+    from specdesk.engines.speculation.chooser import worth_feeding
 
     assert worth_feeding(Costs((1.0, 1.1, 1.2), {"mtp": 0.05}, {"mtp": 0.1}), "mtp", 2)
     # with a catch-up of 0.8 passes, 80% acceptance gives at best 2.44 tokens per 2.6 passes (k = 2)
@@ -297,30 +340,29 @@ def test_costs_are_kept_per_target_and_threads(demo_family, tmp_path):
     import json
 
     from specdesk.engines.llama.engine import LlamaEngine
-    from specdesk.engines.speculation import auto
     from specdesk.engines.speculation.ngram import NgramProposer
 
     engine = LlamaEngine(demo_family["target_gguf"], n_ctx=256, n_threads=1)
     engine.cost_cache_dir = tmp_path
     try:
-        auto._models.clear()
+        cost_cache._models.clear()
         proposers = {"ngram": NgramProposer()}
-        measured = auto.load_or_measure(engine, proposers, 2, None).costs()
+        measured = cost_cache.load_or_measure(engine, proposers, 2, None).costs()
         assert len(measured.pass_s) == 3 and all(s > 0 for s in measured.pass_s)
         [stored] = tmp_path.glob("costs-*.json")
         # A later process reads the file instead of measuring.
         stored.write_text(json.dumps({"pass_s": [1.0, 2.0, 3.0], "draft_token_s": {"ngram": 0.5}}))
-        auto._models.clear()
-        assert auto.load_or_measure(engine, proposers, 2, None).costs() == Costs((1.0, 2.0, 3.0), {"ngram": 0.5})
+        cost_cache._models.clear()
+        assert cost_cache.load_or_measure(engine, proposers, 2, None).costs() == Costs((1.0, 2.0, 3.0), {"ngram": 0.5})
         # A damaged file is measured again; other threads are another machine state.
         stored.write_text("{not json")
-        auto._models.clear()
-        assert auto.load_or_measure(engine, proposers, 2, None).costs().pass_s[0] != 1.0
+        cost_cache._models.clear()
+        assert cost_cache.load_or_measure(engine, proposers, 2, None).costs().pass_s[0] != 1.0
         engine.set_threads(2)
-        auto.load_or_measure(engine, proposers, 2, None)
+        cost_cache.load_or_measure(engine, proposers, 2, None)
         assert len(list(tmp_path.glob("costs-*.json"))) == 2
     finally:
-        auto._models.clear()
+        cost_cache._models.clear()
         engine.close()
 
 
@@ -330,9 +372,19 @@ def test_a_losing_hidden_state_drafter_is_let_go():
     from specdesk.engines.speculation.auto import RETIRE_AFTER
     from specdesk.engines.types import Draft
 
+    from specdesk.engines.speculation.protocols import ChoosingProposer, Proposer, target_observer
+
     class Fed:
+        taps = ()
+
         def __init__(self):
             self.fed = 0
+
+        def observe(self, output, tokens, start):
+            pass
+
+        def stats(self):
+            return {}
 
         def begin(self, prompt):
             pass
@@ -345,11 +397,13 @@ def test_a_losing_hidden_state_drafter_is_let_go():
 
     mtp = Fed()
     auto = AutoProposer({"mtp": mtp}, Costs((1.0, 1.9, 2.8), {"mtp": 0.5}), 2, observer="mtp")
+    assert isinstance(auto, Proposer) and isinstance(auto, ChoosingProposer)
+    assert target_observer(auto) is mtp and target_observer(mtp) is mtp  # what the engines feed
     auto.begin([1, 2, 3])
     for _ in range(RETIRE_AFTER + 10):
         auto.propose([1, 2, 3], 2)
         auto.accept(0, [5])
-    assert auto.observer is None and "mtp" not in auto.proposers
+    assert auto.observer is None and "mtp" not in auto.proposers and target_observer(auto) is None
     assert mtp.fed == RETIRE_AFTER and auto.choice.method == "none"
 
 
@@ -379,7 +433,7 @@ def test_torch_sampled_auto_matches_plain_sampling(demo_family, tmp_path):
 
 # --- costs learned from the passes auto runs ----------------------------------------------------
 def test_learned_costs_follow_the_passes_and_keep_the_probes_shape():
-    from specdesk.engines.speculation.auto import CostModel
+    from specdesk.engines.speculation.costs import CostModel
 
     probe = Costs((1.0, 1.2, 1.4, 1.6, 1.8), {"draft": 0.1})
     model = CostModel(probe)
@@ -406,11 +460,9 @@ def test_learned_costs_follow_the_passes_and_keep_the_probes_shape():
 
 
 def test_learned_costs_are_saved_every_so_many_passes(monkeypatch):
-    from specdesk.engines.speculation import auto
-
     saved = []
-    monkeypatch.setattr(auto, "SAVE_EVERY", 4)
-    model = auto.CostModel(Costs((1.0, 2.0), {}), on_update=saved.append)
+    monkeypatch.setattr(cost_cache, "SAVE_EVERY", 4)
+    model = cost_cache.CostModel(Costs((1.0, 2.0), {}), on_update=saved.append)
     for _ in range(8):
         model.record_pass(2, 1.5)
     assert len(saved) == 2 and saved[-1].pass_s == (0.75, 1.5)  # size 1 scaled as size 2 moved
@@ -432,11 +484,10 @@ def test_a_machine_that_got_busy_makes_auto_draft_longer():
 
 def test_auto_reports_its_choices_and_costs_on_a_real_run(demo_family, tmp_path):
     from specdesk.engines.llama.engine import LlamaEngine
-    from specdesk.engines.speculation import auto
 
     engine = LlamaEngine(demo_family["target_gguf"], n_ctx=256, n_threads=1)
     engine.cost_cache_dir = tmp_path
-    auto._models.clear()
+    cost_cache._models.clear()
     try:
         tokens = engine.tokenize(PROMPTS[0])
         run(engine, tokens, SpecConfig("auto", k=4, draft_path=demo_family["draft_gguf"]), 32)
@@ -445,24 +496,23 @@ def test_auto_reports_its_choices_and_costs_on_a_real_run(demo_family, tmp_path)
         assert report["costs"]["passes_recorded"] >= report["steps"]  # and the last, one-token pass
         assert len(report["costs"]["pass_ms"]) == 5
     finally:
-        auto._models.clear()
+        cost_cache._models.clear()
         engine.close()
 
 
 def test_compare_json_and_the_compare_tab_say_what_auto_chose(demo_family, tmp_path):
     from specdesk.app.runtime.compare import compare
     from specdesk.engines.llama.engine import LlamaEngine
-    from specdesk.engines.speculation import auto
     from specdesk.ui.compare_view import auto_rows
 
     engine = LlamaEngine(demo_family["target_gguf"], n_ctx=256, n_threads=1)
     engine.cost_cache_dir = tmp_path
-    auto._models.clear()
+    cost_cache._models.clear()
     try:
         spec = SpecConfig("auto", k=4, draft_path=demo_family["draft_gguf"])
         report = compare(engine, PROMPTS[:2], spec, SamplingParams(), 24, engine.tokenize, warm=False).to_json()
     finally:
-        auto._models.clear()
+        cost_cache._models.clear()
         engine.close()
     summary = report["auto"]
     assert summary["steps"] > 0 and sum(summary["steps_by_choice"].values()) == pytest.approx(1.0, abs=0.01)

@@ -14,7 +14,6 @@ from typing import Callable, Iterator, Optional, Sequence
 
 import numpy as np
 
-from ..speculation.auto import AutoProposer
 from ..speculation.compat import check_compatible
 from ..speculation.loop import run_steps, top_entries
 from ..speculation.ngram import NgramPoolProposer
@@ -35,7 +34,7 @@ def default_threads() -> int:
 
 class LlamaEngine:
     name = "llama.cpp"
-    cost_cache_dir = None  # where method auto keeps measured costs (engines/speculation/auto.py); None: memory only
+    cost_cache_dir = None  # where method auto keeps measured costs (engines/speculation/costs.py); None: memory only
 
     def __init__(self, target_path: str | os.PathLike, n_ctx: int = 0, n_threads: Optional[int] = None,
                  n_batch: int = 512, progress: Optional[Callable[[float], None]] = None,
@@ -231,13 +230,13 @@ class LlamaEngine:
     drafter_file = ("GGUF", "PATH")
     proposer_package = __package__  # where draft.DraftProposer, mtp.MtpProposer, ... live
 
-    def _route_hidden_states(self, proposer) -> None:
+    def _route_hidden_states(self, observer) -> None:
         """Only an active hidden-state proposer (MTP, DFlash, EAGLE-3: a TargetObserver) makes
         the target keep the rows of its taps (switching costs llama.cpp a graph rebuild, so the
         same taps stay on)."""
-        if isinstance(proposer, AutoProposer):  # its MTP proposer sees every pass, whoever drafts
-            proposer = proposer.observer
-        wanted = proposer if isinstance(proposer, TargetObserver) else None
+        if observer is self._observer:
+            return  # every pass names it: the usual case costs one comparison
+        wanted = observer if isinstance(observer, TargetObserver) else None
         previous = self._observer
         self._observer = wanted
         if previous is not None and wanted is not None and previous.taps == wanted.taps:
@@ -251,8 +250,8 @@ class LlamaEngine:
     def generate(self, request: GenerationRequest, cancel: threading.Event) -> Iterator[StepEvent]:
         return run_steps(self, request, cancel)
 
-    def prefill(self, prompt: list[int], proposer) -> None:
-        self._route_hidden_states(proposer)
+    def prefill(self, prompt: list[int], observer) -> None:
+        self._route_hidden_states(observer)
         ctx = self.context
         kept = ctx.sync_prefix(prompt[:-1])
         observer = self._observer
@@ -267,15 +266,14 @@ class LlamaEngine:
             ctx.decode(chunk, all_logits=False)
             self.observe(observer, None, prompt[start:start + len(chunk) + 1], start)
 
-    def target_pass(self, tokens: list[int], proposer) -> np.ndarray:
-        if isinstance(proposer, AutoProposer):
-            self._route_hidden_states(proposer)  # auto may have let its MTP drafter go
+    def target_pass(self, tokens: list[int], observer) -> np.ndarray:
+        self._route_hidden_states(observer)  # the observer may go between passes (auto lets a losing one go)
         return self.context.decode(tokens)  # logits (len(tokens), V)
 
     def verify_pass(self, draft: Draft, output: np.ndarray, sampling: SamplingParams,
                     rng: np.random.Generator) -> VerifyResult:
         return verify(draft.tokens, draft.probs, output, sampling, rng)  # output: the pass's logits
 
-    def observe(self, proposer, output, tokens: list[int], start: int) -> None:
-        if self._observer is not None:  # the routed one: auto's MTP proposer whoever drafted
+    def observe(self, observer, output, tokens: list[int], start: int) -> None:
+        if self._observer is not None:  # the routed one (target_pass names it each pass)
             self._observer.observe(HiddenRows(self.context), tokens, start)

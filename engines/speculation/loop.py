@@ -8,7 +8,6 @@ so the engines cannot drift apart on them.
 from __future__ import annotations
 
 import threading
-import time
 import weakref
 from typing import Any, Callable, Iterator, Optional, Protocol, Sequence
 
@@ -16,8 +15,9 @@ import numpy as np
 
 from ..text import IncrementalDetokenizer
 from ..types import Draft, GenerationRequest, SamplingParams, SpecDeskError, StepEvent
-from .proposers import ModelSource, make_proposer
-from .protocols import Proposer
+from .proposers import ModelSource, make_proposer, prepare
+from .protocols import ChoosingProposer, Proposer, TargetObserver
+from .step import verified_step
 from .verify import VerifyResult
 
 # Some tokenizers normalize text first (NFC composes a letter and its accents into one
@@ -165,45 +165,57 @@ class TargetModel(Protocol):
 
 class StepTarget(ModelSource, Protocol):
     """The hooks an engine gives the shared loop (and, as a ModelSource, the proposer
-    factory); everything else about a step lives here."""
+    factory); everything else about a step lives here. `observer` is the proposer the target
+    hands its hidden states to (protocols.target_observer), or None: the loop names it for
+    every pass, and anything that is not a TargetObserver means none."""
 
     n_ctx: int
     target: TargetModel
     context: TargetCache
     last_proposer: Optional[Proposer]
 
-    def prefill(self, prompt: list[int], proposer: Optional[Proposer]) -> None:
-        """Put prompt[:-1] in the target's cache (reusing what it holds) and give a
-        hidden-state proposer the prompt's rows; `proposer.begin` has already run."""
+    def prefill(self, prompt: list[int], observer: Optional[TargetObserver]) -> None:
+        """Put prompt[:-1] in the target's cache (reusing what it holds) and give `observer`
+        the prompt's rows; its `begin` has already run."""
 
-    def target_pass(self, tokens: list[int], proposer: Optional[Proposer]) -> Any:
-        """One target pass over [last, d1..dk] at the next positions; what it returns goes to
-        `verify_pass` and `observe`."""
+    def target_pass(self, tokens: list[int], observer: Optional[TargetObserver]) -> Any:
+        """One target pass over [last, d1..dk] at the next positions, keeping the rows
+        `observer` reads; what it returns goes to `verify_pass` and `observe`."""
 
     def verify_pass(self, draft: Draft, output: Any, sampling: SamplingParams,
                     rng: np.random.Generator) -> VerifyResult:
         """Accept a prefix of the draft against the pass's rows (engines/speculation/verify.py semantics)."""
 
-    def observe(self, proposer: Optional[Proposer], output: Any, tokens: list[int], start: int) -> None:
-        """Hand a hidden-state proposer (a TargetObserver) the rows of the tokens the target
-        kept: `tokens` are those tokens, at positions start.., followed by the token after them."""
+    def observe(self, observer: Optional[TargetObserver], output: Any, tokens: list[int], start: int) -> None:
+        """Hand `observer` the rows of the tokens the target kept: `tokens` are those tokens,
+        at positions start.., followed by the token after them."""
 
 
 def run_steps(engine: StepTarget, request: GenerationRequest, cancel: threading.Event) -> Iterator[StepEvent]:
-    """The generation loop of both engines: propose up to k tokens -> one target pass over
-    [last, d1..dk] -> accept a prefix -> roll the cache back past the rejected tail ->
-    commit accepted + one target token -> one StepEvent. Baseline is the same loop with
+    """The generation loop of both engines: one verified step after another
+    (engines/speculation/step.py: propose up to k tokens -> one target pass over
+    [last, d1..dk] -> accept a prefix -> roll the cache back past the rejected tail), each
+    committing accepted + one target token as one StepEvent. Baseline is the same loop with
     k = 0, so baseline and speculative numbers come from the same code."""
     prompt = list(request.prompt_tokens)
     check_prompt(prompt, engine.n_ctx, engine.target.n_vocab)
+    prepare(engine, request.spec)  # its own job, done before this run starts: auto's costs
     # One generator for the proposer's samples and the verifier's draws, in that order each step.
     rng = np.random.default_rng(request.sampling.seed)
     proposer = make_proposer(engine, request.spec, request.sampling, rng)
     engine.last_proposer = proposer
+    # Checked once per run (a protocol check costs more than a small model's pass): who gets
+    # the target's hidden states (protocols.target_observer), a chooser's observer read anew
+    # each pass since it may let it go.
+    chooser = proposer if isinstance(proposer, ChoosingProposer) else None
+    reader = proposer if isinstance(proposer, TargetObserver) else None
+
+    def observer() -> Optional[TargetObserver]:
+        return chooser.observer if chooser is not None else reader
+
     if proposer is not None:
         proposer.begin(prompt)
-    engine.prefill(prompt, proposer)
-    ctx = engine.context
+    engine.prefill(prompt, observer())
     detok = IncrementalDetokenizer(engine.target.token_bytes)
     context = list(prompt)
     generated = 0
@@ -213,35 +225,24 @@ def run_steps(engine: StepTarget, request: GenerationRequest, cancel: threading.
         room = engine.n_ctx - len(context)  # tokens the sequence may still grow by
         if room <= 0:
             return
-        k = step_budget(max_k, remaining, room)
-        started = time.perf_counter()
-        draft = proposer.propose(context, k) if (proposer is not None and k > 0) else Draft(())
-        drafted = time.perf_counter()
-        n_past = ctx.n_past
-        output = engine.target_pass([context[-1], *draft.tokens], proposer)
-        result = engine.verify_pass(draft, output, request.sampling, rng)
-        passed = time.perf_counter()
-        accepted = result.accepted
-        ctx.rollback(n_past + 1 + accepted)
-        # The rows of every token the target accepted, before any cut at eos or length.
-        engine.observe(proposer, output, [context[-1], *draft.tokens[:accepted], result.next_token], n_past)
-        verified = time.perf_counter()
-        committed, from_draft, finish_reason = commit(draft.tokens, accepted, result.next_token, remaining, room,
-                                                      engine.target.is_eog, request.stop_at_eos)
+        step = verified_step(engine, proposer, observer(), context, step_budget(max_k, remaining, room),
+                             request.sampling, rng)
+        n_drafted = len(step.draft.tokens)
+        committed, from_draft, finish_reason = commit(step.draft.tokens, step.accepted, step.next_token, remaining,
+                                                      room, engine.target.is_eog, request.stop_at_eos)
+        if chooser is not None:
+            chooser.record_timing(1 + n_drafted, step.pass_s, step.observe_s, step.draft_s)
         if proposer is not None:
-            record_timing = getattr(proposer, "record_timing", None)  # a proposer that learns costs (auto)
-            if record_timing is not None:
-                record_timing(1 + len(draft.tokens), passed - drafted, verified - passed, drafted - started)
-            proposer.accept(accepted, committed)
+            proposer.accept(step.accepted, committed)
         context.extend(committed)
         generated += len(committed)
         text = detok.push(committed)
         if finish_reason is not None:
             text += detok.flush()
-        choice = getattr(proposer, "choice", None)  # a proposer that chooses a method each step (auto)
-        report = getattr(proposer, "report", None) if finish_reason is not None else None
-        yield step_event(len(draft.tokens), accepted, committed, from_draft, text, drafted - started,
-                         verified - drafted, finish_reason, choice and choice.method, choice and choice.reason,
-                         report() if report is not None else None)
+        choice = chooser.choice if chooser is not None else None
+        yield step_event(n_drafted, step.accepted, committed, from_draft, text, step.draft_s,
+                         step.pass_s + step.observe_s, finish_reason, choice and choice.method,
+                         choice and choice.reason,
+                         chooser.report() if chooser is not None and finish_reason is not None else None)
         if finish_reason is not None:
             return

@@ -8,6 +8,7 @@ dflash, eagle3) differ only in how an engine loads the model and which class dra
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import os
 from typing import Callable, Optional, Protocol
@@ -17,6 +18,8 @@ import numpy as np
 from ..methods import METHODS as METHOD_TABLE
 from ..methods import method_info
 from ..types import METHODS, SamplingParams, SpecConfig, SpecDeskError
+from .auto import AutoPlan, auto_plan, start_auto
+from .costs import load_or_measure, measured
 from .ngram import NgramPoolProposer, NgramProposer
 from .protocols import Proposer
 
@@ -43,6 +46,8 @@ class ModelSource(Protocol):
 
     def load_native(self, method: str, path: str | os.PathLike | None = None) -> object: ...
 
+    def method_availability(self) -> dict[str, Optional[str]]: ...
+
     proposer_package: str  # the engine's package: its `<method module>.<Method>Proposer` classes
 
 
@@ -53,9 +58,8 @@ def make_proposer(engine: ModelSource, spec: SpecConfig, sampling: SamplingParam
     if spec.method == "none":
         return None
     if spec.method == "auto":
-        from .auto import make_auto_proposer
-
-        return make_auto_proposer(engine, spec, sampling, rng)
+        plan = auto_plan(spec, engine.method_availability())
+        return start_auto(engine, plan, _auto_members(engine, spec, plan, sampling, rng), sampling.greedy)
     if spec.method in SHARED_PROPOSERS:
         return SHARED_PROPOSERS[spec.method](engine, spec)
     if info.takes == "drafter_file" and not spec.draft_path:
@@ -66,6 +70,27 @@ def make_proposer(engine: ModelSource, spec: SpecConfig, sampling: SamplingParam
     else:
         model = engine.load_native(spec.method, spec.draft_path if info.uses_file else None)
     return proposer_class(engine.proposer_package, spec.method)(model, sampling, rng, spec.draft_p_min)
+
+
+def prepare(engine: ModelSource, spec: SpecConfig) -> None:
+    """What a method needs done before its runs, as a job of its own rather than inside one:
+    auto's costs on this machine, read from its cache or measured now by a probe
+    (engines/speculation/costs.py). Quick once done; the other methods need nothing."""
+    if spec.method != "auto":
+        return
+    plan = auto_plan(spec, engine.method_availability())
+    if measured(engine, plan.methods, plan.max_k, plan.draft_path) is not None:
+        return
+    # Proposers of its own, greedy and seeded: the probe draws nothing from a run's generator.
+    members = _auto_members(engine, spec, plan, SamplingParams(), np.random.default_rng(0))
+    load_or_measure(engine, members, plan.max_k, plan.draft_path, plan.observer)
+
+
+def _auto_members(engine: ModelSource, spec: SpecConfig, plan: AutoPlan, sampling: SamplingParams,
+                  rng: np.random.Generator) -> dict[str, Proposer]:
+    """The proposer of each method auto chooses among, as that method alone would get it."""
+    return {method: make_proposer(engine, dataclasses.replace(spec, method=method, auto_methods=()), sampling, rng)
+            for method in plan.methods}
 
 
 def proposer_class(package: str, method: str) -> type:

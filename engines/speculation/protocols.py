@@ -1,8 +1,10 @@
 """The written contracts between the generation loop, the proposers and the app.
 
-`Proposer` is what engines/speculation/loop.py drives each step; `Engine` is what the app and the
-engine host call. Both engines and every proposer are checked against them in
-tests/test_protocols.py, so a missing method fails a test rather than a user's run.
+`Proposer` is what engines/speculation/loop.py drives each step (`TargetObserver` one that
+reads the target's hidden states, `ChoosingProposer` one that picks a method each step);
+`Engine` is what the app and the engine host call. Both engines and every proposer are
+checked against them in tests/test_protocols.py, so a missing method fails a test rather
+than a user's run.
 """
 
 from __future__ import annotations
@@ -43,6 +45,32 @@ class TargetObserver(Proposer, Protocol):
     def observe(self, output, tokens: Sequence[int], start: int) -> None:
         """output's first len(tokens) - 1 rows are those of tokens[:-1] at positions start..;
         tokens[-1] is the token the target put after them."""
+
+
+@runtime_checkable
+class ChoosingProposer(Proposer, Protocol):
+    """A proposer that chooses a method and k each step from measured costs and drafts with
+    one of its member proposers (method auto, engines/speculation/auto.py). The loop hands it
+    each step's timings before `accept`, puts its `choice` (`.method`, `.reason`) in every
+    StepEvent and its `report()` in the last one; `observer` is the member the target feeds its
+    hidden states every pass, whichever member drafted (None: none, or no longer)."""
+
+    choice: object
+    observer: Optional[TargetObserver]
+
+    def record_timing(self, pass_tokens: int, pass_s: float, observe_s: float, draft_s: float) -> None:
+        """This step's target pass over `pass_tokens` tokens (verification included), the
+        hidden-state catch-up after it, and the drafting, in seconds."""
+
+    def report(self) -> dict:
+        """What it chose and why, for compare's JSON and the server's `specdesk` field."""
+
+
+def target_observer(proposer) -> Optional[TargetObserver]:
+    """The proposer the target hands its hidden states to on this pass: the proposer itself
+    when it reads them, a choosing proposer's `observer`, else none."""
+    fed = proposer.observer if isinstance(proposer, ChoosingProposer) else proposer
+    return fed if isinstance(fed, TargetObserver) else None
 
 
 @runtime_checkable

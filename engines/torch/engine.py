@@ -15,7 +15,6 @@ from typing import Callable, Iterator, Optional
 
 import numpy as np
 
-from ..speculation.auto import AutoProposer
 from ..speculation.compat import check_compatible
 from ..speculation.loop import run_steps, top_entries
 from ..speculation.ngram import NgramPoolProposer
@@ -58,7 +57,7 @@ def supported_methods(folder: str | os.PathLike, dflash_folder: Optional[str | o
 
 class TorchEngine:
     name = "torch"
-    cost_cache_dir = None  # where method auto keeps measured costs (engines/speculation/auto.py); None: memory only
+    cost_cache_dir = None  # where method auto keeps measured costs (engines/speculation/costs.py); None: memory only
 
     def __init__(self, target_path: str | os.PathLike, n_ctx: int = 0, device: str = "auto",
                  dtype: Optional[str] = "auto", n_threads: Optional[int] = None):
@@ -160,36 +159,28 @@ class TorchEngine:
     def generate(self, request: GenerationRequest, cancel: threading.Event) -> Iterator[StepEvent]:
         return run_steps(self, request, cancel)
 
-    def prefill(self, prompt: list[int], proposer) -> None:
-        proposer = self._observer(proposer)
+    def prefill(self, prompt: list[int], observer) -> None:
         ctx = self.context
-        observes = isinstance(proposer, TargetObserver)
+        observes = isinstance(observer, TargetObserver)
         # A hidden-state drafter needs the target's rows for the whole prompt: no prefix reuse.
         kept = ctx.sync_prefix(prompt[:-1]) if not observes else ctx.sync_prefix([])
         if len(prompt) - 1 > kept:
             start = ctx.n_past
-            out = ctx.decode(prompt[kept:-1], taps=self._taps(proposer), all_logits=False)
-            self.observe(proposer, out, prompt[kept:], start)
+            out = ctx.decode(prompt[kept:-1], taps=self._taps(observer), all_logits=False)
+            self.observe(observer, out, prompt[kept:], start)
 
-    def target_pass(self, tokens: list[int], proposer):
-        return self.context.decode(tokens, taps=self._taps(self._observer(proposer)))  # logits (len(tokens), V), taps
+    def target_pass(self, tokens: list[int], observer):
+        return self.context.decode(tokens, taps=self._taps(observer))  # logits (len(tokens), V), taps
 
     def verify_pass(self, draft: Draft, output, sampling: SamplingParams, rng: np.random.Generator):
         from .verify import verify_on_device
 
         return verify_on_device(draft.tokens, draft.probs, output.logits, sampling, rng)
 
-    def observe(self, proposer, output, tokens: list[int], start: int) -> None:
-        proposer = self._observer(proposer)
-        if isinstance(proposer, TargetObserver):
-            proposer.observe(output, tokens, start)
+    def observe(self, observer, output, tokens: list[int], start: int) -> None:
+        if observer is not None and isinstance(observer, TargetObserver):
+            observer.observe(output, tokens, start)
 
     @staticmethod
-    def _observer(proposer):
-        """The proposer that reads the target's hidden states: auto's MTP proposer sees every
-        pass, whoever drafts."""
-        return proposer.observer if isinstance(proposer, AutoProposer) else proposer
-
-    @staticmethod
-    def _taps(proposer) -> tuple[int, ...]:
-        return tuple(proposer.taps) if isinstance(proposer, TargetObserver) else ()
+    def _taps(observer) -> tuple[int, ...]:
+        return tuple(observer.taps) if observer is not None and isinstance(observer, TargetObserver) else ()

@@ -1,0 +1,216 @@
+"""The auto chooser: which method and k a step should draft with, from costs and acceptance.
+
+A pure function of two things and nothing else (no engine, no clock): `Costs`, this machine's
+seconds for a target pass over n tokens and for each method's drafting, and each method's
+`AcceptanceEstimate`, its running acceptance per draft position. `choose` returns the
+(method, k) with the highest expected tokens per second, or no speculation when nothing is
+expected to beat a plain pass. The costs come from engines/speculation/costs.py; the proposer
+that asks every step is engines/speculation/auto.AutoProposer.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Mapping, Optional, Sequence
+
+import numpy as np
+
+PRIOR_ACCEPTANCE = 0.6  # per-position acceptance assumed before a method has drafted
+PRIOR_WEIGHT = 2.0  # how many observed steps the prior is worth
+DECAY = 0.97  # older steps count less, so a change of text shows within a few dozen steps
+# A hidden-state drafter (MTP) is fed only if it could win at the acceptance it has shown, or
+# before it has shown any, at this one (worth_feeding).
+OPTIMISTIC_ACCEPTANCE = 0.8
+
+
+@dataclass(frozen=True)
+class Costs:
+    """Measured seconds on this machine."""
+
+    pass_s: tuple[float, ...]  # (K+1,) a target pass over n = 1..K+1 tokens, verification included
+    draft_token_s: Mapping[str, float]  # method -> seconds drafting per drafted token
+    # method -> seconds a hidden-state drafter adds to every target pass while it is fed (its catch-up)
+    observe_s: Mapping[str, float] = field(default_factory=dict)
+    # method -> seconds a drafting step costs besides its tokens (a draft model's catch-up on the
+    # tokens committed since its last step, the chooser itself)
+    draft_step_s: Mapping[str, float] = field(default_factory=dict)
+
+    def drafting_cost(self, method: str, drafted: float) -> float:
+        return self.draft_step_s.get(method, 0.0) + self.draft_token_s.get(method, 0.0) * drafted
+
+    def pass_cost(self, n: float) -> float:
+        """A pass over n tokens (fractional n: linear between measured sizes, the last size's
+        cost beyond them). Plain floats: the chooser calls this K x methods times a step."""
+        last = len(self.pass_s)
+        if n >= last:
+            return self.pass_s[-1]
+        low = max(int(n), 1)
+        fraction = n - low
+        return self.pass_s[low - 1] + fraction * (self.pass_s[low] - self.pass_s[low - 1])
+
+    def to_json(self) -> dict:
+        return {"pass_s": list(self.pass_s), "draft_token_s": dict(self.draft_token_s),
+                "observe_s": dict(self.observe_s), "draft_step_s": dict(self.draft_step_s)}
+
+    @classmethod
+    def from_json(cls, data: dict) -> "Costs":
+        return cls(tuple(float(x) for x in data["pass_s"]),
+                   {str(m): float(s) for m, s in data["draft_token_s"].items()},
+                   {str(m): float(s) for m, s in data.get("observe_s", {}).items()},
+                   {str(m): float(s) for m, s in data.get("draft_step_s", {}).items()})
+
+
+@dataclass
+class AcceptanceEstimate:
+    """One method's running acceptance per draft position: of the steps where it drafted and
+    that reached position i (every earlier draft token accepted), the share whose token i was
+    drafted and accepted (a draft shorter than asked counts as a rejection there); and how
+    often it drafted at all (an n-gram lookup often finds nothing: a miss). Older steps decay."""
+
+    max_k: int
+    reached: np.ndarray = field(init=False)  # (max_k,)
+    accepted: np.ndarray = field(init=False)  # (max_k,)
+    asked: float = 0.0
+    drafted: float = 0.0
+    tries: float = 0.0
+    misses: float = 0.0
+
+    def __post_init__(self) -> None:
+        self.reached = np.zeros(self.max_k)
+        self.accepted = np.zeros(self.max_k)
+        self._summary: Optional[tuple[list[float], float]] = None
+
+    def record(self, k: int, drafted: int, accepted: int) -> None:
+        self._summary = None
+        self.reached *= DECAY
+        self.accepted *= DECAY
+        self.tries, self.misses = self.tries * DECAY + 1, self.misses * DECAY + (drafted == 0)
+        self.asked, self.drafted = self.asked * DECAY, self.drafted * DECAY
+        if drafted == 0:
+            return
+        self.asked, self.drafted = self.asked + k, self.drafted + drafted
+        reached = min(k, accepted + 1)
+        self.reached[:reached] += 1
+        self.accepted[:accepted] += 1
+
+    def per_position(self) -> np.ndarray:
+        """(max_k,) conditional acceptance of position i given positions < i were accepted."""
+        return (self.accepted + PRIOR_WEIGHT * PRIOR_ACCEPTANCE) / (self.reached + PRIOR_WEIGHT)
+
+    def draft_share(self) -> float:
+        """Drafted tokens per token asked for, when it drafted (n-gram methods often find fewer)."""
+        return (self.drafted + PRIOR_WEIGHT) / (self.asked + PRIOR_WEIGHT)
+
+    def hit_rate(self) -> float:
+        """The share of steps it drafted anything (the prior: it does)."""
+        return (self.tries - self.misses + PRIOR_WEIGHT) / (self.tries + PRIOR_WEIGHT)
+
+    def summary(self) -> tuple[list[float], float, float]:
+        """(per_position() as floats, draft_share(), hit_rate()), computed once per recorded step."""
+        if self._summary is None:
+            self._summary = ([float(a) for a in self.per_position()], self.draft_share(), self.hit_rate())
+        return self._summary
+
+
+@dataclass(frozen=True)
+class Choice:
+    method: str  # "none" or a method
+    k: int
+    expected_speedup: float  # over a plain pass per token, from the costs and estimates
+    reason: str
+    fallback: Optional[tuple[str, int]] = None  # (method, k) that drafts when this one finds nothing
+
+
+def expected_tokens(per_position: Sequence[float], k: int) -> float:
+    """Tokens one step commits: the target's own plus each draft position reached and accepted."""
+    tokens, reach = 1.0, 1.0
+    for rate in per_position[:k]:
+        reach *= rate
+        tokens += reach
+    return tokens
+
+
+def expected_speedup(costs: Costs, method: str, per_position: Sequence[float], draft_share: float, k: int,
+                     extra_s: float = 0.0) -> float:
+    """The speedup of a step where `method` drafts (up to k tokens), over a plain pass per token."""
+    return speedups(costs, method, per_position, draft_share, k, extra_s)[k - 1]
+
+
+def _outcomes(costs: Costs, method: str, per_position: Sequence[float], draft_share: float,
+              max_k: int, extra_s: float = 0.0) -> list[tuple[float, float]]:
+    """(expected tokens, seconds) of a step where `method` drafts, for k = 1..max_k, in one walk
+    over the positions; `extra_s`: what every step costs besides (a fed hidden-state drafter's
+    catch-up). Plain floats: the chooser calls this for every method each step."""
+    draft_s = costs.draft_token_s.get(method, 0.0)
+    step_s = costs.draft_step_s.get(method, 0.0) + extra_s
+    tokens, reach, out = 1.0, 1.0, []
+    for k in range(1, max_k + 1):
+        reach *= per_position[k - 1]
+        tokens += reach
+        drafted = draft_share * k
+        out.append((tokens, step_s + draft_s * drafted + costs.pass_cost(1.0 + drafted)))
+    return out
+
+
+def speedups(costs: Costs, method: str, per_position: Sequence[float], draft_share: float,
+              max_k: int, extra_s: float = 0.0) -> list[float]:
+    """expected_speedup for k = 1..max_k."""
+    return [tokens * costs.pass_s[0] / seconds
+            for tokens, seconds in _outcomes(costs, method, per_position, draft_share, max_k, extra_s)]
+
+
+def _mix(hit: float, drafted: tuple[float, float], missed: tuple[float, float]) -> tuple[float, float]:
+    """(tokens, seconds) per step of a method that drafts with probability `hit` and otherwise
+    leaves the step to `missed`."""
+    return (hit * drafted[0] + (1 - hit) * missed[0], hit * drafted[1] + (1 - hit) * missed[1])
+
+
+def choose(costs: Costs, estimates: Mapping[str, AcceptanceEstimate], max_k: int, extra_s: float = 0.0) -> Choice:
+    """The (method, k) with the highest expected tokens per second, or no speculation when
+    nothing is expected to beat a plain pass (`extra_s`: a cost every step pays whatever is
+    chosen). A method that may find nothing to draft (n-gram lookups) is valued with its
+    fallback for those steps: the best other method on its own, or a plain pass. Ties go to no
+    speculation, then to the method listed first, then to the smaller k."""
+    plain = (1.0, costs.pass_s[0] + extra_s)
+    rate = costs.pass_s[0]
+    # Each method on its own (a miss is a plain pass after the lookup): its best (tokens, seconds, k).
+    alone: dict[str, tuple[float, float, int]] = {}
+    outcomes: dict[str, list[tuple[float, float]]] = {}
+    for method, estimate in estimates.items():
+        per_position, share, hit = estimate.summary()
+        outcomes[method] = _outcomes(costs, method, per_position, share, max_k, extra_s)
+        miss = (1.0, plain[1] + costs.draft_token_s.get(method, 0.0))
+        for k, outcome in enumerate(outcomes[method], start=1):
+            tokens, seconds = _mix(hit, outcome, miss)
+            if method not in alone or tokens / seconds > alone[method][0] / alone[method][1]:
+                alone[method] = (tokens, seconds, k)
+    best: Optional[tuple[float, str, int, Optional[tuple[str, int]]]] = None
+    for method, estimate in estimates.items():
+        hit = estimate.summary()[2]
+        others = [(t, sec, m, k) for m, (t, sec, k) in alone.items() if m != method and t / sec > plain[0] / plain[1]]
+        fallback = max(others, key=lambda o: o[0] / o[1], default=None)
+        missed = (fallback[0], fallback[1]) if fallback else plain
+        missed = (missed[0], missed[1] + costs.draft_token_s.get(method, 0.0))
+        for k, outcome in enumerate(outcomes[method], start=1):
+            tokens, seconds = _mix(hit, outcome, missed)
+            speedup = tokens * rate / seconds
+            if best is None or speedup > best[0]:
+                best = (speedup, method, k, (fallback[2], fallback[3]) if fallback else None)
+    if best is None:
+        return Choice("none", 0, 1.0, "no speculation: no method available")
+    speedup, method, k, fallback = best
+    plain_speedup = plain[0] * rate / plain[1]
+    if speedup <= plain_speedup:
+        return Choice("none", 0, plain_speedup, f"no speculation: best expected {speedup:.2f}x ({method}, k = {k})")
+    return Choice(method, k, speedup, f"{method}, k = {k}: expected {speedup:.2f}x", fallback)
+
+
+def worth_feeding(costs: Costs, method: str, max_k: int, shown: Optional[AcceptanceEstimate] = None) -> bool:
+    """Whether a hidden-state drafter could beat a plain pass, paying its catch-up on every
+    pass: at the acceptance it has shown on this model in earlier runs (`shown`), else even at
+    OPTIMISTIC_ACCEPTANCE."""
+    if shown is not None and shown.drafted > 0:
+        per_position, share, _ = shown.summary()
+    else:
+        per_position, share = [OPTIMISTIC_ACCEPTANCE] * max_k, 1.0
+    return max(speedups(costs, method, per_position, share, max_k, costs.observe_s.get(method, 0.0))) > 1.0
