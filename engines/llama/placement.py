@@ -187,7 +187,7 @@ class ResolvedPlacement:
         return self.device == CPU or self.n_gpu_layers == 0
 
     def key(self) -> str:
-        """What the costs of this placement depend on (engines/speculation/auto.cost_key)."""
+        """What the costs of this placement depend on (engines/speculation/costs.cost_key)."""
         where = CPU if self.on_cpu else f"{self.device}[{self.description}]"
         return f"{where}:{self.n_gpu_layers}/{self.n_layers}"
 
