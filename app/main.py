@@ -151,6 +151,9 @@ def cmd_chat(args) -> int:
         backend = open_session(target, spec, args)
         settings = ChatSettings(spec, sampling, args.max_tokens)
         title = f"{Path(target).name} · method {spec.method}" + (f" (k={spec.k})" if spec.method != "none" else "")
+        if spec.method == "auto":  # its costs here, before the first turn rather than inside it
+            print("auto: measuring what each method costs on this machine (once per model)…", file=sys.stderr)
+            backend.prepare(spec)
     print(f"SpecDesk chat · {title} · {CHAT_HELP}", file=sys.stderr)
     try:
         terminal_chat(backend, settings, args.system)

@@ -112,3 +112,27 @@ def test_a_session_keeps_its_engine_and_a_refused_draft_keeps_the_previous_one(d
     assert app.engine is None
     with pytest.raises(SpecDeskError, match="no model is loaded"):
         app.need_engine()
+
+
+def test_auto_is_prepared_in_the_engine_process_before_its_first_reply(demo_family, tmp_path, monkeypatch):
+    """The app measures auto's costs after a load, while the user types (Session.prepare, in the engine
+    process): the cost file is written then, and the first auto reply measures nothing more."""
+    monkeypatch.setenv("SPECDESK_CACHE_DIR", str(tmp_path / "cache"))
+    app = session.Session()
+    try:
+        app.load(demo_family["target_gguf"], demo_family["draft_gguf"], threads=1)
+        spec = SpecConfig(method="auto", k=3, draft_path=app.draft_path)
+        costs = tmp_path / "cache" / "costs"
+        assert not list(costs.glob("costs-*.json"))
+        app.prepare(spec)
+        written = sorted(costs.glob("costs-*.json"))
+        assert len(written) == 1
+        stamp = written[0].stat().st_mtime_ns
+        app.prepare(spec)  # from memory: nothing is measured or written again
+        assert written[0].stat().st_mtime_ns == stamp
+        reply = chat_turn(app, [{"role": "user", "content": "def f(x):"}], ChatSettings(spec, SamplingParams(), 12),
+                          threading.Event())
+        assert reply.result.stats.tokens == 12
+        assert sorted(costs.glob("costs-*.json")) == written  # the reply used the prepared costs' key
+    finally:
+        app.close()

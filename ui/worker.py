@@ -95,6 +95,15 @@ class SweepJob(CompareJob):
 
 
 @dataclass(kw_only=True)
+class PrepareJob(Job):
+    """Auto's costs on this machine, measured once per model and placement (then cached), while
+    the user types the first message rather than in its reply."""
+
+    kind: ClassVar[str] = "prepare"
+    spec: SpecConfig
+
+
+@dataclass(kw_only=True)
 class NewChatJob(Job):
     """The engine forgets what the n-gram pool learned from the previous chat."""
 
@@ -135,7 +144,8 @@ class _Runner(JobRunner):
         super().__init__()
         self.session = Session()  # the loaded target and its drafter (app/runtime/session.py)
         self._handlers = {LoadJob: self._load, ChatJob: self._chat, CompareJob: self._compare,
-                          SweepJob: self._sweep, NewChatJob: lambda job: self.session.new_chat()}
+                          SweepJob: self._sweep, NewChatJob: lambda job: self.session.new_chat(),
+                          PrepareJob: lambda job: self.session.prepare(job.spec, job.cancel)}
 
     @property
     def engine(self):
@@ -289,6 +299,10 @@ class EngineWorker(QObject):
     def new_chat(self) -> int:
         """The engine forgets what the n-gram pool learned from the previous chat."""
         return self.submit(NewChatJob())
+
+    def prepare(self, spec: SpecConfig) -> int:
+        """What `spec`'s method needs before its first reply (auto: this machine's costs)."""
+        return self.submit(PrepareJob(spec=spec))
 
     def stop(self, job_id: Optional[int] = None) -> None:
         """Cancel one job, or every queued and running one."""

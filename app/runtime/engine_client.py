@@ -206,6 +206,11 @@ class EngineClient:
     def method_availability(self) -> dict[str, Optional[str]]:
         return self.call("method_availability")
 
+    def prepare(self, spec) -> None:
+        """What a method needs before its first run (auto: this machine's costs, cached after the
+        first time), done now in the engine process (engines/speculation/proposers.prepare)."""
+        self.call("prepare", spec)
+
     def set_threads(self, n_threads: int) -> None:
         self.n_threads = self.call("set_threads", n_threads)
 

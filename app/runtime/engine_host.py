@@ -172,6 +172,12 @@ def _target_call(method: str):
     return lambda engine, *args, **kwargs: getattr(engine.target, method)(*args, **kwargs)
 
 
+def _prepare(engine, spec) -> None:
+    from specdesk.engines.speculation.proposers import prepare
+
+    prepare(engine, spec)
+
+
 def _set_threads(engine, n_threads: int) -> int:
     engine.set_threads(n_threads)
     return engine.n_threads
@@ -198,8 +204,9 @@ CALLS: dict[str, Callable[..., Any]] = {
     "max_token_chars": lambda engine, special=True: max_token_chars(engine.target, special),
     "chat_prompt": chat_prompt,
     "facts": engine_facts,
+    "prepare": lambda engine, spec: _prepare(engine, spec),
 }
-RETURNS_NOTHING = {"ping", "load_draft", "load_native", "reset_chat"}
+RETURNS_NOTHING = {"ping", "load_draft", "load_native", "reset_chat", "prepare"}
 
 
 def ready_facts(engine) -> dict[str, Any]:

@@ -370,6 +370,12 @@ class Session:
         with engine.watching(cancel):
             return run_sweep(engine, prompt, spec, sampling, max_tokens, ks, cancel, on_point, chat)
 
+    def prepare(self, spec: SpecConfig, cancel: Optional[threading.Event] = None) -> None:
+        """Auto's costs measured (or read from cache) before its first reply rather than during it."""
+        engine = self.need_engine()
+        with engine.watching(cancel or threading.Event()):
+            engine.prepare(spec)
+
     def new_chat(self) -> None:
         """The engine forgets what the n-gram pool learned from the previous chat."""
         if self.engine is not None:
