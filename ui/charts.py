@@ -21,7 +21,7 @@ from typing import Optional
 
 import numpy as np
 import pyqtgraph as pg
-from PySide6.QtCore import QRectF
+from PySide6.QtCore import QRectF, Qt
 from PySide6.QtWidgets import QApplication, QGraphicsItem, QLabel, QSizePolicy, QVBoxLayout, QWidget
 
 from specdesk.engines.speculation.stats import StatsAccumulator
@@ -37,6 +37,8 @@ pg.setConfigOptions(antialias=False)  # smoothing costs more CPU than it adds at
 NICE_STEPS = (1, 2, 2.5, 5, 10)
 CURVE_EVERY = 2  # curves redraw on every second refresh call (~15 Hz)
 BAR_EVERY = 6  # bars and numbers on every sixth (~5 Hz), and always for a run's final numbers
+PLOT_MIN_HEIGHT = 72  # pixels: four plots and the status line fit under the chat in a 640 px window
+PANEL_MIN_WIDTH = 260  # pixels: beside the chat; narrower than this and the window folds it under
 
 
 def nice_ceiling(value: float, minimum: float = 1.0) -> float:
@@ -71,7 +73,8 @@ def make_plot(title: str, x_label: str, parent: Optional[QWidget] = None) -> pg.
     plot.hideButtons()
     plot.setMenuEnabled(False)
     plot.showGrid(x=False, y=True, alpha=0.25)
-    plot.setMinimumHeight(110)
+    plot.setMinimumHeight(PLOT_MIN_HEIGHT)
+    plot.setFocusPolicy(Qt.NoFocus)  # nothing to type into: Tab skips it
     plot.setSizePolicy(QSizePolicy.Expanding, QSizePolicy.Expanding)
     return plot
 
@@ -166,7 +169,7 @@ class ChartPanel(QWidget):
         self.rate_scale = 1.0  # tokens per counted unit: set from the server's count when a served reply ends
         self._served = False  # this run's events came from a server (no token ids)
 
-        self.setMinimumWidth(300)
+        self.setMinimumWidth(PANEL_MIN_WIDTH)
         layout = QVBoxLayout(self)
         layout.setContentsMargins(4, 4, 4, 4)
         layout.setSpacing(4)

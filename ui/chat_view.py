@@ -118,6 +118,7 @@ class ChatView(QWidget):
         self.highlight_box.setChecked(True)
         self.highlight_box.toggled.connect(self.set_highlight)
         self.legend = QLabel(self)
+        self.legend.setWordWrap(True)  # a narrow window wraps it rather than growing
         self._update_legend()
         self.copy_button = QPushButton("Copy", self)
         self.copy_button.setToolTip("Copy the last reply to the clipboard")
@@ -129,8 +130,7 @@ class ChatView(QWidget):
         self.new_chat_button.clicked.connect(self.new_chat_requested)
         tools = QHBoxLayout()
         tools.addWidget(self.highlight_box)
-        tools.addWidget(self.legend)
-        tools.addStretch(1)
+        tools.addWidget(self.legend, 1)  # the room between the check box and the buttons: one line when it fits
         for button in (self.copy_button, self.regenerate_button, self.new_chat_button):
             tools.addWidget(button)
 

@@ -30,9 +30,10 @@ def cmd_gui(args) -> int:
 
 
 def cmd_screenshot(args) -> int:
-    from specdesk.ui.screenshot import parse_size, take_screenshots
+    from specdesk.ui.screenshot import parse_size, parse_sizes, take_screenshots
 
     width, height = parse_size(args.size)
+    sizes = parse_sizes(args.sizes) if args.sizes else None
     terminal.output_folder(args.out, "--out")
     if args.endpoint:  # the chat on a served engine (ui/served_screenshot.py)
         from specdesk.ui.served_screenshot import take_served_screenshot
@@ -42,7 +43,7 @@ def cmd_screenshot(args) -> int:
         return 0
     for path in take_screenshots(Path(args.out), (width, height), dark=args.dark, threads=args.threads or 0,
                                  demo_size="full" if args.full_demo else "small",
-                                 suffix=args.suffix, progress=terminal.progress):
+                                 suffix=args.suffix, progress=terminal.progress, sizes=sizes):
         print(path)
     return 0
 
@@ -58,6 +59,9 @@ def add_desktop_commands(parser: argparse.ArgumentParser, sub) -> None:
                                           "(offscreen)")
     p.add_argument("--out", required=True, help="folder for main-window.png, compare.png and pairing.png")
     p.add_argument("--size", default="1280x800", help="window size, WIDTHxHEIGHT (default 1280x800)")
+    p.add_argument("--sizes", metavar="WxH,…",
+                   help="also save each tab at each size as chat-WxH.png, compare-WxH.png, models-WxH.png "
+                        "(e.g. 1024x640,1920x1080)")
     p.add_argument("--dark", action="store_true", help="use a dark palette")
     p.add_argument("--suffix", default="", help="added to the file names, e.g. -dark")
     p.add_argument("--threads", type=int, default=None, help="CPU threads (default: automatic)")

@@ -6,7 +6,7 @@ import math
 from pathlib import Path
 from typing import Optional
 
-from PySide6.QtCore import Qt, Signal
+from PySide6.QtCore import QSize, Qt, Signal
 from PySide6.QtWidgets import (QComboBox, QDoubleSpinBox, QFileDialog, QFormLayout, QGroupBox, QHBoxLayout,
                                QLineEdit, QListWidget, QListWidgetItem, QPushButton, QScrollArea, QSpinBox,
                                QVBoxLayout, QWidget)
@@ -54,6 +54,8 @@ def set_clamped(spin: QSpinBox | QDoubleSpinBox, value: float) -> None:
 
 
 class ControlsPanel(QScrollArea):
+    MAX_MIN_WIDTH = 330  # pixels: a wider form (a large font) scrolls sideways, the chat keeps the room
+
     models_changed = Signal()  # target, draft, threads or context changed: reload on the worker
     chat_selected = Signal(int)
     delete_chat_requested = Signal(int)
@@ -61,7 +63,7 @@ class ControlsPanel(QScrollArea):
     def __init__(self, settings: Settings, parent: Optional[QWidget] = None):
         super().__init__(parent)
         self.setWidgetResizable(True)
-        self.setHorizontalScrollBarPolicy(Qt.ScrollBarAlwaysOff)
+        self.setHorizontalScrollBarPolicy(Qt.ScrollBarAsNeeded)  # only past MAX_MIN_WIDTH (a large font)
         body = QWidget(self)
         self.setWidget(body)
         self._settings = settings
@@ -142,8 +144,6 @@ class ControlsPanel(QScrollArea):
             layout.addWidget(box)
         layout.addWidget(chats, 1)
 
-        # Wide enough for the form: the scroll area only scrolls vertically, never clips sideways.
-        self.setMinimumWidth(body.minimumSizeHint().width() + self.verticalScrollBar().sizeHint().width() + 6)
         self.apply_settings(settings)
         self.target_combo.activated.connect(lambda index: self._model_picked(self.target_combo, "target"))
         self.draft_combo.activated.connect(lambda index: self._model_picked(self.draft_combo, "draft"))
@@ -155,6 +155,12 @@ class ControlsPanel(QScrollArea):
             combo.lineEdit().editingFinished.connect(self._maybe_reload)
         self.rpc_edit.editingFinished.connect(self._maybe_reload)
         self._loaded_key = self.model_key()
+
+    def minimumSizeHint(self) -> QSize:
+        """Wide enough for the form (it scrolls only vertically) up to MAX_MIN_WIDTH; the height
+        of a few rows, since it scrolls."""
+        form = self.widget().minimumSizeHint().width() + self.verticalScrollBar().sizeHint().width() + 6
+        return QSize(min(form, self.MAX_MIN_WIDTH), super().minimumSizeHint().height())
 
     # --- settings <-> widgets ---------------------------------------------------------
     def apply_settings(self, s: Settings) -> None:

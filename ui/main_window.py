@@ -16,7 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-from PySide6.QtCore import QCoreApplication, Qt, QTimer
+from PySide6.QtCore import QCoreApplication, Qt, QTimer, QUrl
+from PySide6.QtGui import QAction, QActionGroup, QDesktopServices, QKeySequence
 from PySide6.QtWidgets import QLabel, QMainWindow, QMessageBox, QProgressBar, QSplitter, QTabWidget
 
 from specdesk.app.storage.history import History
@@ -30,6 +31,7 @@ from .charts import ChartPanel, format_status
 from .compare_view import CompareView
 from .controls import ControlsPanel
 from .dialogs import ask, show_error
+from .layout import FoldingSplitter, focus_chain, quiet_focus
 from .models_view import ModelsView
 from .served_chat import ServedChat
 from .worker import ChatJob, EngineWorker, JobError, JobResult
@@ -61,6 +63,12 @@ def chat_title(text: str, limit: int = 48) -> str:
     return line if len(line) <= limit else line[: limit - 1] + "…"
 
 
+def docs_location() -> Optional[Path]:
+    """The user guide in this install's docs folder (a source checkout or an editable install), or None."""
+    path = Path(__file__).resolve().parents[1] / "docs" / "usage.md"
+    return path if path.is_file() else None
+
+
 class MainWindow(QMainWindow):
     def __init__(self, settings: Optional[Settings] = None, history: Optional[History] = None,
                  settings_file: Optional[Path] = None, autoload: bool = True):
@@ -88,12 +96,13 @@ class MainWindow(QMainWindow):
         self.engine_stop_box: Optional[QMessageBox] = None  # the last "engine process stopped" message
         self.loads_reported = 0  # loading-progress updates shown (tests read it)
 
+        self._apply_look()
         self.controls = ControlsPanel(self.settings, self)
         self.chat_view = ChatView(self)
         self.chat_view.set_highlight(self.settings.highlight_drafts)
         self.charts = ChartPanel(self)
         self.compare_view = CompareView(self.worker, self._compare_request, self.settings.compare_prompt, self)
-        chat_tab = QSplitter(Qt.Horizontal, self)
+        chat_tab = FoldingSplitter(self)  # the charts fold under the chat when the window is narrow
         chat_tab.addWidget(self.chat_view)
         chat_tab.addWidget(self.charts)
         chat_tab.setStretchFactor(0, 3)
@@ -144,9 +153,8 @@ class MainWindow(QMainWindow):
         self.worker.errored.connect(self._on_errored)
         self.worker.busy_changed.connect(self._on_busy)
         self.served = ServedChat(self)  # Servers > Add server…, and back to the local models
-        help_menu = self.menuBar().addMenu("&Help")
-        self.about_action = help_menu.addAction("About SpecDesk…")
-        self.about_action.triggered.connect(self.show_about)
+        self._build_menus()
+        self._set_focus_order()
 
         self._refresh_chat_list()
         if self.settings.last_chat_id is not None and self.history.chat(self.settings.last_chat_id):
@@ -164,13 +172,135 @@ class MainWindow(QMainWindow):
             return History.temporary()  # its folder goes when the window closes the history
 
     def _size_splitters(self) -> None:
-        """Controls at their natural width, the charts about 40% of the rest (once; then the user's)."""
+        """Controls at their natural width, the charts about 40% of the rest (once; then the user's).
+        Folded under the chat (a narrow window), the charts keep the splitter's own share."""
         width = self.width()
-        left = max(self.controls.minimumWidth(), min(300, width // 5))
+        left = max(self.controls.minimumSizeHint().width(), min(300, width // 5))
         self._body_splitter.setSizes([left, width - left])
         rest = width - left
-        charts = max(self.charts.minimumWidth(), int(rest * 0.38))
-        self._chat_splitter.setSizes([rest - charts, charts])
+        if self._chat_splitter.orientation() == Qt.Horizontal:
+            charts = max(self.charts.minimumWidth(), int(rest * 0.38))
+            self._chat_splitter.setSizes([rest - charts, charts])
+
+    # --- menus, look and focus ---------------------------------------------------------
+    def _build_menus(self) -> None:
+        """File, View and Settings before the Servers menu, Help at the end."""
+        from specdesk.app.storage.settings import THEMES
+
+        bar = self.menuBar()
+        first = bar.actions()[0] if bar.actions() else None
+        file_menu = bar.addMenu("&File")
+        self._add_action(file_menu, "New chat", self.new_chat, QKeySequence.New)
+        self._add_action(file_menu, "Open GGUF file…", lambda: self.open_model(folder=False), QKeySequence.Open)
+        self._add_action(file_menu, "Open model folder…", lambda: self.open_model(folder=True))
+        file_menu.addSeparator()
+        self._add_action(file_menu, "Quit", self.close, QKeySequence.Quit)
+
+        view = bar.addMenu("&View")
+        themes = view.addMenu("Theme")
+        group = QActionGroup(self)
+        self.theme_actions: dict[str, QAction] = {}
+        for name in THEMES:
+            action = themes.addAction(name.capitalize())
+            action.setCheckable(True)
+            action.setChecked(name == self.settings.theme)
+            action.triggered.connect(lambda checked, name=name: self.set_theme(name))
+            group.addAction(action)
+            self.theme_actions[name] = action
+        view.addSeparator()
+        self._add_action(view, "Zoom in", lambda: self.zoom(1), QKeySequence("Ctrl+="), QKeySequence.ZoomIn)
+        self._add_action(view, "Zoom out", lambda: self.zoom(-1), QKeySequence("Ctrl+-"), QKeySequence.ZoomOut)
+        self._add_action(view, "Reset zoom", lambda: self.zoom(0), QKeySequence("Ctrl+0"))
+
+        settings_menu = bar.addMenu("&Settings")
+        self.settings_panel_action = self._add_action(settings_menu, "Models, sampling and hardware",
+                                                      self.show_settings_panel, QKeySequence("Ctrl+,"))
+        self.settings_panel_action.setCheckable(True)
+        self.settings_panel_action.setChecked(True)
+        self.settings_panel_action.setToolTip("show or hide the left panel, where these settings are")
+        for menu in (file_menu, view, settings_menu):
+            if first is not None:  # before Servers
+                bar.removeAction(menu.menuAction())
+                bar.insertMenu(first, menu)
+
+        help_menu = bar.addMenu("&Help")
+        self.docs_action = self._add_action(help_menu, "Documentation", self.open_docs, QKeySequence.HelpContents)
+        self.docs_action.setEnabled(docs_location() is not None)
+        self.about_action = self._add_action(help_menu, "About SpecDesk…", self.show_about)
+
+    def _add_action(self, menu, text: str, slot, *shortcuts) -> QAction:
+        action = menu.addAction(text)
+        action.triggered.connect(lambda checked=False: slot())
+        if shortcuts:
+            action.setShortcuts([QKeySequence(s) for s in shortcuts])
+        return action
+
+    def open_model(self, folder: bool) -> None:
+        """File > Open: a GGUF file or a Hugging Face model folder as the target."""
+        from PySide6.QtWidgets import QFileDialog
+
+        if folder:
+            path = QFileDialog.getExistingDirectory(self, "Open a model folder")
+        else:
+            path, _ = QFileDialog.getOpenFileName(self, "Open a GGUF file", "", "GGUF models (*.gguf);;All files (*)")
+        if path:
+            self.controls.set_model("target", path)
+
+    def _apply_look(self) -> None:
+        """The theme and zoom kept in settings, before any widget is built."""
+        from PySide6.QtWidgets import QApplication
+
+        from .theme import apply_font_scale, apply_theme
+
+        app = QApplication.instance()
+        if self.settings.theme != "system":
+            apply_theme(app, self.settings.theme)
+        if self.settings.font_scale != 1.0:
+            apply_font_scale(app, self.settings.font_scale)
+
+    def set_theme(self, name: str) -> None:
+        from PySide6.QtWidgets import QApplication
+
+        from .theme import apply_theme
+
+        apply_theme(QApplication.instance(), name)
+        self.settings.theme = name
+        self.theme_actions[name].setChecked(True)
+        self.status_label.setText(f"theme: {name} (the charts take its colours from the next start)")
+
+    def zoom(self, steps: int) -> float:
+        """View > Zoom in (1), out (-1) or reset (0); kept in settings. Returns the new scale."""
+        from PySide6.QtWidgets import QApplication
+
+        from .theme import apply_font_scale, zoomed
+
+        scale = zoomed(self.settings.font_scale, steps)
+        apply_font_scale(QApplication.instance(), scale)
+        self.settings.font_scale = scale
+        self.status_label.setText(f"zoom {scale:.0%}")
+        return scale
+
+    def show_settings_panel(self) -> None:
+        """Settings: the left panel (models, sampling, limits, placement) shown and focused, or hidden."""
+        show = self.settings_panel_action.isChecked()
+        self.controls.setVisible(show)
+        if show:
+            self.controls.target_combo.setFocus()
+
+    def open_docs(self) -> None:
+        location = docs_location()
+        if location is not None:
+            QDesktopServices.openUrl(QUrl.fromLocalFile(str(location)))
+
+    def _set_focus_order(self) -> None:
+        """Tab goes input → Send → the left panel's settings; charts and read-only panes take
+        focus only on a click."""
+        quiet_focus(self)
+        c, chat = self.controls, self.chat_view
+        focus_chain([chat.input, chat.send_button, chat.stop_button, c.target_combo, c.method_combo,
+                     c.draft_combo, c.k_spin, c.temperature_spin, c.top_p_spin, c.top_k_spin, c.seed_spin,
+                     c.max_tokens_spin, c.threads_spin, c.ctx_spin, c.device_combo, c.gpu_layers_combo,
+                     c.draft_device_combo, c.draft_gpu_layers_combo, c.rpc_edit])
 
     def showEvent(self, event) -> None:
         super().showEvent(event)

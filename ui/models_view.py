@@ -316,15 +316,18 @@ class ModelsView(QWidget):
         self.placement = QLabel("", library_box)  # where the loaded target and draft sit
         self.placement.setWordWrap(True)
         library_layout.addWidget(self.placement)
-        buttons = QHBoxLayout()
+        buttons = QHBoxLayout()  # what to do with the selected row; the folders scanned on a row below
         for b in (self.use_button, self.use_draft_button, self.pair_button, self.refresh_button, self.add_button):
             buttons.addWidget(b)
         buttons.addStretch(1)
-        if self.source_boxes:
-            buttons.addWidget(QLabel("Also scan:", self))
-        for box in self.source_boxes.values():
-            buttons.addWidget(box)
         library_layout.addLayout(buttons)
+        if self.source_boxes:
+            sources = QHBoxLayout()
+            sources.addWidget(QLabel("Also scan:", self))
+            for box in self.source_boxes.values():
+                sources.addWidget(box)
+            sources.addStretch(1)
+            library_layout.addLayout(sources)
         body = QSplitter(Qt.Vertical, self)
         for box in (hub_box, downloads_box, library_box):
             body.addWidget(box)

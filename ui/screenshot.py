@@ -8,6 +8,10 @@ draft model, so this machine has measured it, and grabs the Models tab's pairing
 the demo target (the draft ranked by that measurement, the demo's MTP target, when it can be
 built, by an assumption). Settings, history and measurements go to a temporary folder, never
 the user's.
+
+With `sizes` (`--sizes 1024x640,1920x1080`) it then resizes the window to each size and saves
+every tab as TAB-WIDTHxHEIGHT.png (chat, compare, models; the library shows the demo's files),
+refusing a size the window does not take or where a widget gets less room than it needs.
 """
 
 from __future__ import annotations
@@ -22,6 +26,17 @@ from specdesk.engines.types import SpecDeskError
 CHAT_PROMPT = "Write a function that parses command line arguments."
 MAX_SIDE = 8192  # pixels; a 40000x40000 window would need 6 GB of image memory, twice
 COMPARE_PROMPT = "def parse_args(argv):"
+
+
+TABS = ("chat", "compare", "models")  # the main window's tabs, in order, as the file names say them
+
+
+def parse_sizes(text: str) -> list[tuple[int, int]]:
+    """`--sizes 1024x640,1920x1080`: one or more sizes, comma-separated."""
+    sizes = [parse_size(part.strip()) for part in text.split(",") if part.strip()]
+    if not sizes:
+        raise SpecDeskError(f"--sizes {text!r} names no size (for example 1024x640,1920x1080)")
+    return sizes
 
 
 def parse_size(text: str) -> tuple[int, int]:
@@ -58,7 +73,7 @@ def wait_signal(app, signal, accept: Callable[..., bool], timeout_s: float) -> t
 
 def take_screenshots(out: Path, size: tuple[int, int] = (1280, 800), dark: bool = False, threads: int = 0,
                      suffix: str = "", progress: Optional[Callable[[str], None]] = None,
-                     demo_size: str = "small") -> list[Path]:
+                     demo_size: str = "small", sizes: Optional[list[tuple[int, int]]] = None) -> list[Path]:
     os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
     from specdesk.app.storage.history import History
     from specdesk.app.storage.settings import DEMO, Settings
@@ -116,6 +131,10 @@ def take_screenshots(out: Path, size: tuple[int, int] = (1280, 800), dark: bool 
         _settle(app)
         saved.append(_grab(window, out / f"compare{suffix}.png"))
         saved.append(_pairing(app, window, out / f"pairing{suffix}.png", demo_size, say, errors, scratch))
+        if sizes:
+            _show_demo_library(app, window)
+        for width, height in sizes or ():
+            saved += _tabs_at(app, window, out, (width, height), suffix)
     finally:
         if data_dir is None:
             os.environ.pop("SPECDESK_DATA_DIR", None)
@@ -169,6 +188,37 @@ def _pairing(app, window, path: Path, demo_size: str, say: Callable[[str], None]
         return _grab(dialog, path)
     finally:
         dialog.close()
+
+
+def _show_demo_library(app, window) -> None:
+    """The Models tab lists the demo's files (those the pairing used), not this machine's library."""
+    models = window.models_view
+    entries = list(models.entries)
+    window.tabs.setCurrentWidget(models)  # showing it starts its scan: wait for it, then show the demo's
+    if models.status.text().startswith("scanning"):
+        wait_signal(app, models.library_loaded, lambda found: True, 120)
+    models._show_library(entries)
+    models.library.selectRow(0)
+
+
+def _tabs_at(app, window, out: Path, size: tuple[int, int], suffix: str) -> list[Path]:
+    """Every tab at `size`, as TAB-WIDTHxHEIGHT.png; an error if the window is not that size or
+    any widget is squeezed below its minimum (ui/layout.clipped)."""
+    from .layout import clipped
+
+    window.resize(*size)
+    saved = []
+    for index, name in enumerate(TABS):
+        window.tabs.setCurrentIndex(index)
+        _settle(app)
+        got = (window.width(), window.height())
+        if got != size:
+            raise SpecDeskError(f"the window is {got[0]}x{got[1]} when asked for {size[0]}x{size[1]}")
+        squeezed = clipped(window)
+        if squeezed:
+            raise SpecDeskError(f"at {size[0]}x{size[1]} the {name} tab clips: " + "; ".join(squeezed[:5]))
+        saved.append(_grab(window, out / f"{name}-{size[0]}x{size[1]}{suffix}.png"))
+    return saved
 
 
 def _settle(app) -> None:

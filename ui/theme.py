@@ -1,9 +1,61 @@
-"""Colours that follow the palette (light or dark), and a dark palette for screenshots."""
+"""Colours that follow the palette (light or dark); the View menu's themes (system, light,
+dark) and zoom (the application font against the system's)."""
 
 from __future__ import annotations
 
-from PySide6.QtGui import QColor, QPalette
+from PySide6.QtGui import QColor, QFont, QPalette
 from PySide6.QtWidgets import QApplication
+
+from specdesk.app.storage.settings import RANGES, THEMES
+from specdesk.engines.types import SpecDeskError
+
+ZOOM_STEP = 0.1  # View > Zoom in / out: a tenth of the system font size each
+_system: dict[int, tuple[str, QPalette, QFont]] = {}  # per application: its style, palette and font at start
+
+
+def _remember_system(app: QApplication) -> tuple[str, QPalette, QFont]:
+    """The style, palette and font the application started with (before any theme or zoom)."""
+    key = id(app)
+    if key not in _system:
+        _system[key] = (app.style().name(), QPalette(app.palette()), QFont(app.font()))
+    return _system[key]
+
+
+def apply_theme(app: QApplication, name: str) -> None:
+    """System (the platform's own look), light (Fusion's) or dark."""
+    if name not in THEMES:
+        raise SpecDeskError(f"unknown theme {name!r}: choose one of {', '.join(THEMES)}")
+    style, palette, _ = _remember_system(app)
+    if name == "dark":
+        apply_dark_palette(app)
+    elif name == "light":
+        app.setStyle("Fusion")
+        app.setPalette(app.style().standardPalette())
+    else:
+        app.setStyle(style)
+        app.setPalette(palette)
+
+
+def zoomed(scale: float, steps: int) -> float:
+    """The font scale `steps` zoom steps from `scale` (0: back to the system's), within the
+    settings' range and on whole steps."""
+    if steps == 0:
+        return 1.0
+    low, high = RANGES["font_scale"]
+    return round(min(high, max(low, scale + steps * ZOOM_STEP)), 2)
+
+
+def apply_font_scale(app: QApplication, scale: float) -> None:
+    """The application font at `scale` times the system's size."""
+    low, high = RANGES["font_scale"]
+    if not low <= scale <= high:
+        raise SpecDeskError(f"font scale {scale:g} is out of range: it goes from {low:g} to {high:g}")
+    font = QFont(_remember_system(app)[2])
+    if font.pointSizeF() > 0:
+        font.setPointSizeF(font.pointSizeF() * scale)
+    else:  # a font sized in pixels
+        font.setPixelSize(max(1, round(font.pixelSize() * scale)))
+    app.setFont(font)
 
 
 def is_dark(palette: QPalette | None = None) -> bool:
@@ -33,6 +85,7 @@ def muted(palette: QPalette | None = None) -> QColor:
 
 
 def apply_dark_palette(app: QApplication) -> None:
+    _remember_system(app)  # "system" can return to it
     app.setStyle("Fusion")
     palette = QPalette()
     colours = {

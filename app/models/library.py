@@ -312,6 +312,23 @@ def demo_family_paths(root: Optional[Path] = None) -> list[Path]:
     return found
 
 
+def demo_name(path: Path) -> str:
+    """A demo file's readable name: what it is and its family, from the build's card ("Demo
+    target, small family"); the build folder's hash stays in the path."""
+    import json
+
+    from ..demo.install import UNIT_PATHS
+
+    unit = next((u for u, rel in UNIT_PATHS.items() if Path(rel).name == path.name), "")
+    what = unit.rsplit("_", 1)[0] if unit else path.name
+    what = {"dflash": "DFlash drafter"}.get(what, what)
+    try:
+        family = json.loads((path.parent / UNIT_PATHS["card"]).read_text(encoding="utf-8")).get("family")
+    except (OSError, ValueError, AttributeError):
+        family = None
+    return f"Demo {what}" + (f", {family} family" if isinstance(family, str) and family else "")
+
+
 def walk_models(root: Path, max_depth: int = MAX_FOLDER_DEPTH) -> Iterator[Path]:
     """GGUF files and HF checkpoint folders under a folder (or the path itself)."""
     root = Path(root)
@@ -474,7 +491,7 @@ def scan_library(config: Optional[LibraryConfig] = None,
         say("scanning the Hugging Face cache")
         add(scan_hf_cache(config.hf_cache))
     if config.include_demo:
-        add(read_model(p, "demo", f"demo {p.parent.name[:8]} {p.name}") for p in demo_family_paths(config.demo_root))
+        add(read_model(p, "demo", demo_name(p)) for p in demo_family_paths(config.demo_root))
     for user_path in config.user_paths:
         say(f"scanning {user_path}")
         add(read_model(p, "user") for p in walk_models(Path(user_path)))

@@ -49,8 +49,10 @@ RANGES: dict[str, tuple[float, float]] = {
     "threads": (0, 256),
     "n_ctx": (0, 131_072),
     "last_chat_id": (0, 2**63 - 1),  # an SQLite row id
+    "font_scale": (0.5, 3.0),  # View > Zoom: the window's font size against the system's
 }
-CHOICES: dict[str, tuple] = {"demo_size": ("full", "small"), "method": METHODS}
+THEMES = ("system", "light", "dark")  # View > Theme (ui/theme.py applies them)
+CHOICES: dict[str, tuple] = {"demo_size": ("full", "small"), "method": METHODS, "theme": THEMES}
 MAX_PRESET_NAME = 80  # characters
 
 
@@ -123,6 +125,8 @@ class Settings:
     draft_gpu_layers: str = "auto"
     rpc_servers: str = ""  # llama.cpp RPC servers, HOST:PORT[,HOST:PORT]: their devices can take layers
     highlight_drafts: bool = True
+    theme: str = "system"  # View > Theme: system, light or dark
+    font_scale: float = 1.0  # View > Zoom: 1.0 is the system's font size
     recent_targets: list = field(default_factory=list)
     recent_drafts: list = field(default_factory=list)
     compare_prompt: str = "def parse_args(argv):"
