@@ -249,3 +249,21 @@ def test_pairing_says_where_each_model_would_sit_per_device(demo_family):
     assert on_card.device == "CUDA0" and 0 < on_card.required_bytes < card.free_bytes
     assert ram.required_bytes < memory.required_bytes and placed.fits
     assert f"target {n_layers}/{n_layers} layers on CUDA0 (a card)" in placed.describe()
+
+
+def test_the_kv_cache_of_offloaded_layers_does_not_count_against_ram(demo_family):
+    """llama.cpp keeps an offloaded layer's KV cache on its device: only the CPU layers' part
+    must fit in free RAM (the placement already counted the rest on the device)."""
+    from specdesk.engines.llama.binding import validated_header
+    from specdesk.engines.llama.validate import context_problems, kv_cache_bytes
+
+    header = validated_header(demo_family["target_gguf"])
+    n_layer = header.arch_value("block_count")
+    need = kv_cache_bytes(header, 512)
+    short = need // 2
+    assert context_problems(header, 512, short)  # all on the CPU: refused, with the bytes
+    assert "KV cache" in context_problems(header, 512, short)[0]
+    assert context_problems(header, 512, short, layers_on_device=n_layer) == []
+    assert context_problems(header, 512, short, layers_on_device=n_layer // 2 + 1) == []
+    assert context_problems(header, 512, short, layers_on_device=1)  # most of it still on the CPU
+    assert context_problems(header, 10 ** 9, None, layers_on_device=n_layer)  # the range holds wherever it sits

@@ -50,7 +50,6 @@ class LlamaEngine:
 
         header = validated_header(target_path)
         self.n_ctx = default_context(header.arch_value("context_length"), n_ctx)
-        check_context(header, self.n_ctx)  # before any weights load
         if rpc:
             from .rpc import add_servers
 
@@ -58,6 +57,7 @@ class LlamaEngine:
         self.draft_placement = draft_placement
         self.placements: dict[str, ResolvedPlacement] = {}  # "target" and each draft's path
         target_place = self._place(header, placement, "target")
+        check_context(header, self.n_ctx, target_place.layers_on_device)  # before any weights load
         self.target = GgufModel(target_path, load_mtp=nextn_layers(target_path) > 0, progress=progress,
                                 **self._model_options(target_place))
         self.placements["target"] = target_place
@@ -87,8 +87,8 @@ class LlamaEngine:
         key = os.path.abspath(path)
         if key not in self._drafts:
             draft_header = validated_header(path)
-            check_context(draft_header, self.n_ctx)  # before any weights load
             place = self._place(draft_header, self.draft_placement, "draft")
+            check_context(draft_header, self.n_ctx, place.layers_on_device)  # before any weights load
             draft = GgufModel(path, progress=progress, **self._model_options(place))
             try:
                 check_compatible(self.target, draft)

@@ -186,6 +186,11 @@ class ResolvedPlacement:
     def on_cpu(self) -> bool:
         return self.device == CPU or self.n_gpu_layers == 0
 
+    @property
+    def layers_on_device(self) -> int:
+        """Layers (and their KV cache) off the CPU."""
+        return 0 if self.on_cpu else self.n_gpu_layers
+
     def key(self) -> str:
         """What the costs of this placement depend on (engines/speculation/costs.cost_key)."""
         where = CPU if self.on_cpu else f"{self.device}[{self.description}]"

@@ -238,11 +238,17 @@ def kv_cache_bytes(header: GgufHeader, n_ctx: int) -> int:
     return kv_bytes(n_ctx, kv_layers(header))
 
 
-def context_problems(header: GgufHeader, n_ctx: int, available_bytes: Optional[int]) -> list[str]:
-    """Why a context of n_ctx tokens cannot be made for this model (empty when it can)."""
+def context_problems(header: GgufHeader, n_ctx: int, available_bytes: Optional[int],
+                     layers_on_device: int = 0) -> list[str]:
+    """Why a context of n_ctx tokens cannot be made for this model (empty when it can). The KV
+    cache of the `layers_on_device` layers offloaded to a GPU sits there (llama.cpp offloads it
+    with its layers; the placement counted it), so only the rest must fit `available_bytes` of RAM."""
     if n_ctx < 0 or n_ctx > MAX_CONTEXT:
         return [f"a context of {n_ctx} tokens is out of range: use 1 to {MAX_CONTEXT} (or 0 for the model's own)"]
     need = kv_cache_bytes(header, n_ctx)
+    n_layer = header.arch_value("block_count")
+    if layers_on_device and _is_int(n_layer) and n_layer > 0:
+        need = need * max(0, n_layer - layers_on_device) // n_layer
     if available_bytes is not None and need > available_bytes:
         return [f"a context of {n_ctx} tokens needs {need:,} bytes of KV cache but {available_bytes:,} bytes "
                 "of memory are free: use a smaller --ctx"]
@@ -283,10 +289,11 @@ def check_gguf(header: GgufHeader, n_ctx: int = 0, available_bytes: Optional[int
     return header
 
 
-def check_context(header: GgufHeader, n_ctx: int) -> None:
-    """Refuse, before llama.cpp allocates it, a context whose KV cache exceeds free RAM."""
+def check_context(header: GgufHeader, n_ctx: int, layers_on_device: int = 0) -> None:
+    """Refuse, before llama.cpp allocates it, a context whose KV cache (its part on the CPU)
+    exceeds free RAM."""
     from ..memory import ram_available
 
-    problems = context_problems(header, n_ctx, ram_available() or None)
+    problems = context_problems(header, n_ctx, ram_available() or None, layers_on_device)
     if problems:
         raise SpecDeskError(f"{header.path}: {problems[0]}")
