@@ -86,14 +86,24 @@ def test_the_charts_fold_under_the_chat_in_a_narrow_window(qtbot, window):
     assert (w.width(), w.height()) == (900, 700)
     assert w._chat_splitter.orientation() == Qt.Vertical
     assert w.charts.y() > w.chat_view.y() and w.charts.width() > w.chat_view.width() // 2
+    charts = w.charts  # under the chat, in two columns: the transcript keeps the height
+    assert charts.columns == 2 and charts.rate_plot.y() == charts.acceptance_plot.y()
+    assert charts.position_plot.y() > charts.rate_plot.y()
+    assert squeezed_tabs(w) == {}
+    w.tabs.setCurrentIndex(0)
+    w.resize(1280, 800)  # wide again: beside the chat, one column
+    QApplication.processEvents()
+    assert w._chat_splitter.orientation() == Qt.Horizontal and charts.columns == 1
+    assert charts.acceptance_plot.y() > charts.rate_plot.y()
     assert squeezed_tabs(w) == {}
 
 
-def test_a_150_percent_font_fits_1280x800(qtbot, window):
+@pytest.mark.parametrize("size", [(1280, 800), (1024, 640)])
+def test_a_150_percent_font_fits(qtbot, window, size):
     theme.apply_font_scale(QApplication.instance(), 1.5)
     w = window()
-    show_at(qtbot, w, 1280, 800)
-    assert (w.width(), w.height()) == (1280, 800)
+    show_at(qtbot, w, *size)
+    assert (w.width(), w.height()) == size
     assert squeezed_tabs(w) == {}
 
 

@@ -22,7 +22,7 @@ from typing import Optional
 import numpy as np
 import pyqtgraph as pg
 from PySide6.QtCore import QRectF, Qt
-from PySide6.QtWidgets import QApplication, QGraphicsItem, QLabel, QSizePolicy, QVBoxLayout, QWidget
+from PySide6.QtWidgets import QApplication, QGraphicsItem, QGridLayout, QLabel, QSizePolicy, QVBoxLayout, QWidget
 
 from specdesk.engines.speculation.stats import StatsAccumulator
 from specdesk.engines.types import RunStats
@@ -190,8 +190,12 @@ class ChartPanel(QWidget):
         for curve in (self.rate_curve, self.acceptance_curve):
             curve.setClipToView(True)
             curve.setDownsampling(auto=True, method="peak")
-        for plot in (self.rate_plot, self.acceptance_plot, self.position_plot, self.histogram_plot):
-            layout.addWidget(plot, 1)
+        self._grid = QGridLayout()
+        self._grid.setSpacing(4)
+        self._plots = (self.rate_plot, self.acceptance_plot, self.position_plot, self.histogram_plot)
+        self.columns = 0
+        self.fold(False)
+        layout.addLayout(self._grid, 1)
         # Method auto: which method drafted when (bands), their legend, the latest choice (title).
         self.rate_bands = MethodBands(self.rate_plot)
         self.acceptance_bands = MethodBands(self.acceptance_plot)
@@ -212,6 +216,22 @@ class ChartPanel(QWidget):
         self.status.setSizePolicy(QSizePolicy.Ignored, QSizePolicy.Fixed)
         self.status.setFixedHeight(self.status.fontMetrics().lineSpacing() * 2 + 6)
         layout.addWidget(self.status)
+
+    def fold(self, folded: bool) -> None:
+        """The plots in one column beside the chat, or two columns of two under it (folded)."""
+        columns = 2 if folded else 1
+        if columns == self.columns:
+            return
+        self.columns = columns
+        for plot in self._plots:
+            self._grid.removeWidget(plot)
+        rows = len(self._plots) // columns
+        for i, plot in enumerate(self._plots):
+            self._grid.addWidget(plot, i // columns, i % columns)
+        for row in range(len(self._plots)):
+            self._grid.setRowStretch(row, 1 if row < rows else 0)
+        for column in range(2):
+            self._grid.setColumnStretch(column, 1 if column < columns else 0)
 
     # --- data in (cheap) --------------------------------------------------------
     def start_run(self, k: int) -> None:

@@ -8,7 +8,7 @@ for: the screenshot command and the layout tests read it.
 
 from __future__ import annotations
 
-from PySide6.QtCore import QSize, Qt
+from PySide6.QtCore import QSize, Qt, Signal
 from PySide6.QtWidgets import QAbstractScrollArea, QSizePolicy, QSplitter, QWidget
 
 
@@ -21,7 +21,10 @@ class FoldingSplitter(QSplitter):
     """Side by side when wide enough for every pane's minimum width, else stacked.
 
     Its minimum width is the widest pane's, so the window can be narrower than the panes side
-    by side; its minimum height is what the current orientation needs."""
+    by side; its minimum height is what the current orientation needs. `folded` says when it
+    stacks (True) or unstacks, for panes that arrange themselves for it."""
+
+    folded = Signal(bool)
 
     def __init__(self, parent: QWidget | None = None, share: float = 0.6):
         super().__init__(Qt.Horizontal, parent)
@@ -50,6 +53,7 @@ class FoldingSplitter(QSplitter):
         if orientation == self.orientation():
             return
         self.setOrientation(orientation)
+        self.folded.emit(orientation == Qt.Vertical)
         room = width if orientation == Qt.Horizontal else height
         first = int(room * self.share)
         self.setSizes([first, max(0, room - first)])

@@ -109,6 +109,7 @@ class MainWindow(QMainWindow):
         chat_tab.setStretchFactor(1, 2)
         chat_tab.setChildrenCollapsible(False)
         self._chat_splitter = chat_tab
+        chat_tab.folded.connect(self.charts.fold)  # under the chat, the plots in two columns
         self.tabs = QTabWidget(self)
         self.tabs.addTab(chat_tab, "Chat")
         self.tabs.addTab(self.compare_view, "Compare")

@@ -20,8 +20,8 @@ from pathlib import Path
 from typing import Any, Callable, ClassVar, Optional
 
 from PySide6.QtCore import Qt, Signal, Slot
-from PySide6.QtWidgets import (QAbstractItemView, QCheckBox, QDialog, QDialogButtonBox, QFileDialog, QGroupBox,
-                               QHBoxLayout, QHeaderView, QLabel, QLineEdit, QProgressBar, QPushButton,
+from PySide6.QtWidgets import (QAbstractItemView, QCheckBox, QDialog, QDialogButtonBox, QFileDialog, QGridLayout,
+                               QGroupBox, QHBoxLayout, QHeaderView, QLabel, QLineEdit, QProgressBar, QPushButton,
                                QSplitter, QTableWidget, QTableWidgetItem, QVBoxLayout, QWidget)
 
 from specdesk.app.models.hub import DownloadCancelled, DownloadProgress, human_bytes
@@ -36,6 +36,7 @@ from .jobs import Throttle
 log = logging.getLogger(__name__)
 PROGRESS_INTERVAL_S = 0.05  # a download reports to the GUI at most this often
 PROGRESS_STEPS = 1000  # progress bars count permille (QProgressBar is 32-bit; files are not)
+SOURCES_PER_ROW = 3  # the library's "Also scan" check boxes
 
 @dataclass(kw_only=True)
 class _Task(Job):
@@ -321,12 +322,12 @@ class ModelsView(QWidget):
             buttons.addWidget(b)
         buttons.addStretch(1)
         library_layout.addLayout(buttons)
-        if self.source_boxes:
-            sources = QHBoxLayout()
-            sources.addWidget(QLabel("Also scan:", self))
-            for box in self.source_boxes.values():
-                sources.addWidget(box)
-            sources.addStretch(1)
+        if self.source_boxes:  # three to a row: a large font or a narrow window keeps them in view
+            sources = QGridLayout()
+            sources.addWidget(QLabel("Also scan:", self), 0, 0)
+            for i, box in enumerate(self.source_boxes.values()):
+                sources.addWidget(box, i // SOURCES_PER_ROW, 1 + i % SOURCES_PER_ROW)
+            sources.setColumnStretch(SOURCES_PER_ROW + 1, 1)
             library_layout.addLayout(sources)
         body = QSplitter(Qt.Vertical, self)
         for box in (hub_box, downloads_box, library_box):
