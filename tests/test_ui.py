@@ -417,12 +417,12 @@ def test_history_and_settings_survive_reopening(qtbot, open_window, user_dirs):
     assert [m.role for m in again.chat_view.messages] == ["user", "assistant", "user", "assistant"]
     assert again.chat_view.messages[-1].text == reply.text
     assert again.chat_view.messages[-1].draft_spans() == reply.draft_spans()
-    assert again.controls.chat_list.count() == 1
+    assert again.chats_panel.list.count() == 1
     assert again.controls.k_spin.value() == 6
     # a new chat is listed next to the old one, and each opens with its own messages
     again.chat_view.new_chat_button.click()
     send(qtbot, again, "another topic")
-    assert again.controls.chat_list.count() == 2
+    assert again.chats_panel.list.count() == 2
     again.open_chat(chat_id)
     assert again.chat_view.messages[0].text == "first question"
 

@@ -1,7 +1,13 @@
 """The centre of the Chat tab: transcript with accepted-draft highlighting, input, buttons.
 
 Replies are shown as Markdown (ui/markdown.py) with every character keeping its draft
-flag. Streamed tokens are buffered by `append_pieces` and drawn by `flush()`, which the
+flag: code tokens in their colors, tables as tables, and a "Copy" link over each code
+block. Under each message a line of links acts on it: Copy and Regenerate for a reply,
+Edit for the user's message, and "‹ 2/3 ›" to step through a message's alternatives (the
+chat's branches, app/storage/history.py); the window does what they ask. Enter sends
+(ui/chat_input.py).
+
+Streamed tokens are buffered by `append_pieces` and drawn by `flush()`, which the
 window calls from its repaint timer: a fast model costs one document edit per frame, not
 one per token, and only the reply's last Markdown block is redrawn (the blocks before it
 cannot change any more).
@@ -12,15 +18,47 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Optional
 
-from PySide6.QtCore import Qt, Signal
-from PySide6.QtGui import (QFont, QFontDatabase, QGuiApplication, QKeySequence, QShortcut, QTextBlockFormat,
-                           QTextCharFormat, QTextCursor, QTextFormat, QTextLength)
-from PySide6.QtWidgets import (QCheckBox, QHBoxLayout, QLabel, QPlainTextEdit, QPushButton, QSizePolicy,
-                               QTextBrowser, QVBoxLayout, QWidget)
+from PySide6.QtCore import Qt, QUrl, Signal
+from PySide6.QtGui import (QDesktopServices, QFont, QFontDatabase, QGuiApplication, QKeySequence, QShortcut,
+                           QTextBlockFormat, QTextCharFormat, QTextCursor, QTextFormat, QTextLength)
+from PySide6.QtWidgets import (QCheckBox, QHBoxLayout, QLabel, QPushButton, QSizePolicy, QTextBrowser, QVBoxLayout,
+                               QWidget)
 
 from . import markdown, theme
+from .chat_input import ChatInput
+from .rich_text import insert_copy_link, insert_table, with_token_color
 
 HEADING_SCALE = {1: 1.45, 2: 1.3, 3: 1.15}
+ACTION_SCHEME = "message:"  # links under a message: message:<action>:<index in the transcript>
+ACTIONS = ("copy", "regenerate", "edit", "previous", "next")
+
+
+def action_href(action: str, index: int) -> str:
+    return f"{ACTION_SCHEME}{action}:{index}"
+
+
+def parse_action_href(href: str) -> Optional[tuple[str, int]]:
+    """(action, message index) from an `action_href` link; None for any other link."""
+    if not href.startswith(ACTION_SCHEME):
+        return None
+    action, _, index = href[len(ACTION_SCHEME):].partition(":")
+    if action not in ACTIONS or not index.isdigit():
+        return None
+    return action, int(index)
+
+
+def message_actions(role: str, alternative: int, alternatives: int) -> list[tuple[str, str]]:
+    """The (action, label) links under a finished message: its place among its alternatives
+    first (when it has any), then what can be done with it."""
+    links = []
+    if alternatives > 1:
+        if alternative > 0:
+            links.append(("previous", "‹"))
+        links.append(("", f"{alternative + 1}/{alternatives}"))
+        if alternative < alternatives - 1:
+            links.append(("next", "›"))
+    links += [("copy", "Copy"), ("regenerate", "Regenerate")] if role == "assistant" else [("edit", "Edit")]
+    return links
 
 
 @dataclass
@@ -30,6 +68,8 @@ class ChatMessage:
     from_draft: list[bool] = field(default_factory=list)  # (len(pieces),)
     db_id: Optional[int] = None
     footer: str = ""  # numbers of the run, under a reply
+    alternative: int = 0  # its place among its alternatives in the history, from 0
+    alternatives: int = 1  # how many alternatives it has, itself included
 
     @property
     def text(self) -> str:
@@ -48,7 +88,8 @@ class ChatMessage:
         return spans
 
     @classmethod
-    def from_spans(cls, role: str, text: str, spans, db_id: Optional[int] = None, footer: str = "") -> "ChatMessage":
+    def from_spans(cls, role: str, text: str, spans, db_id: Optional[int] = None, footer: str = "",
+                   alternative: int = 0, alternatives: int = 1) -> "ChatMessage":
         pieces, flags, at = [], [], 0
         for span in spans or []:
             try:
@@ -61,7 +102,7 @@ class ChatMessage:
         if at < len(text):  # spans missing or shorter than the text: the rest is plain
             pieces.append(text[at:])
             flags.append(False)
-        return cls(role, pieces, flags, db_id, footer)
+        return cls(role, pieces, flags, db_id, footer, alternative, alternatives)
 
 
 @dataclass
@@ -81,6 +122,8 @@ def _extension(old: markdown.Block, new: markdown.Block) -> Optional[list[markdo
     """The runs to append when `new` is `old` with text added at its end; None otherwise."""
     if (old.kind, old.level, old.marker, old.lang) != (new.kind, new.level, new.marker, new.lang):
         return None
+    if new.kind == "table":  # a new cell can widen any column: the table is drawn again
+        return None
     if not old.runs:
         return list(new.runs)
     n = len(old.runs)
@@ -97,7 +140,10 @@ def _extension(old: markdown.Block, new: markdown.Block) -> Optional[list[markdo
 class ChatView(QWidget):
     send_requested = Signal(str)
     stop_requested = Signal()
-    regenerate_requested = Signal()
+    regenerate_requested = Signal()  # the last reply
+    regenerate_at = Signal(int)  # the reply at this index of `messages`
+    edit_requested = Signal(int)  # the user's message at this index
+    switch_requested = Signal(int, int)  # (index, -1 or +1): show the message's previous or next alternative
     new_chat_requested = Signal()
 
     def __init__(self, parent: Optional[QWidget] = None):
@@ -108,7 +154,8 @@ class ChatView(QWidget):
         self._live: Optional[_LiveReply] = None
 
         self.transcript = QTextBrowser(self)
-        self.transcript.setOpenExternalLinks(True)
+        self.transcript.setOpenLinks(False)  # every link is handled by _link_clicked
+        self.transcript.anchorClicked.connect(self._link_clicked)
         self.transcript.setPlaceholderText("Type a message below. Tokens the target accepted from the draft "
                                            "are highlighted as they stream in.")
         self._mono = QFontDatabase.systemFont(QFontDatabase.FixedFont)
@@ -134,18 +181,17 @@ class ChatView(QWidget):
         for button in (self.copy_button, self.regenerate_button, self.new_chat_button):
             tools.addWidget(button)
 
-        self.input = QPlainTextEdit(self)
-        self.input.setPlaceholderText("Message (Ctrl+Enter to send)")
+        self.input = ChatInput(self)
         self.input.setFixedHeight(72)
+        self.input.send.connect(self.send_requested)
         self.send_button = QPushButton("Send", self)
         self.send_button.setDefault(True)
-        self.send_button.clicked.connect(self._send)
+        self.send_button.clicked.connect(self.input.submit)
         self.stop_button = QPushButton("Stop", self)
         self.stop_button.setEnabled(False)
         self.stop_button.clicked.connect(self.stop_requested)
         for button in (self.send_button, self.stop_button):
             button.setSizePolicy(QSizePolicy.Preferred, QSizePolicy.Expanding)
-        QShortcut(QKeySequence("Ctrl+Return"), self.input, activated=self._send)
         QShortcut(QKeySequence(Qt.Key_Escape), self, activated=self.stop_requested)
         row = QHBoxLayout()
         row.addWidget(self.input, 1)
@@ -161,6 +207,7 @@ class ChatView(QWidget):
     # --- state --------------------------------------------------------------------
     def set_generating(self, generating: bool, can_send: bool = True) -> None:
         self.send_button.setEnabled(can_send and not generating)
+        self.input.set_can_send(can_send and not generating)
         self.stop_button.setEnabled(generating)
         self.regenerate_button.setEnabled(can_send and not generating and self.last_user_index() is not None)
         self.new_chat_button.setEnabled(True)
@@ -171,17 +218,41 @@ class ChatView(QWidget):
                 return i
         return None
 
-    def _send(self) -> None:
-        text = self.input.toPlainText().strip()
-        if text and self.send_button.isEnabled():
-            self.input.clear()
-            self.send_requested.emit(text)
-
     def copy_last_reply(self) -> None:
-        for message in reversed(self.messages):
-            if message.role == "assistant":
-                QGuiApplication.clipboard().setText(message.text)
+        for index in range(len(self.messages) - 1, -1, -1):
+            if self.messages[index].role == "assistant":
+                self.copy_message(index)
                 return
+
+    def copy_message(self, index: int) -> None:
+        QGuiApplication.clipboard().setText(self.messages[index].text)
+
+    def copy_code_block(self, message_index: int, block_index: int) -> None:
+        QGuiApplication.clipboard().setText(markdown.code_block_text(self.messages[message_index].text, block_index))
+
+    def _link_clicked(self, url: QUrl) -> None:
+        """A code block's Copy, a message's action, or a link in a reply (opened by the system)."""
+        href = url.toString()
+        copy = markdown.parse_copy_href(href)
+        action = parse_action_href(href)
+        if copy is not None:
+            message, block = copy
+            if message is not None and message < len(self.messages):
+                self.copy_code_block(message, block)
+        elif action is not None:
+            name, index = action
+            if index >= len(self.messages):
+                return
+            if name == "copy":
+                self.copy_message(index)
+            elif name == "regenerate":
+                self.regenerate_at.emit(index)
+            elif name == "edit":
+                self.edit_requested.emit(index)
+            else:
+                self.switch_requested.emit(index, -1 if name == "previous" else 1)
+        elif url.scheme() in ("http", "https", "mailto"):
+            QDesktopServices.openUrl(url)
 
     # --- content --------------------------------------------------------------------
     def set_messages(self, messages: list[ChatMessage]) -> None:
@@ -193,7 +264,7 @@ class ChatView(QWidget):
         self.flush()
         self.messages.append(message)
         cursor = self._end_cursor()
-        self._render_message(cursor, message, first=len(self.messages) == 1)
+        self._render_message(cursor, message, len(self.messages) - 1)
         self._scroll_to_end()
         return message
 
@@ -232,13 +303,15 @@ class ChatView(QWidget):
         if grown is not None:  # the usual case: text was added to the last block
             cursor = self._end_cursor()
             self._insert_runs(cursor, pending[0], grown)
-            starts = [live.committed_pos] + self._render_blocks(cursor, pending[1:])
+            starts = [live.committed_pos] + self._render_blocks(cursor, pending[1:], len(self.messages) - 1)
         else:
             cursor = QTextCursor(self.transcript.document())
             cursor.setPosition(live.committed_pos)
+            kept = cursor.blockFormat()  # the line the redrawn blocks follow (after a table, its own)
             cursor.movePosition(QTextCursor.End, QTextCursor.KeepAnchor)
             cursor.removeSelectedText()
-            starts = self._render_blocks(cursor, pending)
+            cursor.setBlockFormat(kept)
+            starts = self._render_blocks(cursor, pending, len(self.messages) - 1)
         if starts:
             live.committed_pos = starts[-1]
             live.committed_blocks = len(blocks) - 1
@@ -254,7 +327,10 @@ class ChatView(QWidget):
             self._pending = True
             self.flush()
             self._live = None
-            self._render_footer(self._end_cursor(), footer)
+            if footer:  # a finished reply, as _render_message draws one
+                cursor = self._end_cursor()
+                self._render_footer(cursor, footer)
+                self._render_actions(cursor, len(self.messages) - 1)
             self._scroll_to_end()
 
     def set_highlight(self, on: bool) -> None:
@@ -309,33 +385,68 @@ class ChatView(QWidget):
         cursor.insertBlock(QTextBlockFormat())
         cursor.insertText(footer, fmt)
 
-    def _render_message(self, cursor: QTextCursor, message: ChatMessage, first: bool) -> None:
-        if not first:
+    def _render_actions(self, cursor: QTextCursor, index: int) -> None:
+        """The line of links under a finished message (message_actions)."""
+        message = self.messages[index]
+        fmt = QTextCharFormat()
+        fmt.setForeground(theme.muted(self.palette()))
+        cursor.insertBlock(QTextBlockFormat())
+        for n, (action, label) in enumerate(message_actions(message.role, message.alternative, message.alternatives)):
+            if n:
+                cursor.insertText("  ", fmt)
+            if not action:
+                cursor.insertText(label, fmt)
+                continue
+            link = QTextCharFormat(fmt)
+            link.setAnchor(True)
+            link.setAnchorHref(action_href(action, index))
+            link.setForeground(theme.accent(self.palette()))
+            cursor.insertText(label, link)
+
+    def _render_message(self, cursor: QTextCursor, message: ChatMessage, index: int) -> None:
+        """Message `index` of `messages` at the cursor (the first one without the gap above it)."""
+        if index:
             cursor.insertBlock(QTextBlockFormat())
             cursor.insertBlock(QTextBlockFormat())
         cursor.insertText("You" if message.role == "user" else "Model", self._header_format())
         if message.role == "user":
             cursor.insertBlock(QTextBlockFormat())
             cursor.insertText(message.text.replace("\n", "\u2028"), self._body_format("user", False))
+            if message.db_id is not None:
+                self._render_actions(cursor, index)
             self._live = None
             return
         live = _LiveReply(message, cursor.position())
         live.committed_pos = live.body_start
         blocks = live.stream.parse(message.text, markdown.char_flags(message.pieces, message.from_draft))
-        self._render_blocks(cursor, blocks)
+        self._render_blocks(cursor, blocks, index)
         if message.footer:
             self._render_footer(cursor, message.footer)
+            self._render_actions(cursor, index)
             self._live = None
         else:
             self._live = live
             self._pending = bool(message.pieces)
 
-    def _render_blocks(self, cursor: QTextCursor, blocks: list[markdown.Block]) -> list[int]:
-        """Draw Markdown blocks at the cursor; returns the document position each one starts at."""
+    def _render_blocks(self, cursor: QTextCursor, blocks: list[markdown.Block], message_index: int) -> list[int]:
+        """Draw Markdown blocks of message `message_index` at the cursor; returns the document
+        position each one starts at. A code block has its "Copy" link on a line above it."""
         starts = []
         for block in blocks:
             starts.append(cursor.position())
             fmt, base = self._block_formats(block)
+            if block.kind == "table":
+                cursor.insertBlock(QTextBlockFormat(), base)
+                insert_table(cursor, block, lambda run, base=base: self._run_format(base, run),
+                             theme.muted(self.palette()))
+                continue
+            if block.kind == "code" and block.index >= 0:
+                link_line = QTextBlockFormat()
+                link_line.setTopMargin(3)
+                cursor.insertBlock(link_line, base)
+                link = QTextCharFormat()
+                link.setForeground(theme.accent(self.palette()))
+                insert_copy_link(cursor, block.index, message_index, link)
             cursor.insertBlock(fmt, base)
             if block.kind == "item":
                 cursor.insertText(block.marker + " ", base)
@@ -405,6 +516,8 @@ class ChatView(QWidget):
             fmt.setAnchorHref(run.link)
             fmt.setForeground(theme.accent(self.palette()))
             fmt.setFontUnderline(True)
+        if run.token:
+            fmt = with_token_color(fmt, run, theme.is_dark(self.palette()))
         if run.drafted and self.highlight:
             fmt.setBackground(theme.draft_tint(self.palette()))
         return fmt
@@ -414,6 +527,6 @@ class ChatView(QWidget):
         self._live = None
         cursor = self._end_cursor()
         for i, message in enumerate(self.messages):
-            self._render_message(cursor, message, first=i == 0)
+            self._render_message(cursor, message, i)
         self._pending = False
         self._scroll_to_end()

@@ -1,4 +1,5 @@
-"""The left panel: models, method, sampling, limits, and the list of past chats."""
+"""The left panel: models, method, sampling, limits, the chat's preset and system prompt, and
+the list of past chats (ui/chats_panel.py, placed here by the window with `show_chats`)."""
 
 from __future__ import annotations
 
@@ -7,9 +8,8 @@ from pathlib import Path
 from typing import Optional
 
 from PySide6.QtCore import QSize, Qt, Signal
-from PySide6.QtWidgets import (QComboBox, QDoubleSpinBox, QFileDialog, QFormLayout, QGroupBox, QHBoxLayout,
-                               QLineEdit, QListWidget, QListWidgetItem, QPushButton, QScrollArea, QSpinBox,
-                               QVBoxLayout, QWidget)
+from PySide6.QtWidgets import (QComboBox, QDoubleSpinBox, QFileDialog, QFormLayout, QGroupBox, QLineEdit,
+                               QPlainTextEdit, QScrollArea, QSpinBox, QVBoxLayout, QWidget)
 
 from specdesk.app.storage.settings import DEMO, DEMO_DFLASH, DEMO_HF, DEMO_MTP, RANGES, Settings
 from specdesk.engines.llama.fit import DEFAULT_CONTEXT
@@ -57,8 +57,7 @@ class ControlsPanel(QScrollArea):
     MAX_MIN_WIDTH = 330  # pixels: a wider form (a large font) scrolls sideways, the chat keeps the room
 
     models_changed = Signal()  # target, draft, threads or context changed: reload on the worker
-    chat_selected = Signal(int)
-    delete_chat_requested = Signal(int)
+    system_prompt_changed = Signal(str)  # edited, or set by a preset
 
     def __init__(self, settings: Settings, parent: Optional[QWidget] = None):
         super().__init__(parent)
@@ -122,27 +121,27 @@ class ControlsPanel(QScrollArea):
                  ("Draft device", self.draft_device_combo), ("Draft GPU layers", self.draft_gpu_layers_combo),
                  ("RPC servers", self.rpc_edit))
 
-        chats = QGroupBox("Chats", body)
-        chat_layout = QVBoxLayout(chats)
-        self.chat_list = QListWidget(chats)
-        self.chat_list.setMinimumHeight(90)
-        self.chat_list.setHorizontalScrollBarPolicy(Qt.ScrollBarAlwaysOff)
-        self.chat_list.setTextElideMode(Qt.ElideRight)
-        self.chat_list.itemActivated.connect(self._chat_activated)
-        self.chat_list.itemClicked.connect(self._chat_activated)
-        self.delete_chat_button = QPushButton("Delete chat", chats)
-        self.delete_chat_button.clicked.connect(self._delete_clicked)
-        chat_layout.addWidget(self.chat_list, 1)
-        buttons = QHBoxLayout()
-        buttons.addStretch(1)
-        buttons.addWidget(self.delete_chat_button)
-        chat_layout.addLayout(buttons)
+        chat = QGroupBox("Chat", body)
+        form = QFormLayout(chat)
+        self.preset_combo = QComboBox(chat)
+        self.preset_combo.setToolTip("Sampling settings and a system prompt, chosen together")
+        self.system_prompt_edit = QPlainTextEdit(chat)
+        self.system_prompt_edit.setPlaceholderText("System prompt (none)")
+        self.system_prompt_edit.setToolTip("What the model is told before the conversation: kept with each chat, "
+                                           "and a new chat starts with the preset's")
+        self.system_prompt_edit.setTabChangesFocus(True)
+        self.system_prompt_edit.setFixedHeight(self.system_prompt_edit.fontMetrics().lineSpacing() * 4 + 12)
+        add_rows(form, ("Preset", self.preset_combo), ("System", self.system_prompt_edit))
+
+        self.chats_box = QGroupBox("Chats", body)
+        chats_layout = QVBoxLayout(self.chats_box)
+        chats_layout.setContentsMargins(4, 4, 4, 4)
 
         layout = QVBoxLayout(body)
         layout.setContentsMargins(4, 4, 4, 4)
-        for box in (models, sampling, limits):
+        for box in (models, sampling, limits, chat):
             layout.addWidget(box)
-        layout.addWidget(chats, 1)
+        layout.addWidget(self.chats_box, 1)
 
         self.apply_settings(settings)
         self.target_combo.activated.connect(lambda index: self._model_picked(self.target_combo, "target"))
@@ -154,6 +153,9 @@ class ControlsPanel(QScrollArea):
             combo.activated.connect(lambda index: self._maybe_reload())
             combo.lineEdit().editingFinished.connect(self._maybe_reload)
         self.rpc_edit.editingFinished.connect(self._maybe_reload)
+        self.preset_combo.activated.connect(lambda index: self.use_preset(self.preset_combo.itemData(index)))
+        self.system_prompt_edit.textChanged.connect(
+            lambda: self.system_prompt_changed.emit(self.system_prompt_edit.toPlainText()))
         self._loaded_key = self.model_key()
 
     def minimumSizeHint(self) -> QSize:
@@ -176,6 +178,8 @@ class ControlsPanel(QScrollArea):
         for combo, value in zip(self._placement_combos(), (s.device, s.gpu_layers, s.draft_device, s.draft_gpu_layers)):
             combo.setCurrentText(value)
         self.rpc_edit.setText(s.rpc_servers)
+        self._fill_presets(s)
+        self.show_system_prompt(s.system_prompt)
         self._update_enabled()
 
     def store_settings(self, s: Settings) -> None:
@@ -324,6 +328,27 @@ class ControlsPanel(QScrollArea):
             self._loaded_key = key
             self.models_changed.emit()
 
+    def use_models(self, target: str, draft: Optional[str]) -> None:
+        """"Use this model": this target with this draft (or none), remembered, method auto (which
+        drafts with whatever the draft is), and one reload."""
+        self.store_settings(self._settings)
+        self._settings.remember_target(target)
+        if draft is not None:
+            self._settings.remember_draft(draft)
+        self._settings.target_path, self._settings.draft_path = target, draft
+        self._fill_models(self.target_combo, TARGETS, self._settings.recent_targets, target)
+        self._fill_models(self.draft_combo, DRAFTS, self._settings.recent_drafts, draft)
+        self._select_method("auto")
+        self._maybe_reload()
+
+    def forget_model(self, role: str, path: str) -> None:
+        """A file that failed to load leaves its picker's recent list (the picker shows what is loaded)."""
+        s = self._settings
+        if role == "target":
+            s.recent_targets = [p for p in s.recent_targets if p != path]
+        else:
+            s.recent_drafts = [p for p in s.recent_drafts if p != path]
+
     def model_key(self) -> tuple:
         return (self.target_combo.currentData(), self.draft_combo.currentData(), self.threads_spin.value(),
                 self.ctx_spin.value(), *(c.currentText().strip() for c in self._placement_combos()),
@@ -385,24 +410,41 @@ class ControlsPanel(QScrollArea):
     def max_tokens(self) -> int:
         return self.max_tokens_spin.value()
 
-    # --- chats ------------------------------------------------------------------------
-    def set_chats(self, chats, current: Optional[int]) -> None:
-        self.chat_list.blockSignals(True)
-        self.chat_list.clear()
-        for chat in chats:
-            item = QListWidgetItem(chat.title)
-            item.setData(Qt.UserRole, chat.id)
-            item.setToolTip(chat.title)
-            self.chat_list.addItem(item)
-            if chat.id == current:
-                self.chat_list.setCurrentItem(item)
-        self.chat_list.blockSignals(False)
-        self.delete_chat_button.setEnabled(self.chat_list.count() > 0)
+    # --- chat: preset, system prompt, the list of chats -------------------------------
+    def _fill_presets(self, s: Settings) -> None:
+        self.preset_combo.clear()
+        for preset in s.all_presets():
+            self.preset_combo.addItem(preset.name, preset.name)
+            self.preset_combo.setItemData(self.preset_combo.count() - 1, preset.system_prompt or "no system prompt",
+                                          Qt.ToolTipRole)
+        index = self.preset_combo.findData(s.preset)
+        if index >= 0:
+            self.preset_combo.setCurrentIndex(index)
 
-    def _chat_activated(self, item: QListWidgetItem) -> None:
-        self.chat_selected.emit(int(item.data(Qt.UserRole)))
+    def use_preset(self, name: str) -> None:
+        """Choose a preset: its sampling settings fill the fields, and its system prompt the
+        system prompt (for the chat on screen, and for new chats)."""
+        s = self._settings
+        self.store_settings(s)  # what else the fields hold stays
+        preset = s.use_preset(name)
+        for spin, value in ((self.temperature_spin, preset.temperature), (self.top_p_spin, preset.top_p),
+                            (self.top_k_spin, preset.top_k), (self.max_tokens_spin, preset.max_tokens)):
+            set_clamped(spin, value)
+        self.preset_combo.setCurrentIndex(self.preset_combo.findData(preset.name))
+        self.system_prompt_edit.setPlainText(preset.system_prompt)  # says so: system_prompt_changed
 
-    def _delete_clicked(self) -> None:
-        item = self.chat_list.currentItem()
-        if item is not None:
-            self.delete_chat_requested.emit(int(item.data(Qt.UserRole)))
+    def system_prompt(self) -> str:
+        return self.system_prompt_edit.toPlainText()
+
+    def show_system_prompt(self, text: str) -> None:
+        """Show a chat's system prompt (without system_prompt_changed: nothing was edited)."""
+        if self.system_prompt_edit.toPlainText() == text:
+            return
+        self.system_prompt_edit.blockSignals(True)
+        self.system_prompt_edit.setPlainText(text)
+        self.system_prompt_edit.blockSignals(False)
+
+    def show_chats(self, panel: QWidget) -> None:
+        """The list of chats (ui/chats_panel.ChatsPanel) in its place at the bottom of the panel."""
+        panel.setMinimumHeight(120)
+        self.chats_box.layout().addWidget(panel)

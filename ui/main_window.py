@@ -20,7 +20,8 @@ from PySide6.QtCore import QCoreApplication, Qt, QTimer, QUrl
 from PySide6.QtGui import QAction, QActionGroup, QDesktopServices, QKeySequence
 from PySide6.QtWidgets import QLabel, QMainWindow, QMessageBox, QProgressBar, QSplitter, QTabWidget
 
-from specdesk.app.storage.history import History
+from specdesk.app.chat.prompting import with_system_prompt
+from specdesk.app.storage.history import History, chat_title
 from specdesk.app.runtime.session import ModelInfo, file_label
 from specdesk.app.storage.settings import DEMO, DEMO_HF, DEMO_MTP, Settings, read_settings, save_settings
 from specdesk.engines.methods import drafter_methods
@@ -28,6 +29,7 @@ from specdesk.engines.types import SpecConfig, SpecDeskError
 
 from .chat_view import ChatMessage, ChatView
 from .charts import ChartPanel, format_status
+from .chats_panel import ChatsPanel
 from .compare_view import CompareView
 from .controls import ControlsPanel
 from .dialogs import ask, show_error
@@ -45,7 +47,10 @@ class _ChatJob:
     job: ChatJob  # its messages show how the turn ended
     chat_id: int
     message: ChatMessage  # the reply being generated
-    user: Optional[ChatMessage]  # the user's message this turn answers
+    user_id: Optional[int] = None  # the user's message this turn added (it goes when the turn is rolled back)
+    user_text: str = ""  # its text (back to the input when the turn is rolled back)
+    replaces: Optional[int] = None  # regenerate: the reply this one is another version of
+    restore: Optional[int] = None  # edit: the original message, shown again when the turn is rolled back
     last_reason: Optional[str] = None  # method auto: the latest step's choice and why
 
     @property
@@ -56,11 +61,6 @@ class _ChatJob:
     def kept(self) -> bool:
         """The turn kept a reply (else it was rolled back: app/runtime/backend.settle)."""
         return bool(self.job.messages) and self.job.messages[-1]["role"] == "assistant"
-
-
-def chat_title(text: str, limit: int = 48) -> str:
-    line = " ".join(text.split())
-    return line if len(line) <= limit else line[: limit - 1] + "…"
 
 
 def docs_location() -> Optional[Path]:
@@ -87,6 +87,7 @@ class MainWindow(QMainWindow):
         self.info: Optional[ModelInfo] = None
         self.chat_id: Optional[int] = None
         self._chat_job: Optional[_ChatJob] = None
+        self._editing: Optional[int] = None  # the user's message being edited in the input (its history id)
         self._load_job: Optional[int] = None
         self._requested_choice: tuple = (None, None)
         self._loaded_choice: tuple = (None, None)  # (target, draft) settings values that loaded
@@ -98,6 +99,8 @@ class MainWindow(QMainWindow):
 
         self._apply_look()
         self.controls = ControlsPanel(self.settings, self)
+        self.chats_panel = ChatsPanel(self.history, self)
+        self.controls.show_chats(self.chats_panel)
         self.chat_view = ChatView(self)
         self.chat_view.set_highlight(self.settings.highlight_drafts)
         self.charts = ChartPanel(self)
@@ -137,11 +140,16 @@ class MainWindow(QMainWindow):
         self.timer.timeout.connect(self._tick)
 
         self.controls.models_changed.connect(self.load_models)
-        self.controls.chat_selected.connect(self.open_chat)
-        self.controls.delete_chat_requested.connect(self.delete_chat)
+        self.chats_panel.chat_selected.connect(self.open_chat)
+        self.chats_panel.chat_deleted.connect(self._chat_deleted)
+        self.controls.system_prompt_changed.connect(self._system_prompt_changed)
         self.chat_view.send_requested.connect(self.send_message)
         self.chat_view.stop_requested.connect(self.stop)
+        self.chat_view.stop_requested.connect(self.cancel_edit)
         self.chat_view.regenerate_requested.connect(self.regenerate)
+        self.chat_view.regenerate_at.connect(self.regenerate)
+        self.chat_view.edit_requested.connect(self.start_edit)
+        self.chat_view.switch_requested.connect(self.switch_alternative)
         self.chat_view.new_chat_requested.connect(self.new_chat)
         self.chat_view.highlight_box.toggled.connect(self._highlight_toggled)
         self.compare_view.apply_k.connect(self.apply_k)
@@ -384,36 +392,100 @@ class MainWindow(QMainWindow):
 
     # --- chat -----------------------------------------------------------------------
     def _refresh_chat_list(self) -> None:
-        self.controls.set_chats(self.history.chats(), self.chat_id)
+        self.chats_panel.refresh(current=self.chat_id)
+        if self.chat_id is None:
+            self.chats_panel.set_current(None)
+
+    def _show_chat(self) -> None:
+        """The open chat's active path, from the history, each message with its alternatives."""
+        messages = self.history.messages(self.chat_id) if self.chat_id is not None else []
+        self.chat_view.set_messages([
+            ChatMessage.from_spans(m.role, m.content, m.meta.get("draft_spans"), m.id, m.meta.get("footer", ""),
+                                   m.alternative, m.alternatives) for m in messages])
+
+    def _conversation(self, messages: list[ChatMessage]) -> list[dict]:
+        """Messages as the chat template gets them: after the open chat's system prompt."""
+        chat = self.history.chat(self.chat_id) if self.chat_id is not None else None
+        return with_system_prompt([{"role": m.role, "content": m.text} for m in messages],
+                                  chat.system_prompt if chat is not None else self.settings.system_prompt)
 
     def send_message(self, text: str) -> Optional[int]:
+        """Send what was typed: a new message, or another version of the one being edited."""
         if self._chat_job is not None:
             return None
+        editing, self._editing = self._editing, None
+        index = self._index_of(editing)
+        if index is not None:
+            return self.edit_message(index, text)
         try:
             request = self._request()
         except SpecDeskError as e:
             self.chat_view.input.setPlainText(text)  # nothing typed is lost
             self.report_error(str(e))
             return None
-        self.add_user_message(text)
-        return self._start_reply(*request)
+        user_id = self.add_user_message(text)
+        return self._start_reply(request, user_id=user_id, user_text=text)
 
-    def add_user_message(self, text: str) -> None:
-        """The user's message in the transcript and the history (a new chat when none is open)."""
+    def add_user_message(self, text: str) -> int:
+        """The user's message in the transcript and the history (a new chat, with the system
+        prompt new chats start with, when none is open); returns its history id."""
         if self.chat_id is None:
-            self.chat_id = self.history.create_chat(chat_title(text))
+            self.chat_id = self.history.create_chat(chat_title(text), system_prompt=self.settings.system_prompt)
         message = ChatMessage("user", [text], [False])
         message.db_id = self.history.add_message(self.chat_id, "user", text)
         self.chat_view.add_message(message)
         self._refresh_chat_list()
+        return message.db_id
 
-    def drop_last_reply(self) -> None:
-        """Regenerate's first half: the last reply goes from the transcript and the history, the
-        conversation before it stays."""
-        while self.chat_view.messages and self.chat_view.messages[-1].role == "assistant":
-            old = self.chat_view.remove_last()
-            if old.db_id is not None:
-                self.history.delete_message(old.db_id)
+    def _index_of(self, message_id: Optional[int]) -> Optional[int]:
+        """Where the message with this history id is in the transcript (None: not on screen)."""
+        return next((i for i, m in enumerate(self.chat_view.messages)
+                     if message_id is not None and m.db_id == message_id), None)
+
+    def start_edit(self, index: int) -> None:
+        """Edit the user's message at `index`: its text goes to the input, and Send keeps the
+        original as another version."""
+        message = self.chat_view.messages[index]
+        if self._chat_job is not None or message.role != "user" or message.db_id is None:
+            return
+        self._editing = message.db_id
+        self.chat_view.input.setPlainText(message.text)
+        self.chat_view.input.setFocus()
+        self.status_label.setText("editing a message: Send answers the new version, the original stays (‹ ›); "
+                                  "Esc cancels")
+
+    def cancel_edit(self) -> None:
+        if self._editing is not None:
+            self._editing = None
+            self.chat_view.input.clear()
+            self.status_label.setText("edit cancelled")
+
+    def edit_message(self, index: int, text: str) -> Optional[int]:
+        """The user's message at `index` gets another version, `text`, answered at once; the
+        original and what follows it stay, one arrow away."""
+        original = self.chat_view.messages[index] if 0 <= index < len(self.chat_view.messages) else None
+        if self._chat_job is not None or original is None or original.role != "user" or original.db_id is None:
+            return None
+        try:
+            request = self._request()
+        except SpecDeskError as e:
+            self.chat_view.input.setPlainText(text)
+            self._editing = original.db_id  # still editing: nothing typed is lost
+            self.report_error(str(e))
+            return None
+        user_id = self.history.add_alternative(original.db_id, text)
+        self._show_chat()
+        self._refresh_chat_list()
+        return self._start_reply(request, user_id=user_id, user_text=text, restore=original.db_id)
+
+    def switch_alternative(self, index: int, step: int) -> None:
+        """Show the previous (step -1) or next (+1) version of the message at `index`, and the
+        conversation that follows it."""
+        message = self.chat_view.messages[index] if 0 <= index < len(self.chat_view.messages) else None
+        if self._chat_job is not None or message is None or message.db_id is None:
+            return
+        self.history.switch_alternative(message.db_id, step)
+        self._show_chat()
 
     def _request(self):
         """(spec, sampling, max tokens, backend) for a reply or a compare. A server chooses its own
@@ -435,13 +507,17 @@ class MainWindow(QMainWindow):
                                 "speculation)")
         return spec, sampling, max_tokens, backend
 
-    def _start_reply(self, spec, sampling, max_tokens, backend) -> int:
-        history = [{"role": m.role, "content": m.text} for m in self.chat_view.messages]
-        user = self.chat_view.messages[-1] if self.chat_view.messages else None
+    def _start_reply(self, request, user_id: Optional[int] = None, user_text: str = "",
+                     replaces: Optional[int] = None, restore: Optional[int] = None) -> int:
+        """A reply to the conversation on screen (ending in the user's message)."""
+        spec, sampling, max_tokens, backend = request
+        conversation = self._conversation(self.chat_view.messages)
         reply = self.chat_view.add_message(ChatMessage("assistant"))
-        job = self.worker.chat(history, spec, sampling, max_tokens, backend)
+        job = self.worker.chat(conversation, spec, sampling, max_tokens, backend)
         self.charts.start_run(spec.draft_tokens)
-        self._chat_job = _ChatJob(job, self.chat_id, reply, user if user is not None and user.role == "user" else None)
+        if backend is not None:  # what its stream counts: tokens, or characters where it cannot tell
+            self.charts.set_unit(backend.endpoint.stream_unit())
+        self._chat_job = _ChatJob(job, self.chat_id, reply, user_id, user_text, replaces, restore)
         self._update_actions()
         return job.job_id
 
@@ -449,16 +525,22 @@ class MainWindow(QMainWindow):
         if self._chat_job is not None:
             self.worker.stop(self._chat_job.job_id)
 
-    def regenerate(self) -> Optional[int]:
-        if self._chat_job is not None or self.chat_view.last_user_index() is None:
+    def regenerate(self, index: Optional[int] = None) -> Optional[int]:
+        """Answer again: the reply at `index` of the transcript (by default the last one) gets
+        another version, written from the conversation before it; the old one stays, one arrow away."""
+        messages = self.chat_view.messages
+        if index is None:
+            index = next((i for i in range(len(messages) - 1, -1, -1) if messages[i].role == "assistant"), None)
+        if (self._chat_job is not None or index is None or not 0 <= index < len(messages)
+                or messages[index].role != "assistant" or messages[index].db_id is None):
             return None
         try:
             request = self._request()
         except SpecDeskError as e:
             self.report_error(str(e))
             return None
-        self.drop_last_reply()
-        return self._start_reply(*request)
+        self.chat_view.set_messages(messages[:index])
+        return self._start_reply(request, replaces=messages[index].db_id)
 
     def use_backend(self, backend, status: str = "") -> None:
         """Chat and compare on a server's ServedSession from now on, or on the local models
@@ -485,7 +567,10 @@ class MainWindow(QMainWindow):
     def new_chat(self) -> None:
         self.stop()  # a reply still generating is saved to the chat it belongs to
         self.chat_id = None
+        self._editing = None
         self.chat_view.set_messages([])
+        self.charts.reset()
+        self.controls.show_system_prompt(self.settings.system_prompt)
         self.worker.new_chat()
         self._refresh_chat_list()
         self._update_actions()
@@ -495,21 +580,29 @@ class MainWindow(QMainWindow):
             return
         self.stop()
         self.chat_id = chat_id
-        messages = [ChatMessage.from_spans(m.role, m.content, m.meta.get("draft_spans"), m.id, m.meta.get("footer", ""))
-                    for m in self.history.messages(chat_id)]
-        self.chat_view.set_messages(messages)
+        self._editing = None
+        self._show_chat()
+        chat = self.history.chat(chat_id)
+        self.controls.show_system_prompt(chat.system_prompt if chat is not None else "")
+        self.charts.reset()
         self.worker.new_chat()
         self._refresh_chat_list()
         self._update_actions()
 
     def delete_chat(self, chat_id: int) -> None:
-        chat = self.history.chat(chat_id)
-        if chat is None or not ask(self, f"Delete the chat “{chat.title}”?"):
-            return
+        """Delete a chat after asking (the chat list's Delete does the same)."""
+        self.chats_panel.delete_chat(chat_id, confirm=True)
+
+    def _chat_deleted(self, chat_id: int) -> None:
         if chat_id == self.chat_id:
             self.new_chat()
-        self.history.delete_chat(chat_id)
-        self._refresh_chat_list()
+
+    def _system_prompt_changed(self, text: str) -> None:
+        """An edited system prompt is the open chat's; with no chat open, the next new chat's."""
+        if self.chat_id is not None and self.history.is_open:
+            self.history.set_system_prompt(self.chat_id, text)
+        else:
+            self.settings.system_prompt = text
 
     def _highlight_toggled(self, on: bool) -> None:
         self.settings.highlight_drafts = on
@@ -546,8 +639,10 @@ class MainWindow(QMainWindow):
         stats = run.stats
         charts = self.charts
         # a server's per-position numbers come with the reply's end
-        charts.k = len(stats.per_position_drafted) or charts.k or (1 if stats.drafted else 0)
-        charts.finish_run(stats)
+        k = len(stats.per_position_drafted) or job.job.spec.draft_tokens or (1 if stats.drafted else 0)
+        if self.chat_view.showing(job.message):  # else the charts show another chat by now
+            charts.k = k
+            charts.finish_run(stats)
         if not job.kept:  # stopped before any text: the turn is rolled back
             self._roll_back(job)
             return
@@ -560,7 +655,7 @@ class MainWindow(QMainWindow):
             source = f"auto (last: {job.last_reason})"
         else:
             source = spec.method if spec.method == "none" else f"{spec.method}, k = {spec.k}"
-        footer = (f"{reason} · {source} · {format_status(stats, charts.k)}"
+        footer = (f"{reason} · {source} · {format_status(stats, k)}"
                   + (f" · numbers: {outcome.numbers}" if outcome.numbers != "engine" else "")
                   + (f" · {outcome.note}" if outcome.note else ""))
         self._save_reply(job, footer, {
@@ -580,29 +675,39 @@ class MainWindow(QMainWindow):
         meta = {**meta, **self._origin(job), "draft_spans": message.draft_spans(), "footer": footer}
         if not self.history.is_open or self.history.chat(job.chat_id) is None:
             return  # closing, or its chat was deleted while it generated
-        message.db_id = self.history.add_message(job.chat_id, "assistant", message.text, meta)
+        if job.replaces is not None:
+            message.db_id = self.history.add_alternative(job.replaces, message.text, meta)
+        else:
+            parent = {} if job.user_id is None else {"parent_id": job.user_id}
+            message.db_id = self.history.add_message(job.chat_id, "assistant", message.text, meta, **parent)
+        versions = self.history.alternatives(message.db_id)
+        message.alternative, message.alternatives = versions.index(message.db_id), len(versions)
         self.chat_view.end_reply(message, footer)
         self._refresh_chat_list()
 
     def _roll_back(self, job: _ChatJob) -> None:
-        """A turn without a reply: its empty reply and its user message leave the transcript and
-        the history, and the user's text returns to the input (nothing typed is lost)."""
-        if self.chat_view.showing(job.message):
-            self.chat_view.remove_last()
-        user = job.user
-        if user is None or not self.chat_view.messages or self.chat_view.messages[-1] is not user:
+        """A turn without a reply leaves nothing: the user's message it added leaves the history
+        (a chat that was only this turn goes with it) and its text returns to the input; an
+        edited message shows its original again, a regenerated reply its previous version."""
+        if not self.history.is_open:
+            return  # closing
+        if job.user_id is not None:
+            self.history.delete_message(job.user_id)
+            if job.restore is not None and self.history.chat(job.chat_id) is not None:
+                self.history.select(job.restore)
+            if not self.history.messages(job.chat_id):  # a chat that was only this turn goes with it
+                self.history.delete_chat(job.chat_id)
+            self._refresh_chat_list()
+        if self.chat_id != job.chat_id:
             return  # another chat is on screen now
-        self.chat_view.remove_last()
-        if not self.chat_view.input.toPlainText().strip():
-            self.chat_view.input.setPlainText(user.text)
-        if user.db_id is None or not self.history.is_open:
-            return
-        self.history.delete_message(user.db_id)
-        if not self.history.messages(job.chat_id):  # a chat that was only this turn goes with it
-            self.history.delete_chat(job.chat_id)
-            if self.chat_id == job.chat_id:
-                self.chat_id = None
-        self._refresh_chat_list()
+        if self.history.chat(job.chat_id) is None:
+            self.chat_id = None
+            self._refresh_chat_list()
+        self._show_chat()
+        if job.user_text and not self.chat_view.input.toPlainText().strip():
+            self.chat_view.input.setPlainText(job.user_text)
+            if job.restore is not None:
+                self._editing = job.restore  # still an edit of the original
 
     def _on_errored(self, error: JobError) -> None:
         if self._chat_job is not None and error.job_id == self._chat_job.job_id:

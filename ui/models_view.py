@@ -581,6 +581,12 @@ class ModelsView(QWidget):
         if entry is not None and entry.ok:
             signal.emit(entry.path)
 
+    def submit(self, work: Callable[[Any], Any], shown: Callable[[Any], None],
+               refused: Optional[Callable[[str, bool], None]] = None) -> int:
+        """Run `work(job)` on the tab's lane (library, hub, pairing); `shown` gets its value on the
+        GUI thread, `refused` its failure (message, cancelled); without it the tab reports it."""
+        return self._jobs.submit(_Task(work=work, shown=shown, refused=refused)).job_id
+
     def _pair_selected(self) -> None:
         entry = self.selected_entry()
         if entry is not None:

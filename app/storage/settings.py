@@ -127,6 +127,7 @@ class Settings:
     highlight_drafts: bool = True
     theme: str = "system"  # View > Theme: system, light or dark
     font_scale: float = 1.0  # View > Zoom: 1.0 is the system's font size
+    first_run_done: bool = False  # the first-run card was used or dismissed: it does not show again
     recent_targets: list = field(default_factory=list)
     recent_drafts: list = field(default_factory=list)
     compare_prompt: str = "def parse_args(argv):"
