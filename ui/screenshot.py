@@ -26,6 +26,7 @@ from specdesk.engines.types import SpecDeskError
 CHAT_PROMPT = "Write a function that parses command line arguments."
 MAX_SIDE = 8192  # pixels; a 40000x40000 window would need 6 GB of image memory, twice
 COMPARE_PROMPT = "def parse_args(argv):"
+RUN_LIMIT_S = 1200  # a bound on a stuck run only: repeated compares and a sweep on a busy 2-core machine are slow
 
 
 TABS = ("chat", "compare", "models")  # the main window's tabs, in order, as the file names say them
@@ -110,7 +111,7 @@ def take_screenshots(out: Path, size: tuple[int, int] = (1280, 800), dark: bool 
         say("chatting")
         window.chat_view.input.setPlainText(CHAT_PROMPT)
         window.chat_view.send_button.click()
-        wait_signal(app, window.worker.finished, lambda r: r.kind == "chat", 120)
+        wait_signal(app, window.worker.finished, lambda r: r.kind == "chat", RUN_LIMIT_S)
         _settle(app)
         saved.append(_grab(window, out / f"main-window{suffix}.png"))
 
@@ -123,9 +124,9 @@ def take_screenshots(out: Path, size: tuple[int, int] = (1280, 800), dark: bool 
         window.controls.method_combo.setCurrentIndex(window.controls.method_combo.findData("ngram"))
         window.compare_view.chat_box.setChecked(False)
         window.compare_view.run_button.click()
-        wait_signal(app, window.worker.finished, lambda r: r.kind == "compare", 120)
+        wait_signal(app, window.worker.finished, lambda r: r.kind == "compare", RUN_LIMIT_S)
         window.compare_view.sweep_button.click()
-        wait_signal(app, window.worker.finished, lambda r: r.kind == "sweep", 300)
+        wait_signal(app, window.worker.finished, lambda r: r.kind == "sweep", RUN_LIMIT_S)
         if errors:
             raise SpecDeskError(errors[0])
         _settle(app)
@@ -163,7 +164,7 @@ def _pairing(app, window, path: Path, demo_size: str, say: Callable[[str], None]
     controls.method_combo.setCurrentIndex(controls.method_combo.findData("draft"))
     controls.k_spin.setValue(4)
     window.compare_view.run_button.click()
-    wait_signal(app, window.worker.finished, lambda r: r.kind == "compare", 300)
+    wait_signal(app, window.worker.finished, lambda r: r.kind == "compare", RUN_LIMIT_S)
     if errors:
         raise SpecDeskError(errors[0])
     say("pairing")
