@@ -45,6 +45,7 @@ def test_the_card_downloads_the_suggested_pair_and_hands_over_a_compatible_draft
     card.show()
     assert "demo model" in card.demo.text() and "standard library" in card.demo.text()
     assert pair.name in card.suggestion.text() and "16.0 GB" in card.suggestion.text()
+    assert pair.target.repo in card.suggestion.toolTip()  # where it comes from, without crowding the card
     progress = []
     card._lane.progressed.connect(lambda item: progress.append(item[1][2]))
     with qtbot.waitSignal(card.use_pair, timeout=TIMEOUT_MS) as got:

@@ -9,7 +9,7 @@ import traceback
 from dataclasses import dataclass
 from typing import Any, Callable, ClassVar, Optional
 
-from PySide6.QtCore import Qt, Signal, Slot
+from PySide6.QtCore import QEvent, Qt, Signal, Slot
 from PySide6.QtWidgets import QFrame, QHBoxLayout, QLabel, QProgressBar, QPushButton, QVBoxLayout, QWidget
 
 from specdesk.app.models.curated import SuggestedPair
@@ -24,11 +24,10 @@ log = logging.getLogger(__name__)
 PROGRESS_STEPS = 1000
 PROGRESS_INTERVAL_S = 0.1
 
-DEMO_TEXT = (
-    "<b>You are chatting with SpecDesk's demo model.</b> It is a 63M-parameter model trained in an "
-    "afternoon on Python's standard library, with a 7M-parameter draft: it continues code, it does not "
-    "answer questions. It is here to show speculative decoding at work: tinted text is what the draft "
-    "guessed and the target accepted, and the charts beside the chat show what that saves.")
+DEMO_TEXT = ("<b>This is SpecDesk's demo model</b>, trained on Python's standard library: it continues code "
+             "rather than answering, and shows speculation at work (tinted: what the draft got right).")
+DEMO_DETAILS = ("A 63M-parameter target and a 7M-parameter draft, trained in an afternoon on the standard "
+                "library's source. The charts beside the chat show what each accepted draft token saves.")
 
 
 @dataclass(kw_only=True)
@@ -93,39 +92,61 @@ class FirstRunCard(QFrame):
         self.demo = QLabel(DEMO_TEXT, self)
         self.demo.setWordWrap(True)
         self.demo.setTextFormat(Qt.RichText)
+        self.demo.setToolTip(DEMO_DETAILS)
         if pair is None:
-            text = (f"This machine has {human_bytes(memory_bytes)} for a model ({where}): too little for the "
-                    "models we suggest. Open a small GGUF file with Target ▸ Open, or search the hub in the "
-                    "Models tab.")
+            text = (f"{human_bytes(memory_bytes)} for a model here ({where}) is too little for the pairs we "
+                    "suggest: open a small GGUF file (File ▸ Open) or search the hub in the Models tab.")
+            details = ""
         else:
-            text = (f"<b>For real chat on this machine</b> ({human_bytes(memory_bytes)} for a model, {where}): "
-                    f"{pair.name}, with the small model as its draft. Good for {pair.good_for}. "
-                    f"{human_bytes(pair.download_bytes)} to download from the Hugging Face hub "
-                    f"({pair.target.repo}, {pair.draft.repo}).")
+            text = (f"<b>For real chat here</b> ({human_bytes(memory_bytes)} of {where} to use): {pair.name}, "
+                    f"{human_bytes(pair.download_bytes)}.")
+            details = (f"Good for {pair.good_for}. The small model drafts for the large one. From the Hugging "
+                       f"Face hub: {pair.target.repo}/{pair.target.file} and {pair.draft.repo}/{pair.draft.file}.")
         self.suggestion = QLabel(text, self)
         self.suggestion.setWordWrap(True)
         self.suggestion.setTextFormat(Qt.RichText)
+        self.suggestion.setToolTip(f"{DEMO_DETAILS}\n\n{details}".strip())
         self.progress = QProgressBar(self)
         self.progress.setRange(0, PROGRESS_STEPS)
         self.progress.hide()
         self.status = QLabel("", self)
-        self.status.setWordWrap(True)
+        self.status.hide()  # shown with the progress bar
         self.get_button = QPushButton("Download and use", self)
         self.get_button.setEnabled(pair is not None)
         self.get_button.clicked.connect(self._get_clicked)
         self.close_button = QPushButton("Not now", self)
         self.close_button.clicked.connect(self.dismiss)
 
-        buttons = QHBoxLayout()
-        buttons.addWidget(self.get_button)
-        buttons.addWidget(self.close_button)
-        buttons.addStretch(1)
+        offer = QHBoxLayout()  # the suggestion and its buttons on one row
+        offer.addWidget(self.suggestion, 1)
+        offer.addWidget(self.get_button)
+        offer.addWidget(self.close_button)
+        progress = QHBoxLayout()
+        progress.addWidget(self.progress, 1)
+        progress.addWidget(self.status, 2)
         layout = QVBoxLayout(self)
+        layout.setContentsMargins(6, 2, 6, 2)
+        layout.setSpacing(2)
         layout.addWidget(self.demo)
-        layout.addWidget(self.suggestion)
-        layout.addWidget(self.progress)
-        layout.addWidget(self.status)
-        layout.addLayout(buttons)
+        layout.addLayout(offer)
+        layout.addLayout(progress)
+
+    # The line about the demo model gives way to the chat in a short window (a large font on a
+    # small screen); the suggestion's tooltip still says it.
+    ROOM_LINES = 44  # window height, in lines of text, from which the demo line shows
+
+    def showEvent(self, event) -> None:
+        super().showEvent(event)
+        self.window().installEventFilter(self)
+        self._fit(self.window().height())
+
+    def eventFilter(self, watched, event) -> bool:
+        if event.type() == QEvent.Resize and watched is self.window():
+            self._fit(event.size().height())
+        return False
+
+    def _fit(self, height: int) -> None:
+        self.demo.setVisible(height >= self.ROOM_LINES * self.fontMetrics().lineSpacing())
 
     def busy(self) -> bool:
         return self._job is not None
@@ -143,6 +164,7 @@ class FirstRunCard(QFrame):
         self._job = self._lane.submit(PairDownload(pair=self.pair, download=self._download))
         self.progress.setValue(0)
         self.progress.show()
+        self.status.show()
         self.status.setText("starting the download…")
         self.get_button.setText("Cancel")
 
@@ -166,6 +188,7 @@ class FirstRunCard(QFrame):
         _, (message, cancelled) = item
         self._job = None
         self.get_button.setText("Resume download" if cancelled else "Try again")
+        self.status.show()
         self.status.setText(message.splitlines()[0] if message else "the download failed")
         self.status.setToolTip(message)
 

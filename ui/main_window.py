@@ -18,12 +18,14 @@ from typing import Optional
 
 from PySide6.QtCore import QCoreApplication, Qt, QTimer, QUrl
 from PySide6.QtGui import QAction, QActionGroup, QDesktopServices, QKeySequence
-from PySide6.QtWidgets import QLabel, QMainWindow, QMessageBox, QProgressBar, QSplitter, QTabWidget
+from PySide6.QtWidgets import (QLabel, QMainWindow, QMessageBox, QProgressBar, QSplitter, QTabWidget, QVBoxLayout,
+                               QWidget)
 
 from specdesk.app.chat.prompting import with_system_prompt
 from specdesk.app.storage.history import History, chat_title
 from specdesk.app.runtime.session import ModelInfo, file_label
-from specdesk.app.storage.settings import DEMO, DEMO_HF, DEMO_MTP, Settings, read_settings, save_settings
+from specdesk.app.storage.settings import (DEMO, DEMO_DFLASH, DEMO_HF, DEMO_MTP, Settings, read_settings,
+                                           save_settings)
 from specdesk.engines.methods import drafter_methods
 from specdesk.engines.types import SpecConfig, SpecDeskError
 
@@ -34,6 +36,7 @@ from .compare_view import CompareView
 from .controls import ControlsPanel
 from .dialogs import ask, show_error
 from .layout import FoldingSplitter, focus_chain, quiet_focus
+from .first_run import FirstRunCard, make_card
 from .models_view import ModelsView
 from .served_chat import ServedChat
 from .worker import ChatJob, EngineWorker, JobError, JobResult
@@ -63,6 +66,9 @@ class _ChatJob:
         return bool(self.job.messages) and self.job.messages[-1]["role"] == "assistant"
 
 
+DEMO_CHOICES = (DEMO, DEMO_DFLASH, DEMO_HF, DEMO_MTP)  # the built-in models' settings values
+
+
 def docs_location() -> Optional[Path]:
     """The user guide in this install's docs folder (a source checkout or an editable install), or None."""
     path = Path(__file__).resolve().parents[1] / "docs" / "usage.md"
@@ -71,7 +77,7 @@ def docs_location() -> Optional[Path]:
 
 class MainWindow(QMainWindow):
     def __init__(self, settings: Optional[Settings] = None, history: Optional[History] = None,
-                 settings_file: Optional[Path] = None, autoload: bool = True):
+                 settings_file: Optional[Path] = None, autoload: bool = True, first_run_card: bool = True):
         super().__init__()
         self.setWindowTitle("SpecDesk")
         self._settings_file = settings_file
@@ -93,6 +99,7 @@ class MainWindow(QMainWindow):
         self._loaded_choice: tuple = (None, None)  # (target, draft) settings values that loaded
         self._closed = False
         self._splitters_sized = False
+        self._use_note = ""
         self.errors_shown = 0
         self.engine_stop_box: Optional[QMessageBox] = None  # the last "engine process stopped" message
         self.loads_reported = 0  # loading-progress updates shown (tests read it)
@@ -106,7 +113,17 @@ class MainWindow(QMainWindow):
         self.charts = ChartPanel(self)
         self.compare_view = CompareView(self.worker, self._compare_request, self.settings.compare_prompt, self)
         chat_tab = FoldingSplitter(self)  # the charts fold under the chat when the window is narrow
-        chat_tab.addWidget(self.chat_view)
+        chat_column = QWidget(chat_tab)  # the first-run card (until used or dismissed) above the chat
+        column = QVBoxLayout(chat_column)
+        column.setContentsMargins(0, 0, 0, 0)
+        self.first_run: Optional[FirstRunCard] = None
+        if first_run_card and not self.settings.first_run_done:
+            self.first_run = make_card(chat_column)
+            self.first_run.use_pair.connect(self.use_pair)
+            self.first_run.dismissed.connect(self._first_run_dismissed)
+            column.addWidget(self.first_run)
+        column.addWidget(self.chat_view, 1)
+        chat_tab.addWidget(chat_column)
         chat_tab.addWidget(self.charts)
         chat_tab.setStretchFactor(0, 3)
         chat_tab.setStretchFactor(1, 2)
@@ -153,6 +170,9 @@ class MainWindow(QMainWindow):
         self.chat_view.new_chat_requested.connect(self.new_chat)
         self.chat_view.highlight_box.toggled.connect(self._highlight_toggled)
         self.compare_view.apply_k.connect(self.apply_k)
+        self.models_view.use_model.connect(self.use_model)
+        self.models_view.use_as_draft.connect(self.use_as_draft)
+        self.models_view.use_pair.connect(self.use_pair)
         self.compare_view.refused.connect(self.report_error)
         self.worker.progress.connect(self._on_progress)
         self.worker.fraction.connect(self._on_fraction)
@@ -360,6 +380,9 @@ class MainWindow(QMainWindow):
                                   f"({info.n_params / 1e6:.1f} M parameters) · {draft} · "
                                   f"context {info.n_ctx} · {info.threads} thread{'s' * (info.threads != 1)}"
                                   + (f" · {info.placement}" if info.placement else ""))
+        if self._use_note:  # why this draft (or none) went with the model the user chose
+            self.status_label.setToolTip(self._use_note)
+            self.status_label.setText(f"{self._use_note} · {self.status_label.text()}")
 
     def _show_loaded_choice(self, failed: str) -> None:
         """After a refused model, the pickers show what is actually loaded again."""
@@ -371,6 +394,62 @@ class MainWindow(QMainWindow):
             return
         self._loaded_choice = (target, draft)
         self.controls.show_models(target, draft)
+
+    # --- use this model ---------------------------------------------------------------
+    def use_model(self, path: str) -> None:
+        """Load `path` as the target with the draft that goes with it (app/models/choose.py,
+        worked out on the Models tab's lane): a draft that does not fit it is dropped, not reported."""
+        from specdesk.app.models.choose import choose_for
+
+        entries = list(self.models_view.entries)
+        current = self.settings.draft_path if self.settings.draft_path not in DEMO_CHOICES else None
+        self.status_label.setText(f"choosing a draft for {file_label(path)}…")
+        self.models_view.submit(lambda job: choose_for(path, entries, current), self._use_choice)
+
+    def _use_choice(self, choice) -> None:
+        self.controls.use_models(choice.target, choice.draft)
+        self.tabs.setCurrentIndex(0)
+        self.status_label.setText(choice.why)
+        self._use_note = choice.why  # said again beside the loaded models once they load
+
+    def use_as_draft(self, path: str) -> None:
+        """Draft for the loaded target with `path`, when it can (else why not, in one message)."""
+        from specdesk.app.models.choose import draft_misfit
+
+        if self.info is None:
+            self.report_error(f"{file_label(path)}: load a target first, then choose its draft")
+            return
+        target, entries = self.info.target_path, list(self.models_view.entries)
+
+        def checked(misfit) -> None:
+            if misfit:
+                self.report_error(f"{file_label(path)} cannot draft for {file_label(target)}: {misfit}")
+            else:
+                self.controls.set_model("draft", path)
+                self.tabs.setCurrentIndex(0)
+
+        self.models_view.submit(lambda job: draft_misfit(target, path, entries), checked)
+
+    def use_pair(self, target: str, draft: str) -> None:
+        """A target with a draft chosen for it (a pairing row, the first-run card's download)."""
+        if self.first_run is not None and self.sender() is self.first_run:
+            self._first_run_dismissed()
+        self.controls.use_models(target, draft)
+        self.tabs.setCurrentIndex(0)
+
+    def _prepare_auto(self) -> bool:
+        """With method auto on the local models, its costs on this machine are measured now (once
+        per model and placement, then cached), while the user types, instead of in the first reply."""
+        if self.backend is not None or self.info is None or self.controls.method() != "auto":
+            return False
+        self.status_label.setText("auto: measuring what each method costs on this machine (once per model)…")
+        self.worker.prepare(self.controls.spec(self.info.draft_path))
+        return True
+
+    def _first_run_dismissed(self) -> None:
+        self.settings.first_run_done = True
+        if self.first_run is not None:
+            self.first_run.hide()
 
     def _on_progress(self, message: str) -> None:
         self.status_label.setText(message)
@@ -628,6 +707,11 @@ class MainWindow(QMainWindow):
             self._load_job = None
             self._loaded_choice = self._requested_choice
             self._show_model_status()
+            if not self._prepare_auto():
+                self._use_note = ""  # said once, beside the models it chose
+        elif result.kind == "prepare":
+            self._show_model_status()
+            self._use_note = ""
         elif self._chat_job is not None and result.job_id == self._chat_job.job_id:
             self._finish_reply(result.value)
             self._tick()  # the reply's final numbers are drawn at once
@@ -719,6 +803,9 @@ class MainWindow(QMainWindow):
                 self._roll_back(job)
         if error.job_id == self._load_job:
             self._load_job = None
+            failed = self._requested_choice[1 if error.kind == "draft" else 0]
+            if failed not in DEMO_CHOICES and failed is not None:  # it leaves the picker's list
+                self.controls.forget_model("draft" if error.kind == "draft" else "target", failed)
             self._show_loaded_choice(error.kind)
             self._show_model_status()
         if error.engine_lost:
@@ -803,6 +890,8 @@ class MainWindow(QMainWindow):
             self.worker.shutdown()
             self.models_view.shutdown()
             self.served.shutdown()
+            if self.first_run is not None:
+                self.first_run.shutdown()
             # Results the worker sent before it ended (a stopped reply) are saved now.
             QCoreApplication.sendPostedEvents(self.worker, 0)
             self._tick()  # draw what arrived last, with the timer already stopped
