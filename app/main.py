@@ -343,6 +343,9 @@ def build_parser(add_more: Optional[Callable[[argparse.ArgumentParser, Any], Non
     from specdesk.app.serving.serve import add_serve_parser
 
     add_serve_parser(sub)
+    from specdesk.app.training.cli import register as register_train_drafter
+
+    register_train_drafter(sub)
     if add_more is not None:
         add_more(parser, sub)
     return parser

@@ -365,3 +365,11 @@ def test_a_killed_run_resumes_from_its_checkpoint(demo_family, small_prompts, tm
     assert provenance["training"]["steps"] == killed_at + 3
     steps = [entry["step"] for entry in provenance["training"]["history"]]
     assert steps[0] == 0 and steps == sorted(steps) and killed_at in steps  # one history, continued
+
+
+def test_train_drafter_is_a_specdesk_subcommand(capsys):
+    from specdesk.app.main import build_parser
+
+    parser = build_parser()
+    args = parser.parse_args(["train-drafter", "--target", "some-folder", "--method", "eagle3", "--minutes", "1"])
+    assert args.func.__module__ == "specdesk.app.training.cli" and args.method == "eagle3"

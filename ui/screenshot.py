@@ -90,7 +90,7 @@ def take_screenshots(out: Path, size: tuple[int, int] = (1280, 800), dark: bool 
     scratch = Path(scratch_folder.name)
     settings = Settings(target_path=DEMO, draft_path=DEMO, demo_size=demo_size, method="draft", k=4,
                         temperature=0.7, seed=1, max_tokens=160, threads=threads, n_ctx=1024,
-                        compare_prompt=COMPARE_PROMPT)
+                        compare_prompt=COMPARE_PROMPT, first_run_done=True)
     quit_on_close = app.quitOnLastWindowClosed()
     app.setQuitOnLastWindowClosed(False)  # closing our window must not end the caller's event loop
     window = MainWindow(settings, History(scratch / "history.sqlite3"), settings_file=scratch / "settings.json",
