@@ -69,7 +69,7 @@ def test_a_broken_prompt_line_is_named(tmp_path):
     with pytest.raises(SpecDeskError, match=r"line 2: expected an object"):
         load_prompt_set(path)
     path.write_text('{"prompt": "fine"}\nnot json\n')
-    with pytest.raises(SpecDeskError, match="line 2: not JSON"):
+    with pytest.raises(SpecDeskError, match="line 2: not valid JSON"):
         load_prompt_set(path)
 
 

@@ -527,6 +527,12 @@ MAX_PROMPTS_FILE_BYTES = 256 * 2**20
 
 def load_prompts(path: str | Path) -> list[str]:
     """A JSONL file with one {"prompt": "..."} per line; a broken line is named."""
+    return [item["prompt"] for _, item in load_prompt_records(path)]
+
+
+def load_prompt_records(path: str | Path) -> list[tuple[int, dict]]:
+    """(line number, object) of each line of a JSONL prompts file, every object with a "prompt"
+    string; a broken line is named. Other keys are the caller's to check."""
     p = require_regular_file(path, 'prompts file (JSONL, one {"prompt": "..."} per line)')
     size = p.stat().st_size
     if size > MAX_PROMPTS_FILE_BYTES:
@@ -558,7 +564,7 @@ def load_prompts(path: str | Path) -> list[str]:
         except UnicodeEncodeError as e:
             raise SpecDeskError(f"{p}, line {number}: the prompt has a lone surrogate "
                                 f"({item['prompt'][e.start]!a}), which is not text") from None
-        prompts.append(item["prompt"])
+        prompts.append((number, item))
     if not prompts:
         raise SpecDeskError(f"{p}: no prompts in the file")
     return prompts

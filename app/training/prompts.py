@@ -32,28 +32,18 @@ def default_prompts_path() -> Path:
 
 
 def load_prompt_set(path: str | Path) -> list[Prompt]:
-    """Prompts of a JSONL file; a broken line is named with its number."""
-    path = Path(path)
-    try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except (OSError, UnicodeDecodeError) as e:
-        raise SpecDeskError(f"{path}: cannot read the prompt file ({e})") from e
+    """Prompts of a JSONL file (the prompts file the compare reads, with an optional "kind"); a
+    broken line is named with its number."""
+    from specdesk.app.runtime.compare import load_prompt_records
+
     prompts = []
-    for number, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise SpecDeskError(f"{path}, line {number}: not JSON ({e.msg})") from e
-        if not isinstance(record, dict) or not isinstance(record.get("prompt"), str) or not record["prompt"].strip():
+    for number, record in load_prompt_records(path):
+        if not record["prompt"].strip():
             raise SpecDeskError(f'{path}, line {number}: expected an object with a non-empty "prompt" string')
         kind = record.get("kind", "chat")
         if not isinstance(kind, str):
             raise SpecDeskError(f'{path}, line {number}: "kind" must be a string')
         prompts.append(Prompt(record["prompt"], kind))
-    if not prompts:
-        raise SpecDeskError(f"{path}: no prompts in the file")
     return prompts
 
 
