@@ -108,18 +108,17 @@ def choose() -> tuple[str, str]:
             return "metal", "macOS on Apple silicon: Metal"
         return "cpu", "macOS on Intel: llama.cpp's Metal backend is for Apple silicon"
     passed_over = []
-    nvcc = shutil.which("nvcc")
-    if nvcc:
-        gpus = _nvidia_gpus()
+    # (backend, its compiler, the GPUs it would run on, how the first is named, their vendor, what lists them)
+    for backend, compiler, gpus_of, gpu, vendor, lister in (
+            ("cuda", "nvcc", _nvidia_gpus, "{}", "NVIDIA", "nvidia-smi"),
+            ("hip", "hipcc", _amd_gpus, "an AMD GPU ({})", "AMD", "rocminfo")):
+        path = shutil.which(compiler)
+        if not path:
+            continue
+        gpus = gpus_of()
         if gpus:
-            return "cuda", f"nvcc at {nvcc} and {gpus[0]}"
-        passed_over.append(f"nvcc at {nvcc} but no NVIDIA GPU (nvidia-smi lists none)")
-    hipcc = shutil.which("hipcc")
-    if hipcc:
-        gpus = _amd_gpus()
-        if gpus:
-            return "hip", f"hipcc at {hipcc} and an AMD GPU ({gpus[0]})"
-        passed_over.append(f"hipcc at {hipcc} but no AMD GPU (rocminfo lists none)")
+            return backend, f"{compiler} at {path} and {gpu.format(gpus[0])}"
+        passed_over.append(f"{compiler} at {path} but no {vendor} GPU ({lister} lists none)")
     glslc = shutil.which("glslc")
     headers = _vulkan_headers()
     if glslc and headers:
