@@ -83,3 +83,74 @@ def test_the_architecture_page_is_in_the_repository_and_cited_not_an_outside_fil
     citing_outside = [str(p.relative_to(ROOT)) for layer in ("engines", "app", "ui") for p in (ROOT / layer).rglob("*.py")
                       if "DESIGN.md" in p.read_text(encoding="utf-8")]
     assert citing_outside == []
+
+
+def module_of(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return "specdesk." + ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def import_graph(folders=("engines", "app", "ui")) -> dict[str, set[str]]:
+    """Module -> the project modules it imports (lazy imports inside functions included; `from
+    package import module` is an edge to the module)."""
+    files = {module_of(p): p for folder in folders for p in sorted((ROOT / folder).rglob("*.py"))}
+    graph: dict[str, set[str]] = {}
+    for name, path in files.items():
+        package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
+        edges = set()
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+            if isinstance(node, ast.Import):
+                edges |= {alias.name for alias in node.names if alias.name in files}
+            elif isinstance(node, ast.ImportFrom):
+                if node.level:
+                    base = package.split(".")[: len(package.split(".")) - node.level + 1]
+                    module = ".".join(base + ([node.module] if node.module else []))
+                else:
+                    module = node.module or ""
+                for alias in node.names:
+                    target = f"{module}.{alias.name}"
+                    edges.add(target if target in files else module)
+        graph[name] = {e for e in edges if e in files and e != name}
+    return graph
+
+
+def circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected groups of more than one module (Tarjan's algorithm)."""
+    index, low, stack, on_stack, found = {}, {}, [], set(), []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            group = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                group.append(w)
+                if w == v:
+                    break
+            if len(group) > 1:
+                found.append(sorted(group))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_no_import_circles_in_engines_app_or_ui():
+    """One way through each room: no module imports, even lazily, one that imports it back."""
+    assert circles(import_graph()) == []
+
+
+def test_the_circle_finder_finds_a_circle():
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}, "e": set()}
+    assert circles(graph) == [["a", "b", "c"]]
+    assert circles({"a": {"b"}, "b": set()}) == []
