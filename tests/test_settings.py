@@ -13,7 +13,7 @@ from specdesk.engines.types import SpecDeskError
 
 def test_defaults_when_there_is_no_file(tmp_path):
     settings = load_settings(tmp_path / "settings.json")
-    assert settings == Settings()
+    assert settings == Settings(temperature=0.7, top_p=0.95)  # sampled: the first chat should not loop
     assert settings.target_path == DEMO and settings.draft_path == DEMO and settings.method == "auto"
 
 
@@ -101,3 +101,14 @@ def test_a_settings_file_with_a_bad_preset_keeps_the_default_presets(tmp_path):
     settings = load_settings(path)
     assert settings.presets == [] and settings.k == 3
     assert [p.name for p in settings.all_presets()] == [p.name for p in BUILTIN_PRESETS]
+
+
+def test_a_new_user_starts_sampled_and_saved_settings_keep_theirs(tmp_path):
+    """No settings file yet: sampled decoding (greedy sends the small demo model into loops); a saved
+    choice, greedy included, is kept."""
+    from specdesk.app.storage.settings import read_settings
+
+    fresh, notice = read_settings(tmp_path / "settings.json")
+    assert notice is None and fresh.temperature > 0 and fresh.top_p < 1
+    save_settings(Settings(temperature=0.0), tmp_path / "settings.json")
+    assert load_settings(tmp_path / "settings.json").temperature == 0.0

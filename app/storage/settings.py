@@ -289,6 +289,16 @@ def settings_path() -> Path:
     return config_dir() / SETTINGS_FILE
 
 
+# A new user's first settings: sampled, as LM Studio's and llama-server's defaults are. Greedy
+# decoding sends small models (the demo model first of all) into a line repeated thirty times;
+# greedy stays a click away, and speculation is lossless either way.
+FIRST_SAMPLING = {"temperature": 0.7, "top_p": 0.95}
+
+
+def first_settings() -> Settings:
+    return Settings(**FIRST_SAMPLING)
+
+
 def load_settings(path: Optional[Path] = None) -> Settings:
     return read_settings(path)[0]
 
@@ -299,7 +309,7 @@ def read_settings(path: Optional[Path] = None) -> tuple[Settings, Optional[str]]
     try:
         data = _read_object(path)
     except FileNotFoundError:
-        return Settings(), None
+        return first_settings(), None
     except _Unreadable as e:
         return Settings(), f"{path} {e}: SpecDesk starts with default settings; {_move_aside(path)}"
     settings, refused = Settings.checked(data)
