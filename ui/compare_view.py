@@ -254,16 +254,13 @@ class CompareView(QWidget):
         self.apply_button.clicked.connect(self._apply_best)
         self.sweep_status = QLabel("", self)
         self.sweep_status.setWordWrap(True)
-        sweep_box = QVBoxLayout()
-        sweep_box.addWidget(self.sweep_plot, 1)
-        sweep_row = QHBoxLayout()
-        sweep_row.addWidget(self.sweep_status, 1)
-        sweep_row.addWidget(self.apply_button)
-        sweep_box.addLayout(sweep_row)
         charts = QHBoxLayout()
         charts.addWidget(self.position_plot, 1)
-        charts.addLayout(sweep_box, 1)
+        charts.addWidget(self.sweep_plot, 1)
         charts.addWidget(self.cost_plot, 1)
+        sweep_row = QHBoxLayout()  # the sweep's verdict under the plots, across them: the plots keep their height
+        sweep_row.addWidget(self.sweep_status, 1)
+        sweep_row.addWidget(self.apply_button)
 
         layout = QVBoxLayout(self)
         layout.setContentsMargins(4, 4, 4, 4)
@@ -273,6 +270,7 @@ class CompareView(QWidget):
         layout.addWidget(self.details)
         layout.addWidget(self.auto_table)
         layout.addLayout(charts, 2)
+        layout.addLayout(sweep_row)
 
         worker.stream.connect(self._on_stream)
         worker.partial.connect(self._on_partial)
@@ -392,6 +390,7 @@ class CompareView(QWidget):
         ratios = [(p.k, pass_cost_ratio(self._sweep_baseline, p.stats)) for p in self._sweep_points]
         ratios = [(k, r) for k, r in ratios if r is not None]
         self.cost_curve.setData([k for k, _ in ratios], [r for _, r in ratios])
+        self.cost_plot.setYRange(0, max((r for _, r in ratios), default=1.0) * 1.15 or 1.0, padding=0)
 
     def set_placement(self, placement: str) -> None:
         """Where the loaded models sit: the pass-cost plot is for that placement."""
