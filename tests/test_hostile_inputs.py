@@ -156,8 +156,8 @@ def test_hostile_templates_are_refused_in_one_line_with_bounded_memory(name):
     assert threading.active_count() == threads  # the deadline needs no watcher thread
 
 
-def test_the_wall_time_limit_ends_a_slow_template():
-    """A loop that stays under the step limit but not the deadline is stopped at the deadline."""
+def test_the_time_limit_ends_a_slow_template():
+    """A loop that stays under the step limit but not the deadline (the render's own CPU time) is stopped at it."""
     limits = TemplateLimits(max_seconds=0.3, max_steps=10**9)
     started = time.monotonic()
     with pytest.raises(SpecDeskError, match="ran longer than 0.3 s"):
