@@ -26,18 +26,25 @@ FORBIDDEN = {
 def imported_names(path: Path) -> list[tuple[int, str]]:
     """(line, absolute module name) of every import in a file, relative imports resolved."""
     package = "specdesk." + ".".join(path.relative_to(ROOT).with_suffix("").parts[:-1])
-    names = []
+    return [(node.lineno, module) for node, module in import_nodes(path, package)]
+
+
+def from_module(node: ast.ImportFrom, package: str) -> str:
+    """The absolute module a `from ... import` reads from, relative imports resolved."""
+    if not node.level:
+        return node.module or ""
+    base = package.split(".")[: len(package.split(".")) - node.level + 1]
+    return ".".join(base + ([node.module] if node.module else []))
+
+
+def import_nodes(path: Path, package: str):
+    """(node, module) of every import statement in a file, lazy ones included."""
     for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
         if isinstance(node, ast.Import):
-            names += [(node.lineno, alias.name) for alias in node.names]
+            for alias in node.names:
+                yield node, alias.name
         elif isinstance(node, ast.ImportFrom):
-            if node.level:
-                base = package.split(".")[: len(package.split(".")) - node.level + 1]
-                module = ".".join(base + ([node.module] if node.module else []))
-            else:
-                module = node.module or ""
-            names.append((node.lineno, module))
-    return names
+            yield node, from_module(node, package)
 
 
 @pytest.mark.parametrize("layer", sorted(FORBIDDEN))
@@ -98,18 +105,13 @@ def import_graph(folders=("engines", "app", "ui")) -> dict[str, set[str]]:
     for name, path in files.items():
         package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
         edges = set()
-        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+        for node, module in import_nodes(path, package):
             if isinstance(node, ast.Import):
-                edges |= {alias.name for alias in node.names if alias.name in files}
-            elif isinstance(node, ast.ImportFrom):
-                if node.level:
-                    base = package.split(".")[: len(package.split(".")) - node.level + 1]
-                    module = ".".join(base + ([node.module] if node.module else []))
-                else:
-                    module = node.module or ""
-                for alias in node.names:
-                    target = f"{module}.{alias.name}"
-                    edges.add(target if target in files else module)
+                edges.add(module)
+                continue
+            for alias in node.names:  # `from package import module` is an edge to the module
+                target = f"{module}.{alias.name}"
+                edges.add(target if target in files else module)
         graph[name] = {e for e in edges if e in files and e != name}
     return graph
 
