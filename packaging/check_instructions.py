@@ -1,15 +1,21 @@
-"""Checks that the llama.cpp libraries in a bundle carry no CPU instructions above a baseline.
+"""Checks that the llama.cpp libraries in a bundle carry no CPU instructions above what they may use.
 
-    python packaging/check_instructions.py BUNDLE_DIR [--baseline x86-64-v3|x86-64-v2]
+    python packaging/check_instructions.py BUNDLE_DIR [--baseline auto|variants|x86-64-v3|x86-64-v2]
 
 llama.cpp compiled with GGML_NATIVE=ON (its default) targets the build machine's CPU: a
 bundle built on a machine with AVX-512 dies with SIGILL ("Illegal instruction") at the first
 matrix product on most consumer CPUs. This disassembles every ggml/llama/mtmd library in the
 bundle (objdump, from binutils) and fails, naming the library, the function and the
-instruction, when one uses:
-  - AVX-512 anywhere (zmm registers, opmask registers k0-k7, embedded broadcasts), or AMX;
-  - for x86-64-v3 (AVX2, FMA, F16C, BMI2): also AVX-VNNI and AVX-512-BF16;
-  - for x86-64-v2 (SSE4.2): also any VEX-encoded instruction (AVX, AVX2, FMA, F16C) and BMI2.
+instruction, when one uses an instruction-set extension it may not:
+  - variants (a GGML_BACKEND_DL build with GGML_CPU_ALL_VARIANTS; `auto` picks it when the
+    bundle has libggml-cpu-<level> modules): each CPU module only what its level has, as
+    ggml's CMakeLists builds them (sse42: SSE4.2 and nothing VEX-encoded; haswell: AVX2, FMA,
+    F16C, BMI2 and no AVX-512; skylakex: AVX-512 ...), and every other library (libllama,
+    libggml, libggml-base, the RPC and GPU modules) plain x86-64: no SSE4, no VEX at all, since
+    they are loaded on every CPU;
+  - x86-64-v3 (one fixed level, AVX2, FMA, F16C, BMI2): no AVX-512 anywhere, no AVX-VNNI,
+    AVX-512-BF16 or AMX;
+  - x86-64-v2 (SSE4.2): also nothing VEX-encoded (AVX, AVX2, FMA, F16C) and no BMI2.
 Prints one JSON line with what it checked. Exit status 1 on a finding, 2 on bad usage.
 """
 
@@ -25,19 +31,54 @@ import sys
 from pathlib import Path
 
 LIBRARY = re.compile(r"^lib(ggml|llama|mtmd)[\w-]*\.so(\.\d+)*$|^(ggml|llama|mtmd)[\w-]*\.dll$")
-AVX512 = re.compile(r"%zmm\d|%k[0-7]\b|\{%k[0-7]\}|\{1to\d+\}")
-AMX = re.compile(r"^\s*(ldtilecfg|sttilecfg|tileloadd|tileloaddt1|tilestored|tilezero|tilerelease|tdp\w+)\b")
-ABOVE_V3 = re.compile(r"^\s*(\{vex\}\s*)?(vpdpbusd|vpdpbusds|vpdpwssd|vpdpwssds|vdpbf16ps|vcvtne2ps2bf16|vcvtneps2bf16)\b")
-ABOVE_V2 = re.compile(r"^\s*(v[a-z0-9]+|shlx|shrx|sarx|rorx|bzhi|pdep|pext|mulx|andn)\b|%ymm\d")
+CPU_MODULE = re.compile(r"^(?:lib)?ggml-cpu-([a-z0-9]+)\.(?:so(?:\.\d+)*|dll)$")
+
+# Each extension, by the instructions (AT&T syntax, objdump -d) that only it has.
+EXTENSIONS = {
+    "AVX512": re.compile(r"%zmm\d|%k[0-7]\b|\{%k[0-7]\}|\{1to\d+\}|%[xy]mm(1[6-9]|2\d|3[01])\b"),
+    "AMX": re.compile(r"^\s*(ldtilecfg|sttilecfg|tileloadd|tileloaddt1|tilestored|tilezero|tilerelease|tdp\w+)\b"),
+    "VNNI": re.compile(r"^\s*(\{vex\}\s*)?(vpdpbusd|vpdpbusds|vpdpwssd|vpdpwssds)\b"),
+    "AVX512_BF16": re.compile(r"^\s*(vdpbf16ps|vcvtne2ps2bf16|vcvtneps2bf16)\b"),
+    "FMA": re.compile(r"^\s*vfn?m(add|sub)\w*\b"),
+    "F16C": re.compile(r"^\s*(vcvtph2ps|vcvtps2ph)\b"),
+    "AVX2": re.compile(r"^\s*(vp\w+\s.*%ymm|vperm2i128|vpermd|vpermq|vpermps|v(p)?gather\w+|vpbroadcast\w+|"
+                       r"vbroadcasti128|vinserti128|vextracti128|vpmaskmov\w+|vps[lr]lv\w+|vpsrav\w+)\b"),
+    "BMI2": re.compile(r"^\s*(shlx|shrx|sarx|rorx|bzhi|pdep|pext|mulx)\b"),
+    "AVX": re.compile(r"^\s*(\{vex\}\s*)?v[a-z0-9]+\b|%ymm\d"),
+    # SSE3, SSSE3, SSE4.1, SSE4.2 and POPCNT: what x86-64-v2 adds to plain x86-64 (SSE2)
+    "SSE42": re.compile(r"^\s*(pshufb|pmaddubsw|pmulhrsw|palignr|phadd\w|phsub\w|pabs[bwd]|psign[bwd]|ptest|"
+                        r"pblend\w*|blendv?p[sd]|pmulld|pmuldq|pmin(sb|sd|uw|ud)|pmax(sb|sd|uw|ud)|pcmp[ei]str[im]|crc32\w*|"
+                        r"round[ps][sd]|dpp[sd]|insertps|extractps|pextr[bdq]|pinsr[bdq]|pmov[sz]x\w+|packusdw|"
+                        r"pcmpeqq|pcmpgtq|popcnt|movntdqa|mpsadbw|phminposuw|addsubp[sd]|h(add|sub)p[sd]|movddup|movs[hl]dup|lddqu)\b"),
+}
+HASWELL = {"SSE42", "AVX", "F16C", "FMA", "AVX2", "BMI2"}
+# What each level may use: the fixed levels, and ggml's CPU modules (ggml/src/CMakeLists.txt,
+# GGML_CPU_ALL_VARIANTS; VNNI covers AVX_VNNI and AVX512_VNNI).
+LEVELS = {
+    "x86-64": set(), "x86-64-v2": {"SSE42"}, "x86-64-v3": HASWELL,
+    "x64": set(), "sse42": {"SSE42"}, "sandybridge": {"SSE42", "AVX"}, "ivybridge": {"SSE42", "AVX", "F16C"},
+    "piledriver": {"SSE42", "AVX", "F16C", "FMA"}, "haswell": HASWELL, "alderlake": HASWELL | {"VNNI"},
+    "skylakex": HASWELL | {"AVX512"}, "cannonlake": HASWELL | {"AVX512"}, "cascadelake": HASWELL | {"AVX512", "VNNI"},
+    "icelake": HASWELL | {"AVX512", "VNNI"}, "cooperlake": HASWELL | {"AVX512", "VNNI", "AVX512_BF16"},
+    "zen4": HASWELL | {"AVX512", "VNNI", "AVX512_BF16"},
+    "sapphirerapids": HASWELL | {"AVX512", "VNNI", "AVX512_BF16", "AMX"},
+}
 
 
-def rules(baseline: str) -> list[tuple[str, re.Pattern]]:
-    found = [("AVX-512", AVX512), ("AMX", AMX)]
-    if baseline in ("x86-64-v3", "x86-64-v2"):
-        found.append((f"above {baseline} (AVX-VNNI / AVX-512-BF16)", ABOVE_V3))
-    if baseline == "x86-64-v2":
-        found.append(("above x86-64-v2 (AVX / AVX2 / FMA / F16C / BMI2)", ABOVE_V2))
-    return found
+def level_of(path: Path, baseline: str) -> str:
+    """What a library may use: its own level for a CPU module of a variants build, else the
+    build's baseline (plain x86-64 for the rest of a variants build)."""
+    match = CPU_MODULE.match(path.name)
+    if baseline == "variants":
+        return match.group(1) if match else "x86-64"
+    return baseline
+
+
+def rules(level: str) -> list[tuple[str, re.Pattern]]:
+    allowed = LEVELS.get(level)
+    if allowed is None:
+        raise SystemExit(f"check_instructions: {level!r} is not a CPU level this check knows: {', '.join(LEVELS)}")
+    return [(f"{name}, above {level}", pattern) for name, pattern in EXTENSIONS.items() if name not in allowed]
 
 
 def libraries(bundle: Path) -> list[Path]:
@@ -46,18 +87,21 @@ def libraries(bundle: Path) -> list[Path]:
 
     seen, found = set(), []
     for path in sorted(p for p in bundle.rglob("*") if p.is_file() and not p.is_symlink() and LIBRARY.match(p.name)):
-        digest = hashlib.sha256(path.read_bytes()).hexdigest()
-        if digest not in seen:
-            seen.add(digest)
+        copy = (path.parent, path.name.split(".so")[0], hashlib.sha256(path.read_bytes()).hexdigest())
+        if copy not in seen:
+            seen.add(copy)
             found.append(path)
     return found
 
 
-def check_library(path: Path, baseline: str, limit: int = 5) -> list[str]:
-    """Findings as "library: function: instruction (rule)", at most `limit` per rule."""
+def check_library(path: Path, level: str, limit: int = 5) -> list[str]:
+    """Findings as "library: function: instruction (extension, above level)", at most `limit`
+    per extension. An instruction counts once, for the first extension (in EXTENSIONS' order,
+    most specific first) it belongs to."""
     dump = subprocess.run(["objdump", "-d", "--no-show-raw-insn", "-M", "att", str(path)], capture_output=True,
                           text=True, check=True).stdout
-    checks = rules(baseline)
+    allowed = LEVELS[level]
+    checks = rules(level)
     counts = {name: 0 for name, _ in checks}
     findings, function = [], "?"
     for line in dump.splitlines():
@@ -68,8 +112,13 @@ def check_library(path: Path, baseline: str, limit: int = 5) -> list[str]:
         if tab < 0:
             continue
         instruction = line[tab + 1:]
+        # the most specific extension the instruction belongs to decides (an AVX2 instruction is
+        # also VEX-encoded, and fine where AVX2 is)
+        owner = next((name for name, pattern in EXTENSIONS.items() if pattern.search(instruction)), None)
+        if owner is None or owner in allowed:
+            continue
         for name, pattern in checks:
-            if pattern.search(instruction):
+            if name.startswith(owner + ","):
                 counts[name] += 1
                 if counts[name] <= limit:
                     findings.append(f"{path.name}: {function}: {instruction.strip()} ({name})")
@@ -82,7 +131,7 @@ def check_library(path: Path, baseline: str, limit: int = 5) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("bundle", type=Path)
-    parser.add_argument("--baseline", default="x86-64-v3", choices=["x86-64-v3", "x86-64-v2"])
+    parser.add_argument("--baseline", default="auto", choices=["auto", "variants", "x86-64-v3", "x86-64-v2"])
     args = parser.parse_args(argv)
     if platform.machine() not in ("x86_64", "AMD64"):
         print(json.dumps({"checked": [], "skipped": f"not x86-64 ({platform.machine()})"}))
@@ -94,13 +143,20 @@ def main(argv: list[str] | None = None) -> int:
     if not found:
         print(f"check_instructions: no ggml/llama library under {args.bundle}", file=sys.stderr)
         return 2
-    findings = [finding for library in found for finding in check_library(library, args.baseline)]
-    print(json.dumps({"baseline": args.baseline, "checked": [str(p.relative_to(args.bundle)) for p in found],
+    modules = sorted({match.group(1) for match in (CPU_MODULE.match(p.name) for p in found) if match})
+    baseline = args.baseline if args.baseline != "auto" else ("variants" if modules else "x86-64-v3")
+    if baseline == "variants" and not {"x64", "sse42"} & set(modules):
+        print(f"check_instructions: no baseline CPU module (libggml-cpu-x64 or -sse42) under {args.bundle}: "
+              "llama.cpp was not built with GGML_CPU_ALL_VARIANTS", file=sys.stderr)
+        return 1
+    levels = {library: level_of(library, baseline) for library in found}
+    findings = [finding for library in found for finding in check_library(library, levels[library])]
+    print(json.dumps({"baseline": baseline, "checked": {str(p.relative_to(args.bundle)): levels[p] for p in found},
                       "findings": len(findings)}))
     for finding in findings:
         print(f"check_instructions: {finding}", file=sys.stderr)
     if findings:
-        print(f"check_instructions: the bundle's llama.cpp libraries use instructions above {args.baseline}: "
+        print(f"check_instructions: the bundle's llama.cpp libraries use instructions above their level ({baseline}): "
               "they would stop with SIGILL on CPUs without them; build llama-cpp-python with GGML_NATIVE=OFF "
               "(scripts/setup.sh does)", file=sys.stderr)
         return 1

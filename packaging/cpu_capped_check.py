@@ -1,10 +1,12 @@
 """Runs a bundle's llama.cpp libraries on an emulated CPU with nothing above the baseline.
 
-    python packaging/cpu_capped_check.py BUNDLE_DIR [--cpu Haswell-v4] [--tokens 8]
+    python packaging/cpu_capped_check.py BUNDLE_DIR [--cpu Haswell-v4] [--expect-variant haswell] [--tokens 8]
 
 QEMU user mode (`qemu-x86_64`, Debian's qemu-user) emulates the CPU model it is given: a
-Haswell has AVX2, FMA, F16C and BMI2 and no AVX-512, so an instruction above x86-64-v3 that
-the disassembly check missed stops the run with SIGILL. The bundle's own executable cannot be
+Haswell has AVX2, FMA, F16C and BMI2 and no AVX-512, a Nehalem SSE4.2 and no AVX, so an
+instruction above the CPU that the disassembly check missed stops the run with SIGILL. A
+bundle with run-time CPU variants must also load the variant made for that CPU
+(--expect-variant: sse42 on a Nehalem, haswell on a Haswell). The bundle's own executable cannot be
 run this way (its bootloader restarts itself with exec(), and the new image runs natively), so
 this interpreter runs under QEMU with llama-cpp-python pointed at the bundle's libraries
 (LLAMA_CPP_LIB_PATH): greedy decoding of the demo target, without and with the demo draft, must
@@ -39,8 +41,9 @@ def inner(target: str, draft: str, tokens: int) -> int:
                 for spec in (SpecConfig(), SpecConfig(method="draft", k=4, draft_path=draft))]
     finally:
         engine.close()
-    print(json.dumps({"cpu_variant": llama_build()["cpu_variant"], "tokens": len(runs[0]),
-                      "identical": runs[0] == runs[1]}))
+    build = llama_build()
+    print(json.dumps({"cpu_variant": build["cpu_variant"], "cpu_module": build["cpu_module"],
+                      "tokens": len(runs[0]), "identical": runs[0] == runs[1]}))
     return 0 if runs[0] == runs[1] and len(runs[0]) == tokens else 1
 
 
@@ -49,6 +52,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("bundle", type=Path)
     parser.add_argument("--cpu", default="Haswell-v4", help="QEMU's CPU model (qemu-x86_64 -cpu help)")
     parser.add_argument("--tokens", type=int, default=8)
+    parser.add_argument("--expect-variant", help="the CPU module ggml must choose (a variants build)")
     parser.add_argument("--inner", nargs=2, metavar=("TARGET", "DRAFT"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.inner:
@@ -81,6 +85,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"cpu_capped_check: the bundle's llama.cpp failed on an emulated {args.cpu}"
               + (f" (signal {signal}{': illegal instruction' if signal == 4 else ''})" if signal else "")
               + (f": {errors[-1]}" if errors else ""), file=sys.stderr)
+        return 1
+    if args.expect_variant and result.get("cpu_module") != args.expect_variant:
+        print(f"cpu_capped_check: on an emulated {args.cpu} llama.cpp loaded the CPU variant "
+              f"{result.get('cpu_module')!r}, not {args.expect_variant!r}", file=sys.stderr)
         return 1
     return 0
 

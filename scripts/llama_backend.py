@@ -15,10 +15,15 @@ glslc and the Vulkan headers are found and a GPU is seen; otherwise the CPU. A c
 on (a CUDA toolkit on a CI runner, say) does not choose its backend: the build would take
 long and could not be used here.
 
-CPU code is never compiled for the build machine only (GGML_NATIVE=OFF): on x86-64 it
-targets x86-64-v3 (AVX2, FMA, F16C, BMI2: Intel Haswell and AMD Zen and later) where the
-machine has AVX2, else x86-64-v2 (SSE4.2), so a bundle built here runs on other CPUs.
-SPECDESK_LLAMA_CPU=native|x86-64-v3|x86-64-v2 overrides it (native: this CPU only).
+CPU code is never compiled for the build machine only (GGML_NATIVE=OFF). On x86-64 it is
+built as run-time variants, as llama.cpp's own releases are (GGML_BACKEND_DL with
+GGML_CPU_ALL_VARIANTS): one CPU module per instruction-set level, from plain x86-64 and SSE4.2
+through Haswell (AVX2) to AVX-512 and AMX, and ggml loads the best one this CPU runs (SpecDesk's
+binding asks it to: engines/llama/binding.load_backend_modules). Everything else (libllama,
+libggml, the GPU and RPC modules) is plain x86-64. So one install runs on any x86-64 CPU and
+uses what the CPU has. SPECDESK_LLAMA_CPU=variants|x86-64-v3|x86-64-v2|native overrides it: one
+fixed level, or native (-march=native: this CPU only, for a developer's own build).
+Elsewhere (Apple silicon, ARM Linux) the compiler's default target is used.
 """
 
 from __future__ import annotations
@@ -32,10 +37,12 @@ import sys
 from pathlib import Path
 
 BACKENDS = ("cpu", "cuda", "metal", "hip", "vulkan")
-BASELINES = ("x86-64-v3", "x86-64-v2", "native")
+BASELINES = ("variants", "x86-64-v3", "x86-64-v2", "native")
 # GGML_RPC: the RPC backend is always built: it is how layers go to another machine, and the
 # offload device the tests use where there is no GPU.
-COMMON = ("-DGGML_NATIVE=OFF", "-DGGML_RPC=ON")
+# LLAVA_BUILD=OFF: llama-cpp-python's multimodal library (mtmd), which SpecDesk never loads,
+# is not compiled.
+COMMON = ("-DGGML_NATIVE=OFF", "-DGGML_RPC=ON", "-DLLAVA_BUILD=OFF")
 X86_FEATURES = ("SSE42", "AVX", "AVX2", "FMA", "F16C", "BMI2", "AVX_VNNI", "AVX512", "AVX512_VBMI",
                 "AVX512_VNNI", "AVX512_BF16", "AMX_TILE", "AMX_INT8", "AMX_BF16")
 BASELINE_FEATURES = {"x86-64-v3": {"SSE42", "AVX", "AVX2", "FMA", "F16C", "BMI2"}, "x86-64-v2": {"SSE42"}}
@@ -152,10 +159,8 @@ def cpu_baseline() -> tuple[str, str]:
     system, arch = machine()
     if arch not in ("x86_64", "AMD64", "amd64"):
         return "default", f"{arch}: the compiler's default target for {system}"
-    flags = _cpu_flags()
-    if flags and "avx2" not in flags:
-        return "x86-64-v2", "this CPU has no AVX2, so the x86-64-v3 build would not run here"
-    return "x86-64-v3", "portable: AVX2 and FMA, as on every x86-64 CPU since 2013-2015"
+    return "variants", ("portable: CPU variants from x86-64 to AVX-512, the best for the CPU chosen when "
+                        "llama.cpp loads")
 
 
 def cmake_args(backend: str) -> list[str]:
@@ -165,6 +170,11 @@ def cmake_args(backend: str) -> list[str]:
     baseline, _ = cpu_baseline()
     if baseline == "native":
         args[0] = "-DGGML_NATIVE=ON"
+    elif baseline == "variants":
+        # The modules are installed beside libllama (GGML_BACKEND_DIR, relative to the wheel's
+        # root: typed STRING, since CMake would make a PATH absolute in the build folder), where
+        # the binding asks ggml to load them from.
+        args += ["-DGGML_BACKEND_DL=ON", "-DGGML_CPU_ALL_VARIANTS=ON", "-DGGML_BACKEND_DIR:STRING=llama_cpp/lib"]
     elif baseline in BASELINE_FEATURES:
         wanted = BASELINE_FEATURES[baseline]
         args += [f"-DGGML_{feature}={'ON' if feature in wanted else 'OFF'}" for feature in X86_FEATURES]

@@ -10,7 +10,6 @@ import sys
 from pathlib import Path
 
 import gguf
-import llama_cpp
 import numpy as np
 import pytest
 import tokenizers
@@ -22,8 +21,13 @@ from specdesk.app.demo.export_gguf import permute_rope_rows
 from specdesk.app.demo.export_hf import load_hf
 from specdesk.app.demo.train import token_logits
 from specdesk.app.demo.widen import widen
+from specdesk.engines.llama.binding import llama_lib
 from specdesk.engines.torch.model import Transformer
 from specdesk.engines.types import SpecDeskError
+
+# llama-cpp-python with its backends loaded: a GGML_BACKEND_DL build keeps them in modules
+# that only SpecDesk's binding loads (engines/llama/binding.load_backend_modules)
+llama_cpp = llama_lib()
 
 SAMPLES = [
     "def parse_args(argv):\n    return argv[1:]\n",

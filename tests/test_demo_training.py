@@ -101,8 +101,9 @@ def test_the_whole_recipe_still_runs_end_to_end(tmp_path, monkeypatch):
 
     out = tmp_path / "family"
     install._derive(trained, card, out, progress=lambda message: None)
-    import llama_cpp
+    from specdesk.engines.llama.binding import llama_lib
 
+    llama_cpp = llama_lib()  # with its backends loaded (binding.load_backend_modules)
     for role in ("target", "draft"):
         gguf = out / install.UNIT_PATHS[f"{role}_gguf"]
         llama_cpp.Llama(model_path=str(gguf), n_ctx=64, n_threads=1, verbose=False).close()

@@ -8,7 +8,8 @@ import os
 import subprocess
 import sys
 
-from specdesk.engines.llama.devices import cpu_features, cpu_variant, describe_build, llama_build, llama_devices
+from specdesk.engines.llama.devices import (cpu_features, cpu_modules, cpu_variant, describe_build, llama_build,
+                                           llama_devices, loaded_cpu_module)
 
 SYSTEM_INFO = ("CPU : SSE3 = 1 | SSSE3 = 1 | AVX = 1 | AVX2 = 1 | F16C = 1 | FMA = 1 | BMI2 = 1 | AVX512 = 0 | "
                "LLAMAFILE = 1 | OPENMP = 1 | REPACK = 1 | ")
@@ -33,6 +34,21 @@ def test_a_cpu_only_build_says_so_with_how_to_get_a_gpu_build():
     assert cuda.endswith("GPU offload: yes")
 
 
+def test_the_cpu_variant_chosen_at_run_time_is_named(tmp_path):
+    """A GGML_BACKEND_DL build: the variants it ships, by file, and the one mapped into the process."""
+    for name in ("libggml-cpu-x64.so", "libggml-cpu-haswell.so", "libggml-cpu-skylakex.so", "libggml-base.so.0",
+                 "libggml-rpc.so", "ggml-cpu-sse42.dll"):
+        (tmp_path / name).write_bytes(b"")
+    assert cpu_modules(tmp_path) == ["haswell", "skylakex", "sse42", "x64"]
+    maps = ("7f00-7f10 r-xp 00000000 08:01 1 /opt/specdesk/_internal/llama_cpp/lib/libggml-base.so.0\n"
+            "7f10-7f20 r-xp 00000000 08:01 2 /opt/specdesk/_internal/llama_cpp/lib/libggml-cpu-haswell.so\n")
+    assert loaded_cpu_module(maps) == "haswell" and loaded_cpu_module("") is None
+    build = {"llama_cpp_python": "0.3.36", "backend": "cpu", "backends": ["RPC", "CPU"], "gpu_offload": False,
+             "rpc": True, "cpu_variant": "x86-64-v3", "cpu_features": [], "cpu_modules": ["haswell", "sse42", "x64"],
+             "cpu_module": "haswell"}
+    assert "CPU code x86-64-v3 (haswell, chosen at run time from 3 variants), RPC" in describe_build(build)
+
+
 def test_this_install_lists_the_cpu_with_its_memory():
     devices = llama_devices()
     cpu = [d for d in devices if d.kind == "cpu"]
@@ -40,6 +56,8 @@ def test_this_install_lists_the_cpu_with_its_memory():
     build = llama_build()
     assert build["llama_cpp_python"] == "0.3.36" and "CPU" in build["backends"]
     assert build["cpu_variant"].startswith("x86-64") or build["cpu_variant"] == os.uname().machine
+    if build["cpu_modules"]:  # run-time variants: the one loaded is one of those shipped
+        assert build["cpu_module"] in build["cpu_modules"]
 
 
 def _specdesk(*args: str) -> subprocess.CompletedProcess:

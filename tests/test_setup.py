@@ -105,6 +105,21 @@ def test_the_backend_can_be_forced_and_a_wrong_name_is_one_line(tmp_path):
     assert done.stderr.strip().splitlines() == ["SPECDESK_LLAMA_BACKEND='opengl' is not one of cpu, cuda, metal, hip, vulkan"]
 
 
+LOAD_CPU_BACKEND = """
+import ctypes, os, pathlib, llama_cpp
+lib = llama_cpp.llama_cpp._lib
+lib.ggml_backend_reg_count.restype = ctypes.c_size_t
+if lib.ggml_backend_reg_count() == 0:
+    lib.ggml_backend_load_all_from_path(os.fsencode(pathlib.Path(lib._name).parent))
+lib.ggml_backend_reg_get.restype = ctypes.c_void_p
+lib.ggml_backend_reg_get.argtypes = [ctypes.c_size_t]
+lib.ggml_backend_reg_name.restype = ctypes.c_char_p
+lib.ggml_backend_reg_name.argtypes = [ctypes.c_void_p]
+names = [lib.ggml_backend_reg_name(lib.ggml_backend_reg_get(i)).decode() for i in range(lib.ggml_backend_reg_count())]
+print(llama_cpp.__version__, *names)
+"""
+
+
 def _cmake_args(backend: str, **env: str) -> list[str]:
     done = subprocess.run([sys.executable, str(ROOT / "scripts" / "llama_backend.py"), "cmake-args", backend],
                           env={**os.environ, "SPECDESK_PLATFORM": "Linux x86_64", **env},
@@ -121,6 +136,16 @@ def test_every_build_has_portable_cpu_code_and_the_rpc_backend():
     v2 = _cmake_args("cpu", SPECDESK_LLAMA_CPU="x86-64-v2")
     assert {"-DGGML_SSE42=ON", "-DGGML_AVX=OFF", "-DGGML_AVX2=OFF", "-DGGML_FMA=OFF"} <= set(v2)
     assert "-DGGML_NATIVE=ON" in _cmake_args("cpu", SPECDESK_LLAMA_CPU="native")
+    # by default on x86-64: every CPU level as a module, the best loaded at run time
+    for backend in ("cpu", "cuda"):
+        args = _cmake_args(backend, SPECDESK_LLAMA_CPU="")
+        assert {"-DGGML_NATIVE=OFF", "-DGGML_RPC=ON", "-DGGML_BACKEND_DL=ON", "-DGGML_CPU_ALL_VARIANTS=ON",
+                "-DGGML_BACKEND_DIR:STRING=llama_cpp/lib", "-DLLAVA_BUILD=OFF"} <= set(args), args
+        assert not [arg for arg in args if arg.startswith("-DGGML_AVX")], args
+    arm = subprocess.run([sys.executable, str(ROOT / "scripts" / "llama_backend.py"), "cmake-args", "cpu"],
+                         env={**os.environ, "SPECDESK_PLATFORM": "Linux aarch64", "SPECDESK_LLAMA_CPU": ""},
+                         capture_output=True, text=True, check=True).stdout.split()
+    assert arm == ["-DGGML_NATIVE=OFF", "-DGGML_RPC=ON", "-DLLAVA_BUILD=OFF"]
 
 
 @pytest.mark.skipif(shutil.which("cmake") is None and not (ROOT / ".venv").exists(), reason="no build tools")
@@ -150,6 +175,9 @@ def test_a_failed_gpu_build_ends_in_a_working_cpu_install(tmp_path):
     fallback = [line for line in done.stderr.splitlines() if "falling back" in line]
     assert fallback == ["setup: falling back to the CPU build of llama.cpp (the cuda build failed, see above)"]
     assert (venv / ".specdesk-llama").read_text().split() == ["cuda", "cpu"]
-    works = subprocess.run([str(venv / "bin" / "python"), "-c", "import llama_cpp; print(llama_cpp.__version__)"],
-                           capture_output=True, text=True, timeout=120)
-    assert works.returncode == 0 and works.stdout.strip() == "0.3.36", works.stderr
+    # the CPU build loads and has its CPU backend (loading the modules of a GGML_BACKEND_DL build
+    # as engines/llama/binding.load_backend_modules does)
+    works = subprocess.run([str(venv / "bin" / "python"), "-c", LOAD_CPU_BACKEND], capture_output=True, text=True,
+                           timeout=120)
+    assert works.returncode == 0 and works.stdout.split()[0] == "0.3.36" and "CPU" in works.stdout.split()[1:], \
+        (works.stdout, works.stderr)

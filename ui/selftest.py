@@ -97,7 +97,9 @@ def check_llama_build(state: dict) -> str:
 
     build = llama_build()
     offload = "yes" if build["gpu_offload"] and build["backend"] != "cpu" else "no"
-    return (f"backend {build['backend']}, CPU code {build['cpu_variant']} ({' '.join(build['cpu_features'])}), "
+    variant = (f", variant {build['cpu_module']} of {len(build['cpu_modules'])} chosen for this CPU"
+               if build.get("cpu_modules") else "")
+    return (f"backend {build['backend']}, CPU code {build['cpu_variant']} ({' '.join(build['cpu_features'])}{variant}), "
             f"backends {', '.join(build['backends'])}; GPU offload: {offload}")
 
 

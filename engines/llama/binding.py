@@ -59,9 +59,38 @@ def llama_lib():
             _log_callback = on_log
             if not os.environ.get("SPECDESK_LLAMA_LOG"):
                 llama_cpp.llama_log_set(_log_callback, ctypes.c_void_p(0))
+            load_backend_modules(llama_cpp.llama_cpp._lib)
             llama_cpp.llama_backend_init()
             _initialised = True
     return llama_cpp
+
+
+def load_backend_modules(lib: ctypes.CDLL) -> list[str]:
+    """Load the backends of a build that keeps them in modules (GGML_BACKEND_DL), as llama.cpp's
+    own tools do and llama-cpp-python does not (its issue #2069: "no backends are loaded").
+
+    Such a build carries one CPU module per instruction-set level (libggml-cpu-sse42,
+    -haswell, -skylakex ... with GGML_CPU_ALL_VARIANTS): ggml scores each against this CPU and
+    keeps the best, so one install runs on an old CPU and uses AVX-512 where there is some.
+    The GPU and RPC backends are modules too. They are read from the folder of llama.cpp's
+    library. A build with its backends linked in (the registry is already filled) is left as
+    it is. Returns the names of the registered backends."""
+    count = lib.ggml_backend_reg_count
+    count.restype, count.argtypes = ctypes.c_size_t, []
+    if count() == 0:
+        load_all = lib.ggml_backend_load_all_from_path
+        load_all.restype, load_all.argtypes = None, [ctypes.c_char_p]
+        load_all(os.fsencode(Path(lib._name).parent))
+    get = lib.ggml_backend_reg_get
+    get.restype, get.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
+    name = lib.ggml_backend_reg_name
+    name.restype, name.argtypes = ctypes.c_char_p, [ctypes.c_void_p]
+    names = [(name(get(i)) or b"").decode("utf-8", "replace") for i in range(count())]
+    if "CPU" not in names:
+        folder = Path(lib._name).parent
+        raise SpecDeskError(f"llama.cpp found no CPU backend in {folder} (its libggml-cpu*.so files are missing "
+                            "or none runs on this CPU): install again with the README's set-up command")
+    return names
 
 
 def check_gguf_file(path: str | os.PathLike) -> Path:

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import re
 from dataclasses import asdict, dataclass
+from pathlib import Path
 
 from .binding import llama_lib
 
@@ -103,6 +105,32 @@ def cpu_variant(features: list[str], machine: str) -> str:
     return "x86-64"
 
 
+CPU_MODULE = re.compile(r"^(?:lib)?ggml-cpu-([\w-]+)\.(?:so|dll|dylib)$")
+
+
+def cpu_modules(folder: Path) -> list[str]:
+    """The CPU variants a GGML_BACKEND_DL build carries ("x64", "sse42", "haswell" ...), by file."""
+    try:
+        return sorted(m.group(1) for m in map(CPU_MODULE.match, (p.name for p in folder.iterdir())) if m)
+    except OSError:
+        return []
+
+
+def loaded_cpu_module(maps: str | None = None) -> str | None:
+    """The CPU variant ggml chose for this CPU, from the modules mapped into this process (Linux;
+    elsewhere the features it was compiled for name it)."""
+    if maps is None:
+        try:
+            maps = Path("/proc/self/maps").read_text()
+        except OSError:
+            return None
+    for line in maps.splitlines():
+        match = CPU_MODULE.match(line.rsplit("/", 1)[-1])
+        if match:
+            return match.group(1)
+    return None
+
+
 @functools.lru_cache(maxsize=1)
 def llama_build() -> dict:
     """The llama.cpp build of this install: backends, GPU offload, CPU code."""
@@ -112,6 +140,7 @@ def llama_build() -> dict:
     backends = _backend_names()
     features = cpu_features(_text(llama_cpp.llama_print_system_info()))
     gpu = sorted({GPU_BACKENDS[name] for name in backends if name in GPU_BACKENDS})
+    modules = cpu_modules(Path(llama_cpp.llama_cpp._lib._name).parent)
     return {
         "llama_cpp_python": getattr(llama_cpp, "__version__", "unknown"),
         "backend": gpu[0] if gpu else "cpu",
@@ -120,12 +149,19 @@ def llama_build() -> dict:
         "rpc": "RPC" in backends,
         "cpu_variant": cpu_variant(features, platform.machine()),
         "cpu_features": features,
+        # GGML_BACKEND_DL builds: the variants shipped, and the one chosen at run time for this CPU
+        "cpu_modules": modules,
+        "cpu_module": loaded_cpu_module() if modules else None,
     }
 
 
 def describe_build(build: dict) -> str:
     """One line: "llama.cpp 0.3.36: CPU (x86-64-v3), RPC; GPU offload: no (...)"."""
     offload = "yes" if build["gpu_offload"] and build["backend"] != "cpu" else "no"
+    code = build["cpu_variant"]
+    if build.get("cpu_modules"):
+        chosen = f"{build['cpu_module']}, " if build.get("cpu_module") else ""
+        code += f" ({chosen}chosen at run time from {len(build['cpu_modules'])} variants)"
     line = (f"llama.cpp (llama-cpp-python {build['llama_cpp_python']}): backend {build['backend']}, "
-            f"CPU code {build['cpu_variant']}{', RPC' if build['rpc'] else ''}; GPU offload: {offload}")
+            f"CPU code {code}{', RPC' if build['rpc'] else ''}; GPU offload: {offload}")
     return line if offload == "yes" else f"{line} ({GPU_BUILD_HINT})"

@@ -109,6 +109,19 @@ def _ggml(name: str, restype, argtypes: list):
     return function
 
 
+def _rpc_proc(name: bytes) -> int:
+    """A function of the RPC backend, through its registry (a module of its own in a
+    GGML_BACKEND_DL build, so never a symbol of libggml)."""
+    reg_by_name = _ggml("ggml_backend_reg_by_name", ctypes.c_void_p, [ctypes.c_char_p])
+    proc = _ggml("ggml_backend_reg_get_proc_address", ctypes.c_void_p, [ctypes.c_void_p, ctypes.c_char_p])
+    rpc_reg = reg_by_name(b"RPC")
+    address = proc(rpc_reg, name) if rpc_reg else None
+    if not address:
+        raise SpecDeskError(f"this llama.cpp's RPC backend has no {name.decode()}: set up again with GGML_RPC=ON "
+                            "(scripts/setup.sh does)")
+    return address
+
+
 def rpc_supported() -> bool:
     from .binding import llama_lib
 
@@ -128,13 +141,8 @@ def add_servers(endpoints: list[str]) -> None:
             if endpoint in _added:
                 continue
             count = probe(endpoint)
-            reg_by_name = _ggml("ggml_backend_reg_by_name", ctypes.c_void_p, [ctypes.c_char_p])
-            proc = _ggml("ggml_backend_reg_get_proc_address", ctypes.c_void_p, [ctypes.c_void_p, ctypes.c_char_p])
             register = _ggml("ggml_backend_register", None, [ctypes.c_void_p])
-            rpc_reg = reg_by_name(b"RPC")
-            address = proc(rpc_reg, b"ggml_backend_rpc_add_server") if rpc_reg else None
-            if not address:
-                raise SpecDeskError("--rpc: this llama.cpp's RPC backend has no ggml_backend_rpc_add_server")
+            address = _rpc_proc(b"ggml_backend_rpc_add_server")
             add_server = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_char_p)(address)
             reg = add_server(endpoint.encode())
             if not reg:
@@ -151,8 +159,9 @@ def added_servers() -> dict[str, int]:
 def serve(endpoint: str, n_threads: int = 1, cache_dir: Optional[str] = None, device: str = "CPU") -> None:
     """Serve `device` (a ggml device name) at `endpoint` until the process ends (blocks)."""
     by_name = _ggml("ggml_backend_dev_by_name", ctypes.c_void_p, [ctypes.c_char_p])
-    start = _ggml("ggml_backend_rpc_start_server", None,
-                  [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_size_t, ctypes.c_size_t, ctypes.c_void_p])
+    address = _rpc_proc(b"ggml_backend_rpc_start_server")
+    start = ctypes.CFUNCTYPE(None, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_size_t, ctypes.c_size_t,
+                             ctypes.c_void_p)(address)
     dev = by_name(device.encode())
     if not dev:
         raise SpecDeskError(f"rpc server: no device named {device!r} here")

@@ -10,8 +10,9 @@
 #
 # Backend: the bundle carries the llama.cpp that the interpreter's llama-cpp-python was built
 # with. Installers are built with CUDA 12 (scripts/llama_backend.py cmake-args cuda, plus
-# GGML_CUDA_NO_VMM so it loads without an NVIDIA driver) and x86-64-v3 CPU code (AVX2, never
-# the build machine's own): .github/workflows/installers.yml. The self-test prints both.
+# GGML_CUDA_NO_VMM so it loads without an NVIDIA driver) and CPU code as run-time variants
+# (ggml-cpu-*.dll, one per x86-64 level, the best loaded at start; never the build machine's
+# own): .github/workflows/installers.yml. The self-test prints the backend and the variant.
 param(
     [ValidateSet("gguf", "full")] [string] $Flavour = "gguf",
     [switch] $NoInstaller,
