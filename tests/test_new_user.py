@@ -89,12 +89,18 @@ def test_the_first_run_card_downloads_its_pair_and_the_user_chats_with_it(qtbot,
     close(again)
 
 
-@pytest.fixture
-def library(tmp_path, demo_family):
-    """A folder of the user's: the demo target and draft, and a draft of another family."""
+@pytest.fixture(scope="module")
+def qwen() -> dict[str, str]:
+    """Another family's small pair, built once into the suite's own cache (before a test's
+    `user` fixture points HOME, and so the cache, at an empty folder)."""
     from benchmarks import zoo
 
-    qwen = zoo.build("qwen2", "F16", small=True)
+    return zoo.build("qwen2", "F16", small=True)
+
+
+@pytest.fixture
+def library(tmp_path, demo_family, qwen):
+    """A folder of the user's: the demo target and draft, and a draft of another family."""
     folder = tmp_path / "models"
     folder.mkdir()
     for name, source in (("demo-target.gguf", demo_family["target_gguf"]), ("demo-draft.gguf", demo_family["draft_gguf"]),
@@ -124,7 +130,7 @@ def row_of(view, path: str) -> int:
                        for c in range(view.library.columnCount())))
 
 
-def test_a_library_row_loads_with_the_draft_that_fits_it(qtbot, user, library):
+def test_a_library_row_loads_with_the_draft_that_fits_it(qtbot, library, user):
     window = open_on_qwen(qtbot, library)
     view = window.models_view
     view.library.selectRow(row_of(view, str(library / "demo-target.gguf")))
@@ -140,7 +146,7 @@ def test_a_library_row_loads_with_the_draft_that_fits_it(qtbot, user, library):
     close(window)
 
 
-def test_a_pairing_row_loads_that_pair(qtbot, user, library):
+def test_a_pairing_row_loads_that_pair(qtbot, library, user):
     window = open_on_qwen(qtbot, library)
     view = window.models_view
     entry = next(e for e in view.entries if Path(e.path).name == "demo-target.gguf")
