@@ -22,8 +22,8 @@ through Haswell (AVX2) to AVX-512 and AMX, and ggml loads the best one this CPU 
 binding asks it to: engines/llama/binding.load_backend_modules). Everything else (libllama,
 libggml, the GPU and RPC modules) is plain x86-64. So one install runs on any x86-64 CPU and
 uses what the CPU has. SPECDESK_LLAMA_CPU=variants|x86-64-v3|x86-64-v2|native overrides it: one
-fixed level, or native (-march=native: this CPU only, for a developer's own build).
-Elsewhere (Apple silicon, ARM Linux) the compiler's default target is used.
+fixed level, or native (-march=native: this CPU only, for a developer's own build). An Intel Mac
+gets x86-64-v3; elsewhere (Apple silicon, ARM Linux) the compiler's default target is used.
 """
 
 from __future__ import annotations
@@ -159,6 +159,8 @@ def cpu_baseline() -> tuple[str, str]:
     system, arch = machine()
     if arch not in ("x86_64", "AMD64", "amd64"):
         return "default", f"{arch}: the compiler's default target for {system}"
+    if system == "Darwin":  # ggml loads backend modules differently on Apple platforms: one fixed level
+        return "x86-64-v3", "macOS on Intel: AVX2 and FMA, as on every Intel Mac since 2013"
     return "variants", ("portable: CPU variants from x86-64 to AVX-512, the best for the CPU chosen when "
                         "llama.cpp loads")
 

@@ -146,6 +146,10 @@ def test_every_build_has_portable_cpu_code_and_the_rpc_backend():
                          env={**os.environ, "SPECDESK_PLATFORM": "Linux aarch64", "SPECDESK_LLAMA_CPU": ""},
                          capture_output=True, text=True, check=True).stdout.split()
     assert arm == ["-DGGML_NATIVE=OFF", "-DGGML_RPC=ON", "-DLLAVA_BUILD=OFF"]
+    intel_mac = subprocess.run([sys.executable, str(ROOT / "scripts" / "llama_backend.py"), "cmake-args", "cpu"],
+                               env={**os.environ, "SPECDESK_PLATFORM": "Darwin x86_64", "SPECDESK_LLAMA_CPU": ""},
+                               capture_output=True, text=True, check=True).stdout.split()
+    assert "-DGGML_AVX2=ON" in intel_mac and "-DGGML_BACKEND_DL=ON" not in intel_mac
 
 
 @pytest.mark.skipif(shutil.which("cmake") is None and not (ROOT / ".venv").exists(), reason="no build tools")
