@@ -306,20 +306,15 @@ def test_instruction_check_holds_each_cpu_variant_to_its_own_level_and_the_rest_
     _fake_library(good, [], PLAIN_KERNEL, "libggml-base.so.0")
     assert check_instructions.main([str(good)]) == 0  # auto: variants, since the modules are there
 
-    avx2_in_sse42 = tmp_path / "avx2_in_sse42"
-    shutil.copytree(good, avx2_in_sse42)
-    _fake_library(avx2_in_sse42, ["-mavx2"], AVX2_KERNEL, "libggml-cpu-sse42.so")
-    assert check_instructions.main([str(avx2_in_sse42)]) == 1
-    assert any(", above sse42)" in f
-               for f in check_instructions.check_library(avx2_in_sse42 / "libggml-cpu-sse42.so", "sse42"))
-
     sse4 = "#include <smmintrin.h>\nint f(__m128i a, __m128i b) { return _mm_testz_si128(a, b); }"
-    base_sse4 = tmp_path / "base_sse4"
-    shutil.copytree(good, base_sse4)
-    _fake_library(base_sse4, ["-msse4.1"], sse4, "libggml-base.so.0")
-    assert check_instructions.main([str(base_sse4)]) == 1
-    assert any("(SSE42, above x86-64)" in f
-               for f in check_instructions.check_library(base_sse4 / "libggml-base.so.0", "x86-64"))
+    # (a library rebuilt with these flags, its level, the finding)
+    for flags, source, name, level, finding in ((["-mavx2"], AVX2_KERNEL, "libggml-cpu-sse42.so", "sse42", ", above sse42)"),
+                                                (["-msse4.1"], sse4, "libggml-base.so.0", "x86-64", "(SSE42, above x86-64)")):
+        bad = tmp_path / f"bad-{name}"
+        shutil.copytree(good, bad)
+        _fake_library(bad, flags, source, name)
+        assert check_instructions.main([str(bad)]) == 1, name
+        assert any(finding in f for f in check_instructions.check_library(bad / name, level)), name
 
     no_baseline = tmp_path / "no_baseline"
     _fake_library(no_baseline, ["-mavx2", "-mfma"], AVX2_KERNEL, "libggml-cpu-haswell.so")
