@@ -52,6 +52,42 @@ def small_prompts(tmp_path) -> Path:
 
 
 # --- prompts -----------------------------------------------------------------------------
+def test_from_history_adds_the_users_own_messages_once_and_says_how_many(tmp_path, small_prompts):
+    from specdesk.app.storage.history import History
+    from specdesk.app.training.prompts import training_prompts
+
+    missing = tmp_path / "none" / "history.sqlite3"
+    with pytest.raises(SpecDeskError, match="no saved chats at .*history.sqlite3"):
+        training_prompts(small_prompts, True, print, missing)
+    assert not missing.exists()  # never created by asking
+
+    path = tmp_path / "history.sqlite3"
+    history = History(path)
+    first = history.create_chat("one")
+    asked = history.add_message(first, "user", "Write a function that reverses a list.")
+    history.add_message(first, "assistant", "def reverse(items):\n    return items[::-1]\n")
+    history.add_alternative(asked, "Write a function that reverses a string.")  # an edit: both count
+    second = history.create_chat("two")
+    history.add_message(second, "user", "Write a function that reverses a list.")  # asked again: once
+    history.add_message(second, "user", "   ")
+    history.close()
+
+    said = []
+    prompts = training_prompts(small_prompts, True, said.append, path)
+    mine = prompts[len(load_prompt_set(small_prompts)):]
+    assert [p.text for p in mine] == ["Write a function that reverses a list.", "Write a function that reverses a string."]
+    assert all(p.kind == "chat" for p in mine)
+    assert said == [f"adding 2 messages of yours from the saved chats in {path} (read here; nothing leaves this machine)"]
+    assert training_prompts(small_prompts, False, said.append, path) == load_prompt_set(small_prompts)
+    assert "--from-history" in _help()
+
+
+def _help() -> str:
+    parser = argparse.ArgumentParser()
+    cli.add_arguments(parser)
+    return parser.format_help()
+
+
 def test_the_bundled_prompt_set_is_large_and_covers_every_kind():
     prompts = load_prompt_set(default_prompts_path())
     assert len(prompts) >= 1000

@@ -23,6 +23,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "DFlash block drafter (default eagle3)")
     parser.add_argument("--prompts", type=Path,
                         help="JSONL prompts the target answers to make the data (default: the bundled set)")
+    parser.add_argument("--from-history", action="store_true",
+                        help="also train on your own messages from the saved chats (off by default; read here, "
+                             "nothing leaves this machine)")
     parser.add_argument("--minutes", type=float, default=20.0, help="training time budget (default 20)")
     parser.add_argument("--device", choices=DEVICES, default="auto", help="where to train and measure")
     parser.add_argument("--out", type=Path, help="output folder (default: <target>-<method>-trained beside the target)")
@@ -81,7 +84,7 @@ def _run(args: argparse.Namespace) -> int:
     from .adopt import METHOD_LABELS, decide, existing_methods, measure, write_provenance
     from .loop import CHECKPOINT, LoopSettings, terminal_live, train_loop
     from .methods import DEPTH, method_taps, plan
-    from .prompts import default_prompts_path, load_prompt_set, split_prompts
+    from .prompts import default_prompts_path, split_prompts, training_prompts
     from .record import RecordSettings, cache_key, estimate_bytes, load_sequence, prompt_tokens, record
 
     say = lambda message: print(message, file=sys.stderr, flush=True)  # noqa: E731
@@ -99,7 +102,7 @@ def _run(args: argparse.Namespace) -> int:
 
         refuse_existing(target)
     prompts_path = args.prompts or default_prompts_path()
-    prompts = load_prompt_set(prompts_path)
+    prompts = training_prompts(prompts_path, args.from_history, say)
     train_prompts, held_prompts = split_prompts(prompts)
     if args.max_prompts:
         train_prompts = train_prompts[:args.max_prompts]

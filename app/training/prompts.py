@@ -47,6 +47,47 @@ def load_prompt_set(path: str | Path) -> list[Prompt]:
     return prompts
 
 
+def history_prompts(path: str | Path | None = None, max_chars: int = 4000) -> list[Prompt]:
+    """The user's own messages from their saved chats (the app's and the terminal's history, or
+    `path`), as chat prompts: each text once, in the order written, cut to `max_chars`, edited
+    versions included. Read on this machine; nothing is sent anywhere. No history file is
+    created where there is none."""
+    from ..storage.history import History, history_path
+
+    path = Path(path) if path is not None else history_path()
+    if not path.is_file():
+        raise SpecDeskError(f"--from-history: there are no saved chats at {path}")
+    history = History(path)
+    try:
+        seen, prompts = set(), []
+        for chat in sorted(history.chats(), key=lambda c: c.created):
+            for message in history.all_messages(chat.id):
+                text = message.content.strip()[:max_chars]
+                if message.role == "user" and text and text not in seen:
+                    seen.add(text)
+                    prompts.append(Prompt(text, "chat"))
+    finally:
+        history.close()
+    return prompts
+
+
+def training_prompts(prompts_path: str | Path, from_history: bool, say, history: str | Path | None = None) -> list[Prompt]:
+    """The prompt set of a training run: the file's prompts, and with `from_history` the user's own
+    saved chat messages after them (how many, and from where, is said before anything runs)."""
+    from ..storage.history import history_path
+
+    prompts = load_prompt_set(prompts_path)
+    if from_history:
+        path = Path(history) if history is not None else history_path()
+        mine = history_prompts(path)
+        if not mine:
+            raise SpecDeskError(f"--from-history: the saved chats in {path} hold no message of yours yet")
+        say(f"adding {len(mine)} messages of yours from the saved chats in {path} (read here; nothing leaves "
+            "this machine)")
+        prompts = prompts + mine
+    return prompts
+
+
 def is_held_out(prompt: Prompt) -> bool:
     """A fixed property of the prompt's text: the same prompts are held out on every run."""
     digest = hashlib.sha256(prompt.text.encode("utf-8")).digest()
