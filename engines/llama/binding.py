@@ -65,6 +65,36 @@ def llama_lib():
     return llama_cpp
 
 
+def ggml_function(name: str, restype, argtypes: list, lib: Optional[ctypes.CDLL] = None):
+    """A function of ggml's C API, typed. On Linux and macOS it resolves through libllama's handle
+    (the loader searches a library's dependencies); on Windows a DLL offers only its own exports,
+    so ggml.dll and ggml-base.dll beside it are asked next. `lib`: libllama's handle (default:
+    llama-cpp-python's)."""
+    lib = lib if lib is not None else llama_lib().llama_cpp._lib
+    for library in (lib, *_ggml_libraries(lib)):
+        try:
+            function = getattr(library, name)
+        except AttributeError:
+            continue
+        function.restype, function.argtypes = restype, argtypes
+        return function
+    raise SpecDeskError(f"llama.cpp's libraries in {Path(lib._name).parent} have no {name}: install again with "
+                        "the README's set-up command")
+
+
+@functools.lru_cache(maxsize=4)
+def _ggml_libraries(lib: ctypes.CDLL) -> tuple[ctypes.CDLL, ...]:
+    """ggml and ggml-base from libllama's folder, by the names each platform gives them."""
+    folder = Path(lib._name).parent
+    found = []
+    for stem in ("ggml", "ggml-base"):
+        for name in (f"{stem}.dll", f"lib{stem}.so.0", f"lib{stem}.so", f"lib{stem}.0.dylib", f"lib{stem}.dylib"):
+            if (folder / name).is_file():
+                found.append(ctypes.CDLL(str(folder / name)))
+                break
+    return tuple(found)
+
+
 def load_backend_modules(lib: ctypes.CDLL) -> list[str]:
     """Load the backends of a build that keeps them in modules (GGML_BACKEND_DL), as llama.cpp's
     own tools do and llama-cpp-python does not (its issue #2069: "no backends are loaded").
@@ -75,19 +105,14 @@ def load_backend_modules(lib: ctypes.CDLL) -> list[str]:
     The GPU and RPC backends are modules too. They are read from the folder of llama.cpp's
     library. A build with its backends linked in (the registry is already filled) is left as
     it is. Returns the names of the registered backends."""
-    count = lib.ggml_backend_reg_count
-    count.restype, count.argtypes = ctypes.c_size_t, []
+    count = ggml_function("ggml_backend_reg_count", ctypes.c_size_t, [], lib)
+    folder = Path(lib._name).parent
     if count() == 0:
-        load_all = lib.ggml_backend_load_all_from_path
-        load_all.restype, load_all.argtypes = None, [ctypes.c_char_p]
-        load_all(os.fsencode(Path(lib._name).parent))
-    get = lib.ggml_backend_reg_get
-    get.restype, get.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
-    name = lib.ggml_backend_reg_name
-    name.restype, name.argtypes = ctypes.c_char_p, [ctypes.c_void_p]
+        ggml_function("ggml_backend_load_all_from_path", None, [ctypes.c_char_p], lib)(os.fsencode(folder))
+    get = ggml_function("ggml_backend_reg_get", ctypes.c_void_p, [ctypes.c_size_t], lib)
+    name = ggml_function("ggml_backend_reg_name", ctypes.c_char_p, [ctypes.c_void_p], lib)
     names = [(name(get(i)) or b"").decode("utf-8", "replace") for i in range(count())]
     if "CPU" not in names:
-        folder = Path(lib._name).parent
         raise SpecDeskError(f"llama.cpp found no CPU backend in {folder} (its libggml-cpu*.so files are missing "
                             "or none runs on this CPU): install again with the README's set-up command")
     return names

@@ -1,8 +1,8 @@
 """What the llama.cpp libraries of this install can run on: the backends they were built
 with, the devices those backends see (ggml's backend device API), and the CPU code they carry.
 
-Read once per process through llama-cpp-python's library handle (ctypes; the ggml symbols
-resolve through libllama's own dependencies), never by loading a model.
+Read once per process through llama-cpp-python's library handle and ggml's C API (ctypes,
+binding.ggml_function), never by loading a model.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import re
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from .binding import llama_lib
+from .binding import ggml_function, llama_lib
 
 # enum ggml_backend_dev_type (ggml-backend.h)
 DEVICE_KINDS = {0: "cpu", 1: "gpu", 2: "igpu", 3: "accel", 4: "meta"}
@@ -43,9 +43,7 @@ class Device:
 
 
 def _ggml(name: str, restype, argtypes: list):
-    function = getattr(llama_lib().llama_cpp._lib, name)
-    function.restype, function.argtypes = restype, argtypes
-    return function
+    return ggml_function(name, restype, argtypes)
 
 
 def _text(pointer: bytes | None) -> str:

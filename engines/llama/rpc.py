@@ -102,11 +102,9 @@ def probe(endpoint: str, timeout_s: float = PROBE_TIMEOUT_S) -> int:
 
 
 def _ggml(name: str, restype, argtypes: list):
-    from .binding import llama_lib
+    from .binding import ggml_function
 
-    function = getattr(llama_lib().llama_cpp._lib, name)
-    function.restype, function.argtypes = restype, argtypes
-    return function
+    return ggml_function(name, restype, argtypes)
 
 
 def _rpc_proc(name: bytes) -> int:
