@@ -33,35 +33,54 @@ from pathlib import Path
 LIBRARY = re.compile(r"^lib(ggml|llama|mtmd)[\w-]*\.so(\.\d+)*$|^(ggml|llama|mtmd)[\w-]*\.dll$")
 CPU_MODULE = re.compile(r"^(?:lib)?ggml-cpu-([a-z0-9]+)\.(?:so(?:\.\d+)*|dll)$")
 
-# Each extension, by the instructions (AT&T syntax, objdump -d) that only it has.
+# Each extension, by the instructions (AT&T syntax, objdump -d) that need it. An instruction
+# needs every extension whose pattern it matches (vfmadd231ps on zmm: FMA, AVX512 and AVX);
+# a finding names the first one, in this order, that the library's level lacks.
+EVEX_ONLY = (r"vpternlog[dq]|vmovdqu(8|16|32|64)|vmovdqa(32|64)|vperm[it]2\w+|vpabsq|vpmullq|vpsraq|vpsravq|"
+             r"vpro[lr]v?[dq]|vpmov(q[bwd]|d[bw]|wb|s(q[bwd]|d[bw]|wb)|us(q[bwd]|d[bw]|wb)|[bwdq]2m|m2[bwdq])|"
+             r"vpcompress\w|vpexpand\w|vcompressp[sd]|vexpandp[sd]|vcvtt?p[sd]2u\w+|vcvtu\w+|vcvtt?s[sd]2usi|"
+             r"vcvtt?p[sd]2qq|vcvtqq2p[sd]|vrndscale\w+|vrange\w+|vgetexp\w+|vgetmant\w+|vscalef\w+|"
+             r"vfixupimm\w+|vrcp14\w+|vrsqrt14\w+|v(insert|extract)[if](32x4|32x8|64x2|64x4)|vshuf[if](32x4|64x2)|"
+             r"valign[dq]|vpconflict\w|vplzcnt\w|vpopcnt\w|vdbpsadbw|vpmadd52\w+|vpsh[lr]dv?\w|vpbroadcastm\w+|"
+             r"vfpclass\w+|vreduce\w+|k(mov|and|andn|or|xor|xnor|not|shiftl|shiftr|test|ortest|add|unpck)\w*")
 EXTENSIONS = {
-    "AVX512": re.compile(r"%zmm\d|%k[0-7]\b|\{%k[0-7]\}|\{1to\d+\}|%[xy]mm(1[6-9]|2\d|3[01])\b"),
     "AMX": re.compile(r"^\s*(ldtilecfg|sttilecfg|tileloadd|tileloaddt1|tilestored|tilezero|tilerelease|tdp\w+)\b"),
-    "VNNI": re.compile(r"^\s*(\{vex\}\s*)?(vpdpbusd|vpdpbusds|vpdpwssd|vpdpwssds)\b"),
     "AVX512_BF16": re.compile(r"^\s*(vdpbf16ps|vcvtne2ps2bf16|vcvtneps2bf16)\b"),
+    "AVX512_VBMI": re.compile(r"^\s*(vpermb|vpermi2b|vpermt2b|vpmultishiftqb)\b"),
+    "AVX_VNNI": re.compile(r"^\s*\{vex\}\s*vpdp(bus|ws)ds?\b"),
+    "AVX512_VNNI": re.compile(r"^\s*vpdp(bus|ws)ds?\b"),
+    "AVX512": re.compile(r"%zmm\d|%k[0-7]\b|\{%k[0-7]\}|\{1to\d+\}|%[xy]mm(1[6-9]|2\d|3[01])\b|"
+                         r"^\s*(" + EVEX_ONLY + r")\b|^\s*vpbroadcast[bwdq]\s+%(?![xyz]mm)"),
     "FMA": re.compile(r"^\s*vfn?m(add|sub)\w*\b"),
     "F16C": re.compile(r"^\s*(vcvtph2ps|vcvtps2ph)\b"),
-    "AVX2": re.compile(r"^\s*(vp\w+\s.*%ymm|vperm2i128|vpermd|vpermq|vpermps|v(p)?gather\w+|vpbroadcast\w+|"
-                       r"vbroadcasti128|vinserti128|vextracti128|vpmaskmov\w+|vps[lr]lv\w+|vpsrav\w+)\b"),
+    "AVX2": re.compile(r"^\s*(vp(?!erm2f128\b|ermilp[sd]\b|test\b)\w*\s.*%ymm\d|vperm2i128|vpermd|vpermq|vpermps|"
+                       r"vpermpd|v(p)?gather\w+|vpbroadcast\w+|vbroadcasti128|vbroadcasts[sd]\s+%xmm\d+|vinserti128|"
+                       r"vextracti128|vpmaskmov\w+|vps[lr]lv\w+|vpsrav\w+|vpblendd)\b"),
     "BMI2": re.compile(r"^\s*(shlx|shrx|sarx|rorx|bzhi|pdep|pext|mulx)\b"),
+    # BMI1, LZCNT and MOVBE (x86-64-v3). Not tzcnt: compilers emit it as `rep bsf` for every
+    # CPU (objdump prints it as tzcnt), and an older CPU runs it as bsf.
+    "BMI": re.compile(r"^\s*(andn|bextr|blsi|blsmsk|blsr|lzcnt|movbe)\b"),
     "AVX": re.compile(r"^\s*(\{vex\}\s*)?v[a-z0-9]+\b|%ymm\d"),
     # SSE3, SSSE3, SSE4.1, SSE4.2 and POPCNT: what x86-64-v2 adds to plain x86-64 (SSE2)
-    "SSE42": re.compile(r"^\s*(pshufb|pmaddubsw|pmulhrsw|palignr|phadd\w|phsub\w|pabs[bwd]|psign[bwd]|ptest|"
-                        r"pblend\w*|blendv?p[sd]|pmulld|pmuldq|pmin(sb|sd|uw|ud)|pmax(sb|sd|uw|ud)|pcmp[ei]str[im]|crc32\w*|"
-                        r"round[ps][sd]|dpp[sd]|insertps|extractps|pextr[bdq]|pinsr[bdq]|pmov[sz]x\w+|packusdw|"
-                        r"pcmpeqq|pcmpgtq|popcnt|movntdqa|mpsadbw|phminposuw|addsubp[sd]|h(add|sub)p[sd]|movddup|movs[hl]dup|lddqu)\b"),
+    "SSE42": re.compile(r"^\s*(pshufb|pmaddubsw|pmulhrsw|palignr|phadd\w+|phsub\w+|pabs[bwd]|psign[bwd]|ptest|"
+                        r"pblend\w*|blendv?p[sd]|pmulld|pmuldq|pmin(sb|sd|uw|ud)|pmax(sb|sd|uw|ud)|pcmp[ei]str[im]|"
+                        r"crc32\w*|round[ps][sd]|dpp[sd]|insertps|extractps|pextr[bdq]|pinsr[bdq]|pmov[sz]x\w+|"
+                        r"packusdw|pcmpeqq|pcmpgtq|popcnt|movntdqa|mpsadbw|phminposuw|addsubp[sd]|h(add|sub)p[sd]|"
+                        r"movddup|movs[hl]dup|lddqu)\b"),
 }
-HASWELL = {"SSE42", "AVX", "F16C", "FMA", "AVX2", "BMI2"}
+HASWELL = {"SSE42", "AVX", "F16C", "FMA", "AVX2", "BMI2", "BMI"}
+AVX512_LEVEL = HASWELL | {"AVX512"}
 # What each level may use: the fixed levels, and ggml's CPU modules (ggml/src/CMakeLists.txt,
-# GGML_CPU_ALL_VARIANTS; VNNI covers AVX_VNNI and AVX512_VNNI).
+# GGML_CPU_ALL_VARIANTS).
 LEVELS = {
     "x86-64": set(), "x86-64-v2": {"SSE42"}, "x86-64-v3": HASWELL,
     "x64": set(), "sse42": {"SSE42"}, "sandybridge": {"SSE42", "AVX"}, "ivybridge": {"SSE42", "AVX", "F16C"},
-    "piledriver": {"SSE42", "AVX", "F16C", "FMA"}, "haswell": HASWELL, "alderlake": HASWELL | {"VNNI"},
-    "skylakex": HASWELL | {"AVX512"}, "cannonlake": HASWELL | {"AVX512"}, "cascadelake": HASWELL | {"AVX512", "VNNI"},
-    "icelake": HASWELL | {"AVX512", "VNNI"}, "cooperlake": HASWELL | {"AVX512", "VNNI", "AVX512_BF16"},
-    "zen4": HASWELL | {"AVX512", "VNNI", "AVX512_BF16"},
-    "sapphirerapids": HASWELL | {"AVX512", "VNNI", "AVX512_BF16", "AMX"},
+    "piledriver": {"SSE42", "AVX", "F16C", "FMA"}, "haswell": HASWELL, "alderlake": HASWELL | {"AVX_VNNI"},
+    "skylakex": AVX512_LEVEL, "cannonlake": AVX512_LEVEL | {"AVX512_VBMI"},
+    "cascadelake": AVX512_LEVEL | {"AVX512_VNNI"}, "icelake": AVX512_LEVEL | {"AVX512_VBMI", "AVX512_VNNI"},
+    "cooperlake": AVX512_LEVEL | {"AVX512_VNNI", "AVX512_BF16"},
+    "zen4": AVX512_LEVEL | {"AVX512_VBMI", "AVX512_VNNI", "AVX512_BF16"},
+    "sapphirerapids": AVX512_LEVEL | {"AVX512_VBMI", "AVX512_VNNI", "AVX512_BF16", "AMX"},
 }
 
 
@@ -96,8 +115,8 @@ def libraries(bundle: Path) -> list[Path]:
 
 def check_library(path: Path, level: str, limit: int = 5) -> list[str]:
     """Findings as "library: function: instruction (extension, above level)", at most `limit`
-    per extension. An instruction counts once, for the first extension (in EXTENSIONS' order,
-    most specific first) it belongs to."""
+    per extension. An instruction counts once, for the first extension (in EXTENSIONS' order)
+    that it needs and the level lacks."""
     dump = subprocess.run(["objdump", "-d", "--no-show-raw-insn", "-M", "att", str(path)], capture_output=True,
                           text=True, check=True).stdout
     allowed = LEVELS[level]
@@ -112,10 +131,10 @@ def check_library(path: Path, level: str, limit: int = 5) -> list[str]:
         if tab < 0:
             continue
         instruction = line[tab + 1:]
-        # the most specific extension the instruction belongs to decides (an AVX2 instruction is
-        # also VEX-encoded, and fine where AVX2 is)
-        owner = next((name for name, pattern in EXTENSIONS.items() if pattern.search(instruction)), None)
-        if owner is None or owner in allowed:
+        # every extension the instruction needs must be in the level; the first it lacks is named
+        owner = next((name for name, pattern in EXTENSIONS.items()
+                      if name not in allowed and pattern.search(instruction)), None)
+        if owner is None:
             continue
         for name, pattern in checks:
             if name.startswith(owner + ","):

@@ -264,6 +264,19 @@ void add(const float *a, const float *b, float *out, int n) {
 
 
 AVX2_KERNEL = FAKE_KERNEL.replace("__m512", "__m256").replace("_mm512_", "_mm256_").replace("16", "8")
+AVX2_INT_KERNEL = """
+#include <immintrin.h>
+void add(const int *a, const int *b, int *out, int n) {
+    for (int i = 0; i + 8 <= n; i += 8) {
+        _mm256_storeu_si256((__m256i *)(out + i), _mm256_add_epi32(_mm256_loadu_si256((const __m256i *)(a + i)),
+                                                                   _mm256_loadu_si256((const __m256i *)(b + i))));
+    }
+}
+"""
+AVX_PERMUTE_KERNEL = """
+#include <immintrin.h>
+void swap_halves(const float *a, float *out) { _mm256_storeu_ps(out, _mm256_permute2f128_ps(_mm256_loadu_ps(a), _mm256_loadu_ps(a), 1)); }
+"""
 PLAIN_KERNEL = "void add(const float *a, const float *b, float *out, int n) { for (int i = 0; i < n; i++) out[i] = a[i] + b[i]; }"
 
 
@@ -301,6 +314,7 @@ def test_instruction_check_holds_each_cpu_variant_to_its_own_level_and_the_rest_
     good = tmp_path / "good"
     _fake_library(good, [], PLAIN_KERNEL, "libggml-cpu-x64.so")
     _fake_library(good, ["-msse4.2"], PLAIN_KERNEL, "libggml-cpu-sse42.so")
+    _fake_library(good, ["-mavx"], AVX_PERMUTE_KERNEL, "libggml-cpu-sandybridge.so")  # AVX's own ymm shuffles
     _fake_library(good, ["-mavx2", "-mfma"], AVX2_KERNEL, "libggml-cpu-haswell.so")
     _fake_library(good, ["-mavx512f"], FAKE_KERNEL, "libggml-cpu-skylakex.so")
     _fake_library(good, [], PLAIN_KERNEL, "libggml-base.so.0")
@@ -309,6 +323,8 @@ def test_instruction_check_holds_each_cpu_variant_to_its_own_level_and_the_rest_
     sse4 = "#include <smmintrin.h>\nint f(__m128i a, __m128i b) { return _mm_testz_si128(a, b); }"
     # (a library rebuilt with these flags, its level, the finding)
     for flags, source, name, level, finding in ((["-mavx2"], AVX2_KERNEL, "libggml-cpu-sse42.so", "sse42", ", above sse42)"),
+                                                (["-mavx2"], AVX2_INT_KERNEL, "libggml-cpu-sandybridge.so", "sandybridge",
+                                                 "(AVX2, above sandybridge)"),
                                                 (["-msse4.1"], sse4, "libggml-base.so.0", "x86-64", "(SSE42, above x86-64)")):
         bad = tmp_path / f"bad-{name}"
         shutil.copytree(good, bad)
