@@ -409,3 +409,71 @@ def test_train_drafter_is_a_specdesk_subcommand(capsys):
     parser = build_parser()
     args = parser.parse_args(["train-drafter", "--target", "some-folder", "--method", "eagle3", "--minutes", "1"])
     assert args.func.__module__ == "specdesk.app.training.cli" and args.method == "eagle3"
+
+
+# --- the app's "Train a drafter…" ----------------------------------------------------------
+def test_the_window_trains_pauses_resumes_and_offers_the_drafter(demo_family, small_prompts, tmp_path, qtbot):
+    """The dialog runs the command in a child process: progress over recording and the budget,
+    a pause that checkpoints (Resume continues from that step, one history), the verdict, and
+    "Use it" hands the target, the drafter and its method to the window. Saved chats are off
+    by default."""
+    from specdesk.app.training.job import TrainingRequest
+    from specdesk.ui.train_dialog import TrainDrafterDialog
+
+    out = tmp_path / "run"
+    extra = ("--prompts", str(small_prompts), "--threads", "1", "--max-tokens", "16", "--compare-prompts", "1",
+             "--compare-tokens", "16", "--batch-size", "4", "--eval-every", "4", "--steps", "40")
+    default_out = TrainingRequest(demo_family["target_hf"]).out_folder()
+    assert default_out == Path(demo_family["target_hf"]).parent / "target-hf-eagle3-trained"
+    dialog = TrainDrafterDialog(demo_family["target_hf"], out=str(out), extra=extra)
+    qtbot.addWidget(dialog)
+    assert not dialog.from_history.isChecked()
+    assert dialog.out_label.text() == str(out)
+    assert dialog.start_button.isEnabled() and not dialog.pause_button.isEnabled()
+    dialog.start()
+    seen = []
+    original = dialog.show_event
+
+    def watch(event):
+        seen.append(event)
+        original(event)
+        if event.get("phase") == "train" and dialog.job.running:  # the first: the untrained head's evaluation
+            dialog.pause()
+    dialog.show_event = watch
+    qtbot.waitUntil(lambda: not dialog.job.running, timeout=300_000)
+    assert dialog.job.exit_code == cli.PAUSED, [e.get("text") for e in seen if e["phase"] == "message"]
+    assert any(e["phase"] == "record" for e in seen)
+    paused_at = next(e for e in seen if e["phase"] == "paused")["where"]
+    assert dialog.bar.text().startswith("paused at step"), dialog.bar.text()
+    assert dialog.resume_button.isEnabled() and not dialog.start_button.isEnabled()
+    step = _checkpoint_step(out / "checkpoint.pt")
+    assert paused_at == f"at step {step}" and step < 40
+
+    dialog.show_event = original
+    dialog.resume_button.click()
+    qtbot.waitUntil(lambda: not dialog.job.running, timeout=300_000)
+    assert dialog.job.exit_code == 0
+    provenance = json.loads((out / "provenance.json").read_text())
+    history = [entry["step"] for entry in provenance["training"]["history"]]
+    assert provenance["training"]["steps"] == 40 and history[0] == 0 and history == sorted(history)
+    assert dialog.verdict.text().startswith("<b>Kept, not adopted:</b> trained EAGLE-3") or \
+        dialog.verdict.text().startswith("<b>Adopted:</b> trained EAGLE-3")
+    assert len(dialog.curve_accepted) >= 2  # the plot of held-out mean accepted tokens
+    assert not dialog.start_button.isEnabled() and not dialog.resume_button.isEnabled()  # a finished run
+    with qtbot.waitSignal(dialog.use_trained) as used:
+        dialog.use_button.click()
+    assert used.args == [demo_family["target_hf"], provenance["drafter"], "eagle3"]
+    dialog.close()
+
+
+def test_a_gguf_is_trained_from_the_librarys_folder_of_the_same_model():
+    from specdesk.app.models.library import ModelEntry
+    from specdesk.ui.train_dialog import hf_folder_for
+
+    gguf = ModelEntry("m.gguf", "gguf", "user", "m", vocab_size=32000, parameters=1_000_000)
+    drafter = ModelEntry("eagle", "hf", "user", "eagle", vocab_size=32000, parameters=1_020_000, drafter="eagle3")
+    other = ModelEntry("big", "hf", "user", "big", vocab_size=32000, parameters=7_000_000)
+    same = ModelEntry("m-hf", "hf", "user", "m", vocab_size=32000, parameters=1_050_000)
+    assert hf_folder_for(gguf, [drafter, other]) is None
+    assert hf_folder_for(gguf, [drafter, other, same]) == "m-hf"
+    assert hf_folder_for(same, []) == "m-hf"

@@ -681,3 +681,26 @@ def test_a_real_auto_run_shows_its_methods_in_the_charts(qtbot, open_window):
     last = events[-1]
     assert charts.rate_title == f"tokens / s · auto now: {choice_label(last.method, last.reason)}"
     assert last.method in charts.rate_title or last.method == "none"
+
+
+def test_the_draft_picker_opens_training_for_the_loaded_target(qtbot, open_window, demo_family):
+    """"Train a drafter for this model…" in the draft picker opens the dialog for the loaded
+    GGUF target and leaves the draft as it was; training needs the model's Hugging Face folder,
+    and the dialog says so until it has one."""
+    from specdesk.ui.controls import TRAIN
+    from specdesk.ui.train_dialog import TrainDrafterDialog
+
+    window = open_window()
+    combo = window.controls.draft_combo
+    before = combo.currentData()
+    combo.setCurrentIndex(combo.findData(TRAIN))
+    combo.activated.emit(combo.currentIndex())
+    dialogs = [w for w in window.models_view.findChildren(TrainDrafterDialog) if w.isVisible()]
+    assert len(dialogs) == 1 and combo.currentData() == before
+    dialog = dialogs[0]
+    assert dialog.target_gguf == window.info.target_path
+    dialog.folder.setText("")
+    assert not dialog.start_button.isEnabled() and "Hugging Face folder" in dialog.status.text()
+    dialog.folder.setText(demo_family["target_hf"])
+    assert dialog.start_button.isEnabled() and dialog.out_label.text().endswith("target-hf-eagle3-trained")
+    dialog.close()

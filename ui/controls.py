@@ -21,6 +21,7 @@ BROWSE_FOLDER = "\0folder"  # combo item data of "Open model folder…" (Hugging
 TARGETS = [("Demo target (built in)", DEMO), ("Demo target with MTP (llama.cpp)", DEMO_MTP),
            ("Demo target, PyTorch (built in)", DEMO_HF)]
 DRAFTS = [("No draft model", None), ("Demo draft (built in)", DEMO), ("Demo DFlash drafter (built in)", DEMO_DFLASH)]
+TRAIN = "\0train"  # combo item data of "Train a drafter for this model…"
 HIDDEN = "\0hidden"  # combo item data of the "N incompatible hidden" line
 DEVICE_CHOICES = ("auto", "CPU")  # or any name `specdesk devices` lists, typed in
 LAYER_CHOICES = ("auto", "all", "0")  # or a number, typed in
@@ -57,6 +58,7 @@ class ControlsPanel(QScrollArea):
     MAX_MIN_WIDTH = 330  # pixels: a wider form (a large font) scrolls sideways, the chat keeps the room
 
     models_changed = Signal()  # target, draft, threads or context changed: reload on the worker
+    train_requested = Signal(object)  # "Train a drafter for this model…" in the draft picker: the target's choice
     system_prompt_changed = Signal(str)  # edited, or set by a preset
 
     def __init__(self, settings: Settings, parent: Optional[QWidget] = None):
@@ -241,6 +243,10 @@ class ControlsPanel(QScrollArea):
         combo.addItem("Open model folder…", BROWSE_FOLDER)
         combo.setItemData(combo.count() - 1, "A Hugging Face model folder (config.json + safetensors), run by "
                           "the PyTorch engine", Qt.ToolTipRole)
+        if combo is self.draft_combo:
+            combo.addItem("Train a drafter for this model…", TRAIN)
+            combo.setItemData(combo.count() - 1, "Train an EAGLE-3 head, MTP layer or DFlash drafter for the target "
+                              "here, from its own answers", Qt.ToolTipRole)
         combo.setCurrentIndex([combo.itemData(i) for i in range(combo.count())].index(current))
         combo.blockSignals(False)
         self._previous[combo.objectName()] = combo.currentIndex()
@@ -278,6 +284,10 @@ class ControlsPanel(QScrollArea):
 
     def _model_picked(self, combo: QComboBox, role: str) -> None:
         key = combo.objectName()
+        if combo.currentData() == TRAIN:
+            combo.setCurrentIndex(self._previous.get(key, 0))
+            self.train_requested.emit(self.target_combo.currentData())
+            return
         if combo.currentData() in (BROWSE, BROWSE_FOLDER):
             if combo.currentData() == BROWSE:
                 path, _ = QFileDialog.getOpenFileName(self, f"Choose a {role} model", "",
@@ -328,9 +338,9 @@ class ControlsPanel(QScrollArea):
             self._loaded_key = key
             self.models_changed.emit()
 
-    def use_models(self, target: str, draft: Optional[str]) -> None:
+    def use_models(self, target: str, draft: Optional[str], method: str = "auto") -> None:
         """"Use this model": this target with this draft (or none), remembered, method auto (which
-        drafts with whatever the draft is), and one reload."""
+        drafts with whatever the draft is) or `method` (a trained drafter's own), and one reload."""
         self.store_settings(self._settings)
         self._settings.remember_target(target)
         if draft is not None:
@@ -338,7 +348,11 @@ class ControlsPanel(QScrollArea):
         self._settings.target_path, self._settings.draft_path = target, draft
         self._fill_models(self.target_combo, TARGETS, self._settings.recent_targets, target)
         self._fill_models(self.draft_combo, DRAFTS, self._settings.recent_drafts, draft)
-        self._select_method("auto")
+        # The models change with it: what the loaded ones support does not decide (the load's
+        # set_supported_methods falls back if the new ones cannot run it).
+        index = self.method_combo.findData(method)
+        if index >= 0:
+            self.method_combo.setCurrentIndex(index)
         self._maybe_reload()
 
     def forget_model(self, role: str, path: str) -> None:

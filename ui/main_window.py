@@ -173,6 +173,8 @@ class MainWindow(QMainWindow):
         self.models_view.use_model.connect(self.use_model)
         self.models_view.use_as_draft.connect(self.use_as_draft)
         self.models_view.use_pair.connect(self.use_pair)
+        self.models_view.use_trained.connect(self.use_trained)
+        self.controls.train_requested.connect(self.train_drafter)
         self.compare_view.refused.connect(self.report_error)
         self.worker.progress.connect(self._on_progress)
         self.worker.fraction.connect(self._on_fraction)
@@ -436,6 +438,18 @@ class MainWindow(QMainWindow):
             self._first_run_dismissed()
         self.controls.use_models(target, draft)
         self.tabs.setCurrentIndex(0)
+
+    def use_trained(self, target: str, draft: str, method: str) -> None:
+        """A drafter trained here, with its target and its own method."""
+        self.controls.use_models(target, draft or None, method)
+        self.tabs.setCurrentIndex(0)
+
+    def train_drafter(self, choice=None):
+        """"Train a drafter for this model…" from the draft picker: the loaded target's dialog."""
+        if self.info is None:
+            self.report_error("load a target first, then train a drafter for it")
+            return None
+        return self.models_view.open_training(self.info.target_path)
 
     def _prepare_auto(self) -> bool:
         """With method auto on the local models, its costs on this machine are measured now (once

@@ -227,6 +227,7 @@ class ModelsView(QWidget):
     failed = Signal(str)
     use_model = Signal(str)  # "Use this model": load it as the target, with the draft that goes with it
     use_as_draft = Signal(str)  # "Use as draft" for the loaded target
+    use_trained = Signal(str, str, str)  # a trained drafter's "Use it": (target, draft or "", method)
     use_pair = Signal(str, str)  # a pairing row: this target with this draft
 
     def __init__(self, config_source: Optional[Callable[[], LibraryConfig]] = None,
@@ -280,6 +281,9 @@ class ModelsView(QWidget):
         self.use_button.setToolTip("load it as the target, with the best compatible draft here (or none)")
         self.use_draft_button = QPushButton("Use as draft", self)
         self.use_draft_button.setToolTip("draft for the loaded target with it")
+        self.train_button = QPushButton("Train a drafter…", self)
+        self.train_button.setToolTip("train an EAGLE-3 head, MTP layer or DFlash drafter for this model here, "
+                                     "from its own answers, and adopt it only if it pays")
         self.status = QLabel("", self)
         self.source_boxes: dict[str, QCheckBox] = {}
         if self._settings is not None:  # other apps' folders, each switchable (kept in settings)
@@ -318,7 +322,8 @@ class ModelsView(QWidget):
         self.placement.setWordWrap(True)
         library_layout.addWidget(self.placement)
         buttons = QHBoxLayout()  # what to do with the selected row; the folders scanned on a row below
-        for b in (self.use_button, self.use_draft_button, self.pair_button, self.refresh_button, self.add_button):
+        for b in (self.use_button, self.use_draft_button, self.pair_button, self.train_button, self.refresh_button,
+                  self.add_button):
             buttons.addWidget(b)
         buttons.addStretch(1)
         library_layout.addLayout(buttons)
@@ -346,6 +351,7 @@ class ModelsView(QWidget):
         self.refresh_button.clicked.connect(self.refresh_library)
         self.add_button.clicked.connect(self._add_folder)
         self.pair_button.clicked.connect(self._pair_selected)
+        self.train_button.clicked.connect(self._train_selected)
         self.use_button.clicked.connect(lambda: self._use_selected(self.use_model))
         self.use_draft_button.clicked.connect(lambda: self._use_selected(self.use_as_draft))
         self.library.itemDoubleClicked.connect(lambda item: self._use_selected(self.use_model))
@@ -377,6 +383,7 @@ class ModelsView(QWidget):
         self.pair_button.setEnabled(entry is not None and entry.ok and entry.format == "gguf")
         self.use_button.setEnabled(entry is not None and entry.ok and not entry.drafter)
         self.use_draft_button.setEnabled(entry is not None and entry.ok)
+        self.train_button.setEnabled(entry is not None and entry.ok and not entry.drafter)
         self.download_button.setEnabled(self.files.currentRow() >= 0 and self.current_repo is not None)
 
     # --- library -----------------------------------------------------------------
@@ -586,6 +593,23 @@ class ModelsView(QWidget):
         """Run `work(job)` on the tab's lane (library, hub, pairing); `shown` gets its value on the
         GUI thread, `refused` its failure (message, cancelled); without it the tab reports it."""
         return self._jobs.submit(_Task(work=work, shown=shown, refused=refused)).job_id
+
+    def _train_selected(self) -> None:
+        entry = self.selected_entry()
+        if entry is not None:
+            self.open_training(entry.path)
+
+    def open_training(self, target: str, extra: tuple[str, ...] = ()):
+        """The training dialog for `target` (a GGUF file or a Hugging Face folder; for a GGUF,
+        the library's folder of the same model is offered as the one to train from)."""
+        from .train_dialog import TrainDrafterDialog, hf_folder_for
+
+        entry = next((e for e in self.entries if e.path == target), None)
+        folder = hf_folder_for(entry, self.entries) if entry is not None else None
+        dialog = TrainDrafterDialog(target, self, hf_folder=folder, extra=extra)
+        dialog.use_trained.connect(self.use_trained)
+        dialog.show()
+        return dialog
 
     def _pair_selected(self) -> None:
         entry = self.selected_entry()

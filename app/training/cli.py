@@ -64,15 +64,52 @@ def _sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-def run(args: argparse.Namespace) -> int:
+PAUSED = 3  # the exit status of a run paused before its end (its checkpoint and recordings kept)
+
+
+def run(args: argparse.Namespace, progress=None, should_stop=None, say=None) -> int:
+    """The command: 0 done, 2 refused (a message says why), PAUSED paused (`should_stop`, or
+    Ctrl-C on a terminal: the first one pauses at the next step, a second one interrupts).
+    `progress` gets the run's events as dicts ({"phase": "record" | "train" | "measure" |
+    "done" | "paused", ...}); `say` its messages (default: standard error)."""
+    if should_stop is None:
+        should_stop = _interrupt_pauses()
     try:
-        return _run(args)
+        return _run(args, progress or (lambda event: None), should_stop, say)
     except SpecDeskError as e:
-        print(f"error: {e}", file=sys.stderr)
+        (say or _stderr)(f"error: {e}")
         return 2
 
 
-def _run(args: argparse.Namespace) -> int:
+def _stderr(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def _interrupt_pauses():
+    """On the main thread: the first Ctrl-C asks for a pause (checked between prompts and steps),
+    a second one interrupts as usual."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        return lambda: False
+    asked = []
+
+    def handler(signum, frame):
+        if asked:
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+            raise KeyboardInterrupt
+        asked.append(True)
+        _stderr("\npausing at the next step (Ctrl-C again to stop at once)")
+
+    try:
+        signal.signal(signal.SIGINT, handler)
+    except ValueError:
+        return lambda: False
+    return lambda: bool(asked)
+
+
+def _run(args: argparse.Namespace, progress, should_stop, say=None) -> int:
     from specdesk.engines.torch.device import require_torch
 
     torch = require_torch("training a drafter")
@@ -87,7 +124,12 @@ def _run(args: argparse.Namespace) -> int:
     from .prompts import default_prompts_path, split_prompts, training_prompts
     from .record import RecordSettings, cache_key, estimate_bytes, load_sequence, prompt_tokens, record
 
-    say = lambda message: print(message, file=sys.stderr, flush=True)  # noqa: E731
+    say = say or _stderr
+
+    def paused(where: str) -> int:
+        say(f"paused {where}: run the same command with --resume to continue")
+        progress({"phase": "paused", "where": where})
+        return PAUSED
     target = args.target
     out = args.out or target.parent / f"{target.name}-{args.method}-trained"
     if (out / CHECKPOINT).is_file() and not args.resume:
@@ -123,8 +165,10 @@ def _run(args: argparse.Namespace) -> int:
         f"into {cache}: about {size / 2**20:.1f} MiB "
         f"({settings.bytes_per_token(config.hidden_size)} bytes a token, at most {args.cache_mb:g} MiB)")
     started = time.time()
-    held_files = record(engine, held_prompts, settings, cache, "held", say)
-    train_files = record(engine, train_prompts, settings, cache, "train", say)
+    held_files = record(engine, held_prompts, settings, cache, "held", say, progress, should_stop)
+    train_files = record(engine, train_prompts, settings, cache, "train", say, progress, should_stop)
+    if should_stop():
+        return paused(f"while recording ({len(held_files) + len(train_files)} sequences recorded and kept)")
     if not train_files or not held_files:
         raise SpecDeskError("no sequences were recorded (every prompt was refused): see the messages above")
     record_seconds = time.time() - started
@@ -138,7 +182,10 @@ def _run(args: argparse.Namespace) -> int:
     what = {"eagle3": "an EAGLE-3 head", "mtp": "an MTP layer", "dflash": "a DFlash drafter"}[args.method]
     say(f"training {what} on {len(train_seqs)} sequences ({tokens_recorded} tokens) for at most "
         f"{args.minutes:g} minutes" + (f" or {args.steps} steps" if args.steps else ""))
-    state = train_loop(trainer.module, trainer.step, trainer.evaluate, loop, out, args.resume, say, terminal_live())
+    state = train_loop(trainer.module, trainer.step, trainer.evaluate, loop, out, args.resume, say, terminal_live(),
+                       progress, should_stop)
+    if state.paused:
+        return paused(f"at step {state.step}")
     acceptance = next(h["acceptance"] for h in state.history if h["step"] == state.best_step)
     say(f"best held-out acceptance per position {acceptance} (mean accepted {sum(acceptance):.3f}) at step "
         f"{state.best_step} of {state.step}")
@@ -161,6 +208,7 @@ def _run(args: argparse.Namespace) -> int:
 
     label = f"trained {METHOD_LABELS[args.method]}"
     k = DEPTH
+    progress({"phase": "measure", "prompts": len(compare_texts)})
     from specdesk.engines.types import SpecConfig
 
     if args.method == "mtp":  # the layer lives in the exported copy of the target
@@ -199,6 +247,8 @@ def _run(args: argparse.Namespace) -> int:
     path = write_provenance(out, record_json)
     say(f"{'adopted' if adopted else 'kept, not adopted'}: {reason}")
     say(f"provenance: {path}")
+    progress({"phase": "done", "method": args.method, "adopted": adopted, "reason": reason, "drafter": record_json["drafter"],
+              "gguf": record_json["gguf"], "provenance": str(path), "speedup": record_json["speedup"]})
     print(str(folder))
     return 0
 

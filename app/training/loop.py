@@ -3,7 +3,8 @@ and checkpoints that a killed run resumes from.
 
 The budget counts training steps and held-out evaluations (recording data before and
 measuring after come on top of it); it is carried in the checkpoint, so a resumed run
-spends only what the killed one left.
+spends only what the killed one left. A pause (`should_stop`) checkpoints after the step in
+hand and returns; `--resume` continues from there.
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ class LoopState:
     best_step: int = 0
     best_state: Optional[dict] = None
     history: list = field(default_factory=list)
+    paused: bool = False  # the run stopped at a pause, checkpointed, before its budget was spent
 
 
 # (rng) -> (loss, figures): one training batch
@@ -51,6 +53,8 @@ StepFn = Callable[[np.random.Generator], tuple[torch.Tensor, dict]]
 # () -> (score, figures): held-out evaluation; higher score is better
 EvalFn = Callable[[], tuple[float, dict]]
 Report = Callable[[str], None]
+# {"phase": "train", "step", "loss", "elapsed_s", "budget_s"[, "acceptance"]}: after each step and evaluation
+Progress = Callable[[dict], None]
 
 
 def format_left(seconds: float) -> str:
@@ -78,9 +82,13 @@ def _atomic_save(obj, path: Path) -> None:
 
 
 def train_loop(module: torch.nn.Module, step_fn: StepFn, eval_fn: EvalFn, settings: LoopSettings, folder: Path,
-               resume: bool, report: Report, live: Optional[Callable[[str], None]] = None) -> LoopState:
+               resume: bool, report: Report, live: Optional[Callable[[str], None]] = None,
+               progress: Optional[Progress] = None,
+               should_stop: Optional[Callable[[], bool]] = None) -> LoopState:
     """Train until the budget (or max_steps) is spent; `module` ends holding the best evaluated
-    state. With `resume`, continue from folder/checkpoint.pt when it is there."""
+    state. With `resume`, continue from folder/checkpoint.pt when it is there. When
+    `should_stop` says so, the run checkpoints after the step in hand and returns with
+    `paused` set (the module as it is, not the best state)."""
     trainable = [p for p in module.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(trainable, lr=settings.peak_lr, betas=(0.9, 0.95), weight_decay=0.0)
     rng = np.random.default_rng(settings.seed)
@@ -92,10 +100,17 @@ def train_loop(module: torch.nn.Module, step_fn: StepFn, eval_fn: EvalFn, settin
         optimizer.load_state_dict(saved["optimizer"])
         rng.bit_generator.state = saved["rng"]
         state = saved["state"]
+        state.paused = False
         report(f"resuming from step {state.step} ({format_left(state.elapsed)} trained, best held-out "
                f"mean accepted {state.best_score:.3f} at step {state.best_step})")
     budget = settings.minutes * 60.0
     live = live or (lambda line: None)
+    progress = progress or (lambda event: None)
+    should_stop = should_stop or (lambda: False)
+
+    def save() -> None:
+        _atomic_save({"module": module.state_dict(), "optimizer": optimizer.state_dict(),
+                      "rng": rng.bit_generator.state, "state": state}, checkpoint)
 
     def evaluate_and_save(loss: float) -> float:
         """Returns the seconds it took (counted in the budget, as training steps are)."""
@@ -111,9 +126,10 @@ def train_loop(module: torch.nn.Module, step_fn: StepFn, eval_fn: EvalFn, settin
             state.best_score, state.best_step = score, state.step
             state.best_state = copy.deepcopy({k: v.detach().cpu() for k, v in module.state_dict().items()})
         state.elapsed += time.perf_counter() - started
-        _atomic_save({"module": module.state_dict(), "optimizer": optimizer.state_dict(),
-                      "rng": rng.bit_generator.state, "state": state}, checkpoint)
+        save()
         report(progress_line(state, loss, figures, budget))
+        progress({"phase": "train", "step": state.step, "loss": None if math.isnan(loss) else loss,
+                  "elapsed_s": state.elapsed, "budget_s": budget, **figures})
         return time.perf_counter() - started
 
     def done() -> bool:
@@ -125,6 +141,12 @@ def train_loop(module: torch.nn.Module, step_fn: StepFn, eval_fn: EvalFn, settin
     if state.step == 0 and not state.history:
         eval_cost = evaluate_and_save(loss_value)  # the untrained drafter is the first candidate
     while not done():
+        if should_stop():
+            save()
+            state.paused = True
+            report(f"paused at step {state.step} ({format_left(budget - state.elapsed)} of the budget left): "
+                   "run it again with --resume to continue")
+            return state
         started = time.perf_counter()
         lr = settings.peak_lr * min(1.0, (state.step + 1) / max(1, settings.warmup_steps))
         for group in optimizer.param_groups:
@@ -138,6 +160,8 @@ def train_loop(module: torch.nn.Module, step_fn: StepFn, eval_fn: EvalFn, settin
         state.elapsed += time.perf_counter() - started
         loss_value = float(loss.detach())
         live(f"step {state.step} · loss {loss_value:.4f} · {format_left(budget - state.elapsed)} left")
+        progress({"phase": "train", "step": state.step, "loss": loss_value, "elapsed_s": state.elapsed,
+                  "budget_s": budget})
         # Evaluations take at most about a fifth of the budget, however slow they are here.
         interval = max(settings.eval_seconds, 4 * eval_cost)
         if state.elapsed - last_eval_time >= interval or state.step - last_eval_step >= settings.eval_every or done():

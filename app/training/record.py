@@ -127,10 +127,15 @@ Report = Callable[[str], None]
 
 
 def record(engine, prompts: Sequence[Prompt], settings: RecordSettings, folder: Path, name: str,
-           report: Optional[Report] = None) -> list[Path]:
+           report: Optional[Report] = None, progress: Optional[Callable[[dict], None]] = None,
+           should_stop: Optional[Callable[[], bool]] = None) -> list[Path]:
     """Record `prompts` into folder/name-NNNNN.npz (kept across runs: a resumed run records only
-    what is missing); returns the files, in prompt order, stopping at the size limit."""
+    what is missing); returns the files, in prompt order, stopping at the size limit or when
+    `should_stop` says so (a pause: what is recorded stays). `progress` gets
+    {"phase": "record", "set": name, "done": i, "total": n} after each prompt."""
     report = report or (lambda message: None)
+    progress = progress or (lambda event: None)
+    should_stop = should_stop or (lambda: False)
     folder.mkdir(parents=True, exist_ok=True)
     for stale in folder.glob("*.tmp-*"):
         stale.unlink(missing_ok=True)
@@ -141,6 +146,8 @@ def record(engine, prompts: Sequence[Prompt], settings: RecordSettings, folder: 
         if path.is_file():
             files.append(path)
             continue
+        if should_stop():
+            break
         try:
             sequence = record_one(engine, network, prompt, settings)
         except SpecDeskError as e:
@@ -153,6 +160,7 @@ def record(engine, prompts: Sequence[Prompt], settings: RecordSettings, folder: 
             break
         used += _save(path, sequence)
         files.append(path)
+        progress({"phase": "record", "set": name, "done": index + 1, "total": len(prompts)})
         if (index + 1) % 25 == 0 or index + 1 == len(prompts):
             report(f"recorded {index + 1}/{len(prompts)} {name} prompts ({used / 2**20:.1f} MiB)")
     return files
