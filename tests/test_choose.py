@@ -85,3 +85,38 @@ def test_a_broken_suggestion_list_names_its_file(tmp_path):
     bad.write_text(json.dumps({"pairs": [{"name": "x"}]}))
     with pytest.raises(SpecDeskError, match="curated.json"):
         load_pairs(bad)
+
+
+def test_a_drafter_trained_here_is_chosen_only_when_it_paid(demo_family, tmp_path):
+    """train-drafter's provenance.json beside a drafter decides: one that did not beat what the
+    target had is listed with its verdict and kept, never the default; one that did is chosen
+    first, with its measured speedup."""
+    import shutil
+
+    out = tmp_path / "target-hf-dflash-trained"
+    drafter = out / "dflash"
+    shutil.copytree(demo_family["dflash_hf"], drafter)
+    target = read_model(demo_family["target_hf"])
+    entries = [target, read_model(str(drafter))]
+    assert choose_for(target.path, entries, records=[]).draft == str(drafter)  # no provenance: made for it
+
+    def trained(adopted: bool, reason: str) -> None:
+        (out / "provenance.json").write_text(json.dumps({
+            "method": "dflash", "drafter": str(drafter), "gguf": None, "trained_here": True,
+            "trained_at": "2026-12-02T07:00:00+00:00", "speedup": 1.62 if adopted else 0.47,
+            "adopted": adopted, "reason": reason}))
+
+    trained(False, "trained DFlash: 0.47x, below n-gram 1.24x")
+    native = [d for d in pairing.native_drafters(target, entries) if d.get("path") == str(drafter)]
+    assert native and native[0]["trained"]["adopted"] is False
+    assert "trained here 2026-12-02, kept, not adopted: trained DFlash: 0.47x, below n-gram 1.24x" in native[0]["why"]
+    choice = choose_for(target.path, entries, records=[])
+    assert choice.draft is None
+    assert "the dflash drafter trained here is kept, not used (trained DFlash: 0.47x, below n-gram 1.24x)" in choice.why
+
+    trained(True, "trained DFlash: 1.62x, above n-gram 1.24x")
+    choice = choose_for(target.path, entries, records=[])
+    assert choice.draft == str(drafter) and "trained here (1.62x measured)" in choice.why
+
+    (out / "provenance.json").write_text("{not json")  # damaged: a drafter like any other
+    assert choose_for(target.path, entries, records=[]).draft == str(drafter)

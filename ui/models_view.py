@@ -426,6 +426,7 @@ class ModelsView(QWidget):
 
     def _show_library(self, entries: list[ModelEntry]) -> None:
         from specdesk.app.models.pairing import native_drafters
+        from specdesk.app.training.adopt import provenance_line, read_provenance
 
         self.entries = entries
         self.library.setRowCount(0)
@@ -434,6 +435,9 @@ class ModelsView(QWidget):
             self.library.insertRow(row)
             native = ", ".join(sorted({d["method"] for d in native_drafters(e, entries)})) if e.ok and not e.drafter \
                 else (f"is {method_info(e.drafter).drafter}" if e.drafter else "")
+            record = read_provenance(e.path) if e.drafter else None
+            if record is not None:  # trained here: its verdict, measured against what the target had
+                native = f"{native}; {provenance_line(record)}"
             values = [model_label(e.name, e.path), e.source, e.format, e.architecture or "-", _parameters(e.parameters),
                       e.quantization or "-", e.context_length or "-", e.vocab_size or "-",
                       human_bytes(e.size_bytes) if e.size_bytes else "-", native, e.path]

@@ -26,6 +26,26 @@ def _same(a: Optional[str], b: Optional[str]) -> bool:
     return bool(a and b) and os.path.realpath(a) == os.path.realpath(b)
 
 
+def _may_default(drafter: dict) -> bool:
+    """A drafter trained here that did not beat what the target had is kept, never the default."""
+    return (drafter.get("trained") or {}).get("adopted", True)
+
+
+def _drafter_words(drafter: dict) -> str:
+    """"dflash drafter made for it (dflash)" or "... trained here (1.62x measured)"."""
+    trained = drafter.get("trained")
+    origin = (f"trained here ({trained['speedup']:.2f}x measured)" if trained and trained.get("speedup")
+              else "made for it")
+    return f"{drafter['method']} drafter {origin} ({os.path.basename(drafter['path'])})"
+
+
+def _not_adopted(drafters) -> str:
+    """"; the eagle3 drafter trained here is kept, not used (trained EAGLE-3: 0.47x, below n-gram 1.24x)"."""
+    kept = [d for d in drafters if d.get("trained") and not d["trained"]["adopted"]]
+    return "".join(f"; the {d['method']} drafter trained here is kept, not used ({d['trained']['reason']})"
+                   for d in kept[:1])
+
+
 def choose_for(target_path: str, entries: Iterable[ModelEntry], current_draft: Optional[str] = None,
                records: Optional[list] = None) -> UseChoice:
     """The draft for `target_path`: the current one if it still fits, else a local drafter file made
@@ -39,25 +59,24 @@ def choose_for(target_path: str, entries: Iterable[ModelEntry], current_draft: O
         raise SpecDeskError(target.error)
     name = target.name or os.path.basename(target.path)
     if target.format != "gguf":  # a PyTorch target: its own drafter folders only
-        local = [d for d in native_drafters(target, entries) if d["source"] == "local" and d.get("path")
+        found = [d for d in native_drafters(target, entries) if d["source"] == "local" and d.get("path")
                  and d["method"] != "mtp"]
+        local = [d for d in found if _may_default(d)]
         if current_draft and any(_same(d["path"], current_draft) for d in local):
             return UseChoice(target.path, current_draft, f"{name}: kept the current drafter")
         if local:
-            return UseChoice(target.path, local[0]["path"], f"{name}: with its {local[0]['method']} drafter "
-                                                            f"({os.path.basename(local[0]['path'])})")
-        return UseChoice(target.path, None, f"{name}: no drafter for it here; Auto drafts from the text itself")
+            return UseChoice(target.path, local[0]["path"], f"{name}: with its {_drafter_words(local[0])}")
+        return UseChoice(target.path, None, f"{name}: no drafter for it here{_not_adopted(found)}; Auto drafts "
+                                            "from the text itself")
     report = pair(target.path, entries, records=records)
     compatible = {os.path.realpath(v.path): v for v in report.compatible}
     drafters = [d for d in report.native if d["source"] == "local" and d.get("path") and d["method"] != "mtp"
-                and not _same(d["path"], target.path)]
+                and not _same(d["path"], target.path) and _may_default(d)]
     if current_draft and (os.path.realpath(current_draft) in compatible
                           or any(_same(d["path"], current_draft) for d in drafters)):
         return UseChoice(target.path, current_draft, f"{name}: kept the current draft")
     if drafters:
-        d = drafters[0]
-        return UseChoice(target.path, d["path"], f"{name}: with the {d['method']} drafter made for it "
-                                                  f"({os.path.basename(d['path'])})")
+        return UseChoice(target.path, drafters[0]["path"], f"{name}: with the {_drafter_words(drafters[0])}")
     paying = [v for v in report.compatible if v.score > 1.0]
     if paying:
         best = paying[0]
@@ -65,6 +84,7 @@ def choose_for(target_path: str, entries: Iterable[ModelEntry], current_draft: O
         return UseChoice(target.path, best.path, f"{name}: with the draft {best.name} "
                                                  f"({best.score:.2f}x {basis} at k = {best.k})")
     why = ("no draft here fits its vocabulary" if not report.compatible else "no draft here is expected to pay")
+    why += _not_adopted(report.native)
     if any(d["method"] == "mtp" and d["source"] == "in-file" for d in report.native):
         why += "; its own MTP layers draft"
     return UseChoice(target.path, None, f"{name}: {why}; Auto drafts without one")

@@ -398,6 +398,30 @@ def mtp_twin(target: ModelEntry, other: ModelEntry) -> bool:
             == (b.n_embd, b.n_head, b.n_head_kv, b.key_length, b.value_length))
 
 
+def _with_provenance(found: list[dict]) -> None:
+    """Drafters trained here carry their measured verdict (app/training/adopt.read_provenance):
+    the why says it, and the local ones are ordered adopted first (by measured speedup), then
+    drafters from elsewhere, then trained ones that did not pay, which are kept, never chosen."""
+    from specdesk.app.training.adopt import provenance_line, read_provenance
+
+    for d in found:
+        if d["source"] != "local" or not d.get("path"):
+            continue
+        record = read_provenance(d["path"])
+        if record is not None:
+            d["trained"] = {"adopted": record["adopted"], "speedup": record.get("speedup"),
+                            "reason": record.get("reason", ""), "at": record.get("trained_at")}
+            d["why"] = f"{d['why']}; {provenance_line(record)}"
+
+    def rank(d: dict) -> tuple:
+        trained = d.get("trained")
+        if trained is None:
+            return (1, 0.0)
+        return (0, -(trained["speedup"] or 0.0)) if trained["adopted"] else (2, 0.0)
+    order = {id(d): i for i, d in enumerate(found)}
+    found.sort(key=lambda d: (rank(d) if d["source"] == "local" else (-1, 0.0), order[id(d)]))
+
+
 def native_drafters(target: ModelEntry, entries: Iterable[ModelEntry], table: Optional[list] = None) -> list[dict]:
     """MTP layers in the file, this target exported with MTP layers, drafter checkpoints found
     locally (HF folders by their config, GGUF files by their header), and ones known by name."""
@@ -438,6 +462,7 @@ def native_drafters(target: ModelEntry, entries: Iterable[ModelEntry], table: Op
             found.append({"method": e.drafter, "source": "local", "path": e.path, "repo": e.repo_id,
                           "why": "published for this target" if listed else
                           f"built for a {target_layers}-layer target with this vocabulary"})
+    _with_provenance(found)
     for repo, d in known_repos.items():
         if repo not in local_repos:
             found.append({"method": d["method"], "source": "hub", "repo": repo,
