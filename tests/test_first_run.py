@@ -61,14 +61,21 @@ def test_the_card_downloads_the_suggested_pair_and_hands_over_a_compatible_draft
     assert running_threads() == []
 
 
-def test_a_cancelled_download_resumes(qtbot, served_pair):
+def test_a_cancelled_download_resumes(qtbot, served_pair, tmp_path):
     server, pair = served_pair
     card = first_run.FirstRunCard(pair, 16 << 30, "RAM")
     qtbot.addWidget(card)
     server.hold_at = 4096
+
+    def partial_written() -> bool:
+        # Bytes of the target on disk: the card reports "downloading … 0 B" as soon as the response
+        # opens, and a cancel before the first chunk is written leaves nothing to resume from.
+        return any(p.stat().st_size > 0 for p in (tmp_path / "hf-cache").rglob("*.incomplete"))
+
     with qtbot.waitSignal(card._lane.failed, timeout=TIMEOUT_MS):
         card.get_button.click()
-        qtbot.waitUntil(lambda: card.progress.value() > 0 or "downloading" in card.status.text(), timeout=TIMEOUT_MS)
+        qtbot.waitUntil(lambda: partial_written() and "downloading the target" in card.status.text(),
+                        timeout=TIMEOUT_MS)
         card.get_button.click()  # Cancel
         server.released.set()
     assert card.get_button.text() == "Resume download"
