@@ -38,6 +38,22 @@ def served_pair(tmp_path, monkeypatch, demo_family):
         yield server, pair
 
 
+@pytest.fixture(autouse=True)
+def cards_shut_down(monkeypatch):
+    """Every card a test made ends its download thread, even when the test failed halfway (a
+    thread left running would fail the next file's thread check instead)."""
+    made = []
+    original = first_run.FirstRunCard.__init__
+
+    def init(self, *args, **kwargs):
+        original(self, *args, **kwargs)
+        made.append(self)
+    monkeypatch.setattr(first_run.FirstRunCard, "__init__", init)
+    yield
+    for card in made:
+        card.shutdown()
+
+
 def test_the_card_downloads_the_suggested_pair_and_hands_over_a_compatible_draft(qtbot, served_pair):
     server, pair = served_pair
     card = first_run.FirstRunCard(pair, 16_000_000_000, "RAM")
