@@ -522,6 +522,26 @@ def test_sizes_not_run_are_priced_hopefully_then_measured():
     assert stored.pass_s[1] == pytest.approx(0.030) and stored.pass_s[4] == pytest.approx(0.150)
 
 
+def test_a_plain_pass_not_measured_lately_is_measured_again():
+    """Every speedup is counted against a plain pass. Priced only from drafted passes (which
+    carry a fed drafter's catch-up) it drifts and, never run, is never corrected: auto runs one
+    every REPROBE_EVERY steps until three are measured, then drafts."""
+    probe = Costs((1.0, 1.05, 1.1, 1.15, 1.2), {"draft": 0.0})
+    auto = AutoProposer({"draft": Fixed((5, 5, 5, 5))}, probe, 4)
+    auto.estimates["draft"] = estimate([0.9] * 4)
+    auto.begin([1, 2, 3])
+    plain = []
+    for step in range(1, 60):
+        draft = auto.propose([1, 2, 3], 4)
+        if not draft.tokens:
+            plain.append(step)
+        auto.record_timing(1 + len(draft.tokens), 2.0 if draft.tokens else 1.0, 0.0, 0.0)
+        auto.accept(len(draft.tokens), [5] * (1 + len(draft.tokens)))
+    assert plain[:3] == [REPROBE_EVERY, 2 * REPROBE_EVERY, 3 * REPROBE_EVERY], plain
+    assert len(plain) == 3 and 1 in auto.cost_model.learned_sizes()
+    assert auto.choice.reason.startswith("draft")
+
+
 def test_auto_reports_its_choices_and_costs_on_a_real_run(demo_family, tmp_path):
     from specdesk.engines.llama.engine import LlamaEngine
 

@@ -86,6 +86,7 @@ class AutoProposer:
         self.estimates = {m: learned.setdefault(m, AcceptanceEstimate(max_k)) for m in self.proposers}
         self.last_used = {m: 0 for m in self.proposers}
         self.steps = 0
+        self.last_plain = 0  # the step that last ran a plain pass (nothing drafted)
         self.choice = Choice("none", 0, 1.0, "no speculation: not started")
         self._pending: Optional[tuple[str, int, int]] = None  # (method, k asked, drafted) of this step
         self._missed: Optional[str] = None  # the method that found nothing this step, before its fallback
@@ -121,14 +122,20 @@ class AutoProposer:
     def begin(self, prompt: Sequence[int]) -> None:
         for proposer in self.proposers.values():
             proposer.begin(prompt)
-        self.steps = 0
+        self.steps = self.last_plain = 0
         self.last_used = {m: 0 for m in self.proposers}
         self.last_chosen = {m: 0 for m in self.proposers}
         self._previous_drafter = None  # a new prompt: every method catches up first
 
     def decide(self, k_budget: int) -> Choice:
         """This step's choice (from history only); a method unused for REPROBE_EVERY steps
-        drafts once at its best k, so a change of text can bring it back."""
+        drafts once at its best k, so a change of text can bring it back. A plain pass not
+        measured lately (costs.FORGET_AFTER) runs once every REPROBE_EVERY steps until it is
+        again: every speedup is counted against it, and priced from the drafted passes alone it
+        drifts with whatever those carry (a fed drafter's catch-up) and is never corrected."""
+        if (self.learn_costs and self.cost_model.passes_seen and self.steps - self.last_plain >= REPROBE_EVERY
+                and 1 not in self.cost_model.learned_sizes()):
+            return Choice("none", 0, 1.0, "no speculation: measuring a plain pass again")
         choice = choose(self.costs, self.estimates, max(1, min(self.max_k, k_budget)), self.extra_s())
         if choice.method in self.last_chosen:
             self.last_chosen[choice.method] = self.steps
@@ -167,6 +174,8 @@ class AutoProposer:
                 self.choice = Choice(fallback, fallback_k, self.choice.expected_speedup,
                                      f"{method} found nothing: {fallback}, k = {fallback_k} "
                                      f"(expected {self.choice.expected_speedup:.2f}x with {method})")
+        if not draft.tokens:
+            self.last_plain = self.steps
         label = f"{self.choice.method} k={self.choice.k}" if draft.tokens else "none"
         self.usage[label] = self.usage.get(label, 0) + 1
         self.counters.record_proposal(len(draft.tokens), time.perf_counter() - started)
