@@ -482,50 +482,10 @@ def test_a_machine_that_got_busy_makes_auto_draft_longer():
     assert choice.method == "draft" and choice.k >= 3, choice
 
 
-def test_a_size_measured_on_a_busy_machine_is_forgotten_once_it_is_quiet():
-    """A size's measurements count for FORGET_AFTER passes: one priced while the machine was
-    busy and not run since takes the probe's shape at the level the sizes run now show."""
-    probe = Costs((1.0, 1.5, 2.0, 2.5), {})
-    model = cost_cache.CostModel(probe)
-    for _ in range(3):
-        model.record_pass(4, 40.0)  # a busy moment
-    assert model.costs().pass_s[3] == 40.0
-    for _ in range(cost_cache.FORGET_AFTER):  # quiet again; only one-token passes run
-        model.record_pass(1, 1.0)
-    assert model.learned_sizes() == [1]
-    assert model.costs().pass_s == pytest.approx((1.0, 1.5, 2.0, 2.5))
-
-
-def test_sizes_not_run_are_priced_hopefully_then_measured():
-    """Learning corrects only the sizes auto runs. Sizes it has not run take the cheaper of the
-    probe's shape and a line through the sizes it has, so long passes that became cheap (a busy
-    machine, where scheduling dominates) are tried and measured; the file keeps the probe's
-    shape for them, not the hope."""
-    probe = Costs((1.0, 1.8, 2.6, 3.4, 4.2), {"draft": 0.0})  # probed quiet: a long pass costs 4x
-    model = cost_cache.CostModel(probe)
-    auto = AutoProposer({"draft": Fixed((5, 5, 5, 5))}, model, 4)
-    auto.estimates["draft"] = estimate([0.5] * 4)
-    assert auto.decide(4).method == "none"
-    for n in (1, 2):  # now busy: a pass over 1 or 2 tokens takes 30 ms either way
-        for _ in range(3):
-            auto.record_timing(n, 0.030, 0.0, 0.0)
-    costs = model.costs()
-    assert costs.pass_s[4] < 0.031  # the line, not the probe's 4x
-    assert model._estimate(hopeful=False).pass_s[4] == pytest.approx(0.030 / 1.8 * 4.2)  # the file keeps the shape
-    choice = auto.decide(4)
-    assert choice.method == "draft" and choice.k == 4, choice
-    for _ in range(3):  # tried: a 5-token pass really costs 5x now
-        auto.record_timing(5, 0.150, 0.0, 0.0)
-    assert model.learned_sizes() == [1, 2, 5] and model.costs().pass_s[4] == pytest.approx(0.150)
-    assert auto.decide(4).k < 4
-    stored = model._estimate(hopeful=False)
-    assert stored.pass_s[1] == pytest.approx(0.030) and stored.pass_s[4] == pytest.approx(0.150)
-
-
-def test_a_plain_pass_not_measured_lately_is_measured_again():
+def test_a_plain_pass_is_measured_before_auto_relies_on_it():
     """Every speedup is counted against a plain pass. Priced only from drafted passes (which
     carry a fed drafter's catch-up) it drifts and, never run, is never corrected: auto runs one
-    every REPROBE_EVERY steps until three are measured, then drafts."""
+    every REPROBE_EVERY steps until three are measured, then only drafts."""
     probe = Costs((1.0, 1.05, 1.1, 1.15, 1.2), {"draft": 0.0})
     auto = AutoProposer({"draft": Fixed((5, 5, 5, 5))}, probe, 4)
     auto.estimates["draft"] = estimate([0.9] * 4)

@@ -129,10 +129,10 @@ class AutoProposer:
 
     def decide(self, k_budget: int) -> Choice:
         """This step's choice (from history only); a method unused for REPROBE_EVERY steps
-        drafts once at its best k, so a change of text can bring it back. A plain pass not
-        measured lately (costs.FORGET_AFTER) runs once every REPROBE_EVERY steps until it is
-        again: every speedup is counted against it, and priced from the drafted passes alone it
-        drifts with whatever those carry (a fed drafter's catch-up) and is never corrected."""
+        drafts once at its best k, so a change of text can bring it back. Until a plain pass has
+        been measured (costs.MIN_SAMPLES of them), one runs every REPROBE_EVERY steps: every
+        speedup is counted against it, and priced from the drafted passes alone it drifts with
+        whatever those carry (a fed drafter's catch-up) and is never corrected."""
         if (self.learn_costs and self.cost_model.passes_seen and self.steps - self.last_plain >= REPROBE_EVERY
                 and 1 not in self.cost_model.learned_sizes()):
             return Choice("none", 0, 1.0, "no speculation: measuring a plain pass again")

@@ -7,12 +7,8 @@ method set seeds them (`measure_costs`); it is a job of its own, run through the
 factory's `prepare` before the first auto reply and never inside one, and what it measured is
 kept in memory and, where the engine names a folder, in a JSON file there (`load_or_measure`).
 Every pass auto then runs is a measurement that updates them (`CostModel`: medians over a
-short window, forgotten when a size has not run lately), so a machine that gets busier or
-quieter is followed within a few steps, and the file keeps what the replies learned. A size
-auto has not run lately is predicted hopefully (the cheaper of the probe's shape and a line
-through the sizes it did run), so a change that made long passes cheap is tried and then
-measured rather than assumed away; there is no re-probe. engines/speculation/chooser.py reads
-them.
+short window), so a machine that gets busier or quieter is followed within a few steps, and
+the file keeps what the replies learned. engines/speculation/chooser.py reads them.
 """
 
 from __future__ import annotations
@@ -38,7 +34,6 @@ PROBE_TEXT = ("def fibonacci(n):\n    if n < 2:\n        return n\n    return fi
 
 WINDOW = 16  # recent measurements kept per pass size and per method
 MIN_SAMPLES = 3  # a size's own median is trusted from this many measurements on
-FORGET_AFTER = 96  # a pass size's measurements older than this many passes no longer count
 SAVE_EVERY = 64  # recorded passes between writes of the learned costs to the cost cache
 
 
@@ -55,31 +50,23 @@ class CostModel:
     method's drafting seconds per token, and a fed hidden-state drafter's catch-up. Each is
     kept as the median of a short window, so a single slow pass (a scheduling hiccup) moves
     nothing while a lasting change of the machine (load, battery, throttling) shows within a
-    few steps. A pass size's measurements are forgotten FORGET_AFTER passes later: a size
-    measured while the machine was busy does not keep that price once it is quiet.
-
-    A size not measured lately is predicted from the probe's cost for it, scaled by how far
-    the sizes around it moved from the probe (the probe gives the shape, the passes the
-    level), or from a line through the measured sizes where that is cheaper. The hopeful
-    choice is deliberate: learning corrects only the sizes auto runs, so a size priced too
-    high is never run and never corrected, while one priced too low is run, measured and
-    corrected within MIN_SAMPLES passes. Under load a long pass costs little more than a
-    short one (scheduling dominates), which the probe's shape cannot know and the line shows."""
+    few steps. A size not run lately is the probe's cost for it, scaled by how far the sizes
+    around it that were run moved from the probe: the probe gives the shape, the passes the level."""
 
     def __init__(self, probe: Costs, on_update=None):
         self.probe = probe
-        self.passes = [deque(maxlen=WINDOW) for _ in probe.pass_s]  # size n = index + 1: (pass number, seconds)
+        self.passes = [deque(maxlen=WINDOW) for _ in probe.pass_s]  # size n = index + 1
         self.drafting = {m: deque(maxlen=WINDOW) for m in probe.draft_token_s}
         self.observing = {m: deque(maxlen=WINDOW) for m in probe.observe_s}
         self.recorded = 0
-        self.passes_seen = 0
+        self.passes_seen = 0  # passes recorded in all
         self._costs: Optional[Costs] = probe
-        self._on_update = on_update  # called with the measured Costs every SAVE_EVERY passes
+        self._on_update = on_update  # called with the learned Costs every SAVE_EVERY passes
 
     def record_pass(self, n_tokens: int, seconds: float) -> None:
         if 1 <= n_tokens <= len(self.passes) and seconds > 0:
+            self.passes[n_tokens - 1].append(seconds)
             self.passes_seen += 1
-            self.passes[n_tokens - 1].append((self.passes_seen, seconds))
             self._changed()
 
     def record_drafting(self, method: str, drafted: int, seconds: float) -> None:
@@ -96,14 +83,10 @@ class CostModel:
         self._costs = None
         self.recorded += 1
         if self._on_update is not None and self.recorded % SAVE_EVERY == 0:
-            self._on_update(self._estimate(hopeful=False))
-
-    def _recent(self, n: int) -> list[float]:
-        """Size n's measurements from the last FORGET_AFTER passes."""
-        return [s for seen, s in self.passes[n - 1] if seen > self.passes_seen - FORGET_AFTER]
+            self._on_update(self.costs())
 
     def learned_sizes(self) -> list[int]:
-        return [n for n in range(1, len(self.passes) + 1) if len(self._recent(n)) >= MIN_SAMPLES]
+        return [n for n, window in enumerate(self.passes, start=1) if len(window) >= MIN_SAMPLES]
 
     def costs(self) -> Costs:
         """The current estimate (cached until the next measurement)."""
@@ -111,28 +94,16 @@ class CostModel:
             self._costs = self._estimate()
         return self._costs
 
-    def _estimate(self, hopeful: bool = True) -> Costs:
-        """The costs now. `hopeful`: sizes not measured lately take the cheaper of the probe's
-        shape and a line through the measured sizes (what auto chooses with); without it, the
-        probe's shape alone (what the cost file keeps for the next run)."""
+    def _estimate(self) -> Costs:
         probe = self.probe.pass_s
-        learned = {n: _median(self._recent(n)) for n in self.learned_sizes()}
+        learned = {n: _median(self.passes[n - 1]) for n in self.learned_sizes()}
         sizes = sorted(learned)
         # How far each measured size moved from the probe, interpolated between measured sizes
         # (the nearest one's beyond them): under load a long pass moves less than a short one.
         ratios = [learned[n] / probe[n - 1] for n in sizes]
-        line = np.polyfit(sizes, [learned[n] for n in sizes], 1) if hopeful and len(sizes) >= 2 else None
-        pass_s = []
-        for n in range(1, len(probe) + 1):
-            if n in learned:
-                pass_s.append(learned[n])
-                continue
-            shaped = probe[n - 1] * (float(np.interp(n, sizes, ratios)) if sizes else 1.0)
-            if line is not None:
-                # Never below the measured size under it: a longer pass does not cost less.
-                floor = max((learned[m] for m in sizes if m < n), default=0.0)
-                shaped = min(shaped, max(floor, float(np.polyval(line, n))))
-            pass_s.append(shaped)
+        pass_s = [learned[n] if n in learned else
+                  probe[n - 1] * (float(np.interp(n, sizes, ratios)) if sizes else 1.0)
+                  for n in range(1, len(probe) + 1)]
         # Larger passes never cost less: where noise says so, the smaller size takes the larger's time.
         for i in range(len(pass_s) - 2, -1, -1):
             pass_s[i] = min(pass_s[i], pass_s[i + 1])
@@ -172,7 +143,7 @@ class CostModel:
                 "draft_token_ms": {m: round(s * 1e3, 3) for m, s in costs.draft_token_s.items()},
                 "draft_step_ms": {m: round(s * 1e3, 3) for m, s in costs.draft_step_s.items()},
                 "observe_ms": {m: round(s * 1e3, 3) for m, s in costs.observe_s.items()},
-                "passes_recorded": self.passes_seen}
+                "passes_recorded": sum(len(w) for w in self.passes)}
 
 
 _models: dict[str, CostModel] = {}  # cost key -> the model every run on those models learns into
