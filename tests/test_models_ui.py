@@ -134,6 +134,29 @@ def test_library_table_shows_metadata_and_errors(qtbot, make_view, demo_family, 
     assert "2 unusable" in view.status.text()
 
 
+def test_a_library_row_and_the_pairing_dialog_open_training_for_that_model(qtbot, make_view, demo_family):
+    """A row's menu offers "Train a drafter for this model…" (a drafter's row does not), and so
+    does the pairing dialog; the dialog trains the GGUF from the library's folder of the same model."""
+    from specdesk.ui.train_dialog import TrainDrafterDialog
+
+    view = make_view()
+    load_library(qtbot, view)
+    view.library.selectRow(row_of(view, demo_family["target_gguf"]))
+    menu = view.row_menu()
+    actions = {a.text(): a for a in menu.actions()}
+    assert list(actions) == ["Use this model", "Use as draft", "Pair drafts…", "Train a drafter for this model…"]
+    actions["Train a drafter for this model…"].trigger()
+    dialog = view.findChildren(TrainDrafterDialog)[-1]
+    assert dialog.target_gguf == demo_family["target_gguf"]
+    dialog.close()
+    pairing = view.open_pairing(next(e for e in view.entries if e.path == demo_family["target_gguf"]))
+    qtbot.waitUntil(lambda: pairing.report is not None, timeout=TIMEOUT_MS)
+    pairing.train_button.click()
+    assert len(view.findChildren(TrainDrafterDialog)) == 2
+    view.findChildren(TrainDrafterDialog)[-1].close()
+    pairing.close()
+
+
 def test_search_list_and_download_with_progress(qtbot, make_view, hub, tmp_path):
     view = make_view()
     view.query.setText("acme")

@@ -21,7 +21,7 @@ from typing import Any, Callable, ClassVar, Optional
 
 from PySide6.QtCore import Qt, Signal, Slot
 from PySide6.QtWidgets import (QAbstractItemView, QCheckBox, QDialog, QDialogButtonBox, QFileDialog, QGridLayout,
-                               QGroupBox, QHBoxLayout, QHeaderView, QLabel, QLineEdit, QProgressBar, QPushButton,
+                               QGroupBox, QHBoxLayout, QHeaderView, QLabel, QLineEdit, QMenu, QProgressBar, QPushButton,
                                QSplitter, QTableWidget, QTableWidgetItem, QVBoxLayout, QWidget)
 
 from specdesk.app.models.hub import DownloadCancelled, DownloadProgress, human_bytes
@@ -123,6 +123,7 @@ class PairingDialog(QDialog):
 
     MAX_COLUMN_WIDTH = 420  # px: columns before "why" (names, paths) give it room to wrap in
     use = Signal(str, str)  # "Use this pair": the target with the chosen compatible draft
+    train = Signal(str)  # "Train a drafter…" for this target
 
     def __init__(self, target: ModelEntry, parent: Optional[QWidget] = None):
         super().__init__(parent)
@@ -150,6 +151,10 @@ class PairingDialog(QDialog):
         self.use_button.setToolTip("load the target with the selected draft")
         self.use_button.setEnabled(False)
         self.use_button.clicked.connect(self._use_clicked)
+        self.train_button = buttons.addButton("Train a drafter…", QDialogButtonBox.ActionRole)
+        self.train_button.setToolTip("train an EAGLE-3 head, MTP layer or DFlash drafter for this target here, "
+                                     "from its own answers, and adopt it only if it pays")
+        self.train_button.clicked.connect(lambda: self.train.emit(self.target.path))
         self.compatible.itemSelectionChanged.connect(
             lambda: self.use_button.setEnabled(self.compatible.currentRow() >= 0))
         self.compatible.itemDoubleClicked.connect(lambda item: self._use_clicked())
@@ -277,13 +282,12 @@ class ModelsView(QWidget):
         self.refresh_button = QPushButton("Rescan", self)
         self.add_button = QPushButton("Add folder…", self)
         self.pair_button = QPushButton("Pair drafts…", self)
+        self.pair_button.setToolTip("the drafts here that fit this model, the ones that do not and why, and its "
+                                    "native drafters")
         self.use_button = QPushButton("Use this model", self)
         self.use_button.setToolTip("load it as the target, with the best compatible draft here (or none)")
         self.use_draft_button = QPushButton("Use as draft", self)
         self.use_draft_button.setToolTip("draft for the loaded target with it")
-        self.train_button = QPushButton("Train a drafter…", self)
-        self.train_button.setToolTip("train an EAGLE-3 head, MTP layer or DFlash drafter for this model here, "
-                                     "from its own answers, and adopt it only if it pays")
         self.status = QLabel("", self)
         self.source_boxes: dict[str, QCheckBox] = {}
         if self._settings is not None:  # other apps' folders, each switchable (kept in settings)
@@ -322,11 +326,11 @@ class ModelsView(QWidget):
         self.placement.setWordWrap(True)
         library_layout.addWidget(self.placement)
         buttons = QHBoxLayout()  # what to do with the selected row; the folders scanned on a row below
-        for b in (self.use_button, self.use_draft_button, self.pair_button, self.train_button, self.refresh_button,
-                  self.add_button):
+        for b in (self.use_button, self.use_draft_button, self.pair_button, self.refresh_button, self.add_button):
             buttons.addWidget(b)
         buttons.addStretch(1)
         library_layout.addLayout(buttons)
+
         if self.source_boxes:  # three to a row: a large font or a narrow window keeps them in view
             sources = QGridLayout()
             sources.addWidget(QLabel("Also scan:", self), 0, 0)
@@ -351,7 +355,9 @@ class ModelsView(QWidget):
         self.refresh_button.clicked.connect(self.refresh_library)
         self.add_button.clicked.connect(self._add_folder)
         self.pair_button.clicked.connect(self._pair_selected)
-        self.train_button.clicked.connect(self._train_selected)
+        # A row's menu: its actions, and "Train a drafter…", which has no room in the button row
+        self.library.setContextMenuPolicy(Qt.CustomContextMenu)
+        self.library.customContextMenuRequested.connect(self._row_menu)
         self.use_button.clicked.connect(lambda: self._use_selected(self.use_model))
         self.use_draft_button.clicked.connect(lambda: self._use_selected(self.use_as_draft))
         self.library.itemDoubleClicked.connect(lambda item: self._use_selected(self.use_model))
@@ -383,7 +389,6 @@ class ModelsView(QWidget):
         self.pair_button.setEnabled(entry is not None and entry.ok and entry.format == "gguf")
         self.use_button.setEnabled(entry is not None and entry.ok and not entry.drafter)
         self.use_draft_button.setEnabled(entry is not None and entry.ok)
-        self.train_button.setEnabled(entry is not None and entry.ok and not entry.drafter)
         self.download_button.setEnabled(self.files.currentRow() >= 0 and self.current_repo is not None)
 
     # --- library -----------------------------------------------------------------
@@ -598,6 +603,28 @@ class ModelsView(QWidget):
         GUI thread, `refused` its failure (message, cancelled); without it the tab reports it."""
         return self._jobs.submit(_Task(work=work, shown=shown, refused=refused)).job_id
 
+    def row_menu(self) -> Optional[QMenu]:
+        """The selected row's menu (None without a usable row)."""
+        entry = self.selected_entry()
+        if entry is None or not entry.ok:
+            return None
+        menu = QMenu(self)
+        if not entry.drafter:
+            menu.addAction("Use this model", lambda: self._use_selected(self.use_model))
+        menu.addAction("Use as draft", lambda: self._use_selected(self.use_as_draft))
+        if entry.format == "gguf":
+            menu.addAction("Pair drafts…", self._pair_selected)
+        if not entry.drafter:
+            train = menu.addAction("Train a drafter for this model…", self._train_selected)
+            train.setToolTip("an EAGLE-3 head, MTP layer or DFlash drafter trained here from the model's own "
+                             "answers, adopted only if it pays")
+        return menu
+
+    def _row_menu(self, where) -> None:
+        menu = self.row_menu()
+        if menu is not None:
+            menu.exec(self.library.viewport().mapToGlobal(where))
+
     def _train_selected(self) -> None:
         entry = self.selected_entry()
         if entry is not None:
@@ -625,6 +652,7 @@ class ModelsView(QWidget):
 
         dialog = PairingDialog(target, self)
         dialog.use.connect(self.use_pair)
+        dialog.train.connect(self.open_training)
         entries = list(self.entries)
         placement, draft_placement = self._placements()
         job = self._jobs.submit(_Task(work=lambda job: pair(target.path, entries, n_ctx=n_ctx, placement=placement,
