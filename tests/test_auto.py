@@ -502,6 +502,25 @@ def test_a_plain_pass_is_measured_before_auto_relies_on_it():
     assert auto.choice.reason.startswith("draft")
 
 
+def test_a_draft_model_behind_the_text_pays_its_catch_up_before_it_is_chosen():
+    """Coming back to the draft model after lookups drafted costs it a batch over the tokens it
+    has not seen; the chooser counts that, so a small edge does not make auto switch back and forth."""
+    costs = Costs((10e-3, 12e-3, 14e-3, 16e-3, 18e-3), {"draft": 1e-3, "ngram": 0.0})
+    assert costs.catch_up_cost("draft", 1) == 0.0 and costs.catch_up_cost("ngram", 40) == 0.0
+    assert costs.catch_up_cost("draft", 3) == pytest.approx(1e-3 * (14 / 10 - 1))
+    assert costs.catch_up_cost("draft", 9) == pytest.approx(1e-3 * ((18 + 4 * 2) / 10 - 1))
+    estimates = {"ngram": estimate([0.5] * 4), "draft": estimate([0.8] * 4)}
+    assert choose(costs, estimates, 4).method == "draft"
+    assert choose(costs, estimates, 4, method_s={"draft": costs.catch_up_cost("draft", 40)}).method == "ngram"
+
+    auto = AutoProposer({"ngram": Fixed((5, 5, 5, 5)), "draft": Fixed((5, 5, 5, 5))}, costs, 4)
+    auto.begin(list(range(10)))
+    assert auto.catch_up_s() == {"draft": 0.0}
+    auto._seen["draft"] = 10
+    auto._context_len = 50
+    assert auto.catch_up_s()["draft"] == pytest.approx(costs.catch_up_cost("draft", 40))
+
+
 def test_auto_reports_its_choices_and_costs_on_a_real_run(demo_family, tmp_path):
     from specdesk.engines.llama.engine import LlamaEngine
 

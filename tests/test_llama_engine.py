@@ -141,6 +141,8 @@ def _chi_square_same(a: Counter, b: Counter, min_expected: float = 5.0, max_cate
     return scipy_stats.chi2_contingency(table)[1]
 
 
+_PLAIN_ARMS: dict = {}  # (prompt, sampling, runs, positions) -> plain sampling's counts: seeded, so the same
+
 # Repeated imports: prompt lookup drafts on every step and the small demo target often follows them.
 REPETITIVE = "import os\nimport sys\nimport re\n" * 2 + "import os\nimport sys\nimport"
 
@@ -165,7 +167,10 @@ def test_sampling_distribution_matches_plain_sampling(engine, demo_family, metho
     prompt = engine.tokenize(text)
     spec = SpecConfig(method=method, k=4, draft_path=demo_family["draft_gguf"] if method == "draft" else None)
     runs, positions = 6000, (0, 2)
-    plain, _ = _token_counts(engine, prompt, SpecConfig(), sampling, runs, positions)
+    key = (tuple(prompt), sampling, runs, positions)  # ngram and ngram-pool share their plain arm
+    if key not in _PLAIN_ARMS:
+        _PLAIN_ARMS[key] = _token_counts(engine, prompt, SpecConfig(), sampling, runs, positions)[0]
+    plain = _PLAIN_ARMS[key]
     speculative, accepted = _token_counts(engine, prompt, spec, sampling, runs, positions)
     # Both paths must be exercised: accepted draft tokens and residual resampling after rejections.
     assert accepted >= 50, f"only {accepted} draft tokens accepted: the test would not exercise acceptance"

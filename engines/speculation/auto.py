@@ -91,6 +91,10 @@ class AutoProposer:
         self._pending: Optional[tuple[str, int, int]] = None  # (method, k asked, drafted) of this step
         self._missed: Optional[str] = None  # the method that found nothing this step, before its fallback
         self.usage: dict[str, int] = {}  # "method k=K" (or "none") -> steps, for reports
+        # Model-drafting methods (the draft model) -> how many committed tokens their own
+        # context holds: what they drafted and had accepted; the rest they must catch up on.
+        self._seen: dict[str, int] = {}
+        self._context_len = 0
         self._previous_drafter: Optional[str] = None  # the method that drafted the step before
 
     @property
@@ -122,6 +126,9 @@ class AutoProposer:
     def begin(self, prompt: Sequence[int]) -> None:
         for proposer in self.proposers.values():
             proposer.begin(prompt)
+        # begin() syncs every drafter with the prompt (a draft model prefills it there)
+        self._seen = {m: len(prompt) for m in self.proposers if method_info(m).takes == "draft_model"}
+        self._context_len = len(prompt)
         self.steps = self.last_plain = 0
         self.last_used = {m: 0 for m in self.proposers}
         self.last_chosen = {m: 0 for m in self.proposers}
@@ -136,7 +143,8 @@ class AutoProposer:
         if (self.learn_costs and self.cost_model.passes_seen and self.steps - self.last_plain >= REPROBE_EVERY
                 and 1 not in self.cost_model.learned_sizes()):
             return Choice("none", 0, 1.0, "no speculation: measuring a plain pass again")
-        choice = choose(self.costs, self.estimates, max(1, min(self.max_k, k_budget)), self.extra_s())
+        choice = choose(self.costs, self.estimates, max(1, min(self.max_k, k_budget)), self.extra_s(),
+                        self.catch_up_s())
         if choice.method in self.last_chosen:
             self.last_chosen[choice.method] = self.steps
         stale = [m for m in self.proposers if self.steps - self.last_used[m] >= REPROBE_EVERY and m != choice.method]
@@ -153,6 +161,7 @@ class AutoProposer:
     def propose(self, context: Sequence[int], k: int) -> Draft:
         started = time.perf_counter()
         self.steps += 1
+        self._context_len = len(context)
         self.choice = self.decide(k)
         method = self.choice.method
         if method == "none" or k <= 0:
@@ -188,6 +197,8 @@ class AutoProposer:
             chosen, asked, drafted = self._pending
             self.estimates[chosen].record(asked, drafted, n_accepted)
             self.proposers[chosen].accept(n_accepted, committed)
+            if chosen in self._seen:  # its context now holds the step's context and the accepted drafts
+                self._seen[chosen] = self._context_len + n_accepted
         if self._missed is not None:
             self.proposers[self._missed].accept(0, committed)
             self._missed = None
@@ -197,6 +208,14 @@ class AutoProposer:
         self._pending = None
         if self.observer_method and self.steps - self.last_chosen[self.observer_method] >= RETIRE_AFTER:
             self._retire(self.observer_method)
+
+    def catch_up_s(self) -> dict[str, float]:
+        """This step's catch-up per model-drafting method: the committed tokens it has not seen
+        since it last drafted (other methods drafted meanwhile), priced by Costs.catch_up_cost.
+        A method that drafted the step before is one token behind, as after its own steps."""
+        costs = self.costs
+        return {m: costs.catch_up_cost(m, self._context_len - seen) for m, seen in self._seen.items()
+                if m in self.proposers}
 
     def extra_s(self) -> float:
         """What feeding the hidden-state drafter adds to every step while it is fed."""

@@ -38,6 +38,22 @@ class Costs:
     def drafting_cost(self, method: str, drafted: float) -> float:
         return self.draft_step_s.get(method, 0.0) + self.draft_token_s.get(method, 0.0) * drafted
 
+    def catch_up_cost(self, method: str, behind: int) -> float:
+        """What a draft model pays before drafting when it is `behind` committed tokens (other
+        methods drafted meanwhile): one batch over them instead of the single token a step
+        after its own starts from, priced as its per-token cost scaled by the target's pass
+        shape (both run on this machine), growing past the measured sizes along the last step."""
+        extra = behind - 1
+        per_token = self.draft_token_s.get(method, 0.0)
+        if extra <= 0 or per_token <= 0.0:
+            return 0.0
+        last = len(self.pass_s)
+        n = 1 + extra
+        batch = self.pass_cost(min(n, last))
+        if n > last and last >= 2:
+            batch += (n - last) * max(0.0, self.pass_s[-1] - self.pass_s[-2])
+        return per_token * max(0.0, batch / self.pass_s[0] - 1.0)
+
     def pass_cost(self, n: float) -> float:
         """A pass over n tokens (fractional n: linear between measured sizes, the last size's
         cost beyond them). Plain floats: the chooser calls this K x methods times a step."""
@@ -165,12 +181,15 @@ def _mix(hit: float, drafted: tuple[float, float], missed: tuple[float, float]) 
     return (hit * drafted[0] + (1 - hit) * missed[0], hit * drafted[1] + (1 - hit) * missed[1])
 
 
-def choose(costs: Costs, estimates: Mapping[str, AcceptanceEstimate], max_k: int, extra_s: float = 0.0) -> Choice:
+def choose(costs: Costs, estimates: Mapping[str, AcceptanceEstimate], max_k: int, extra_s: float = 0.0,
+           method_s: Optional[Mapping[str, float]] = None) -> Choice:
     """The (method, k) with the highest expected tokens per second, or no speculation when
     nothing is expected to beat a plain pass (`extra_s`: a cost every step pays whatever is
-    chosen). A method that may find nothing to draft (n-gram lookups) is valued with its
-    fallback for those steps: the best other method on its own, or a plain pass. Ties go to no
-    speculation, then to the method listed first, then to the smaller k."""
+    chosen; `method_s`: what drafting with a method costs this step besides, a draft model's
+    catch-up on what other methods committed). A method that may find nothing to draft (n-gram
+    lookups) is valued with its fallback for those steps: the best other method on its own, or
+    a plain pass. Ties go to no speculation, then to the method listed first, then to the
+    smaller k."""
     plain = (1.0, costs.pass_s[0] + extra_s)
     rate = costs.pass_s[0]
     # Each method on its own (a miss is a plain pass after the lookup): its best (tokens, seconds, k).
@@ -178,7 +197,8 @@ def choose(costs: Costs, estimates: Mapping[str, AcceptanceEstimate], max_k: int
     outcomes: dict[str, list[tuple[float, float]]] = {}
     for method, estimate in estimates.items():
         per_position, share, hit = estimate.summary()
-        outcomes[method] = _outcomes(costs, method, per_position, share, max_k, extra_s)
+        outcomes[method] = _outcomes(costs, method, per_position, share, max_k,
+                                     extra_s + (method_s or {}).get(method, 0.0))
         miss = (1.0, plain[1] + costs.draft_token_s.get(method, 0.0))
         for k, outcome in enumerate(outcomes[method], start=1):
             tokens, seconds = _mix(hit, outcome, miss)
