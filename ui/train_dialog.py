@@ -74,7 +74,6 @@ class TrainDrafterDialog(QDialog):
         self.result: Optional[dict] = None
         self.curve_steps: list[float] = []
         self.curve_accepted: list[float] = []
-        self._phase = ""
         self.setWindowTitle(f"Train a drafter for {Path(target).name}")
         self.target_name = Path(target).name
         self.resize(720, 560)
@@ -239,6 +238,8 @@ class TrainDrafterDialog(QDialog):
         if not resume:
             self.curve_steps, self.curve_accepted = [], []
             self.curve.setData([], [])
+        if self.job is not None:
+            self.job.close()  # the run before (paused, cancelled or done): its queue
         self.job = TrainingJob(self.request(), resume=resume)
         self.job.start()
         self.bar.setRange(0, 0)  # busy until the first event: loading the target
@@ -306,7 +307,6 @@ class TrainDrafterDialog(QDialog):
                 self.bar.setFormat("failed")
                 errors = [line for line in self.log.toPlainText().splitlines() if line.startswith("error")]
                 self.status.setText(errors[-1] if errors else f"training stopped (exit status {code}); see the log")
-        self._phase = phase or self._phase
 
     def _show_training(self, event: dict) -> None:
         budget = max(1e-9, event["budget_s"])
@@ -339,7 +339,7 @@ class TrainDrafterDialog(QDialog):
         if self.job is not None and self.job.running:
             self.job.pause()  # a closed dialog leaves a resumable run, not a half-written one
             self.job.process.join(timeout=30)
-            if self.job.process.is_alive():
-                self.job.cancel()
+        if self.job is not None:
+            self.job.close()  # cancels one that did not pause in time, and closes its queue
         self.timer.stop()
         super().closeEvent(event)
