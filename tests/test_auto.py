@@ -317,7 +317,8 @@ def test_llama_sampled_auto_matches_plain_sampling(demo_family, tmp_path):
     Property of the shipped small family relied on: on the repetitive prompt auto's methods get at least
     50 draft tokens accepted over the runs."""
     from specdesk.engines.llama.engine import LlamaEngine
-    from test_llama_engine import REPETITIVE, _chi_square_same, _token_counts
+    from sampling_stats import assert_follows_plain_sampling, gguf_exact
+    from test_llama_engine import REPETITIVE
 
     engine = LlamaEngine(demo_family["target_gguf"], n_ctx=256, n_threads=1)
     pin_costs(engine, tmp_path, 4, demo_family["draft_gguf"])
@@ -325,13 +326,9 @@ def test_llama_sampled_auto_matches_plain_sampling(demo_family, tmp_path):
         sampling = SamplingParams(temperature=0.8, top_p=0.95)
         prompt = engine.tokenize(REPETITIVE)
         spec = SpecConfig("auto", k=4, draft_path=demo_family["draft_gguf"], auto_methods=TEST_METHODS)
-        runs, positions = 1500, (0, 2)  # smaller than the per-method tests: auto runs those methods
-        plain, _ = _token_counts(engine, prompt, SpecConfig(), sampling, runs, positions)
-        speculative, accepted = _token_counts(engine, prompt, spec, sampling, runs, positions)
-        assert accepted >= 50, f"only {accepted} draft tokens accepted"
-        for position in positions:
-            p_value = _chi_square_same(plain[position], speculative[position])
-            assert p_value > 0.01, f"position {position}: p = {p_value:.4g}"
+        exact = gguf_exact(demo_family["target_gguf"], prompt, sampling)
+        # fewer runs than the per-method tests, which test the methods auto runs
+        assert_follows_plain_sampling(engine, exact, prompt, spec, sampling, runs=1500, label="auto")
     finally:
         engine.close()
 
@@ -412,7 +409,9 @@ def test_torch_sampled_auto_matches_plain_sampling(demo_family, tmp_path):
     50 draft tokens accepted over the runs."""
     pytest.importorskip("torch")
     from specdesk.engines.torch.engine import TorchEngine
-    from test_llama_engine import REPETITIVE, _chi_square_same, _token_counts
+    from sampling_stats import assert_follows_plain_sampling
+    from test_llama_engine import REPETITIVE
+    from test_torch_engine import torch_exact
 
     engine = TorchEngine(demo_family["target_hf"], n_ctx=256, device="cpu", dtype="float32", n_threads=1)
     pin_costs(engine, tmp_path, 4, demo_family["draft_hf"])
@@ -420,13 +419,8 @@ def test_torch_sampled_auto_matches_plain_sampling(demo_family, tmp_path):
         sampling = SamplingParams(temperature=0.8, top_p=0.95)
         prompt = engine.tokenize(REPETITIVE)
         spec = SpecConfig("auto", k=4, draft_path=demo_family["draft_hf"], auto_methods=TEST_METHODS)
-        runs, positions = 600, (0, 2)
-        plain, _ = _token_counts(engine, prompt, SpecConfig(), sampling, runs, positions)
-        speculative, accepted = _token_counts(engine, prompt, spec, sampling, runs, positions)
-        assert accepted >= 50, f"only {accepted} draft tokens accepted"
-        for position in positions:
-            p_value = _chi_square_same(plain[position], speculative[position])
-            assert p_value > 0.01, f"position {position}: p = {p_value:.4g}"
+        exact = torch_exact(demo_family["target_hf"], prompt, sampling)
+        assert_follows_plain_sampling(engine, exact, prompt, spec, sampling, runs=600, label="auto")
     finally:
         engine.close()
 

@@ -17,7 +17,7 @@ from specdesk.engines.llama.ext import SYMBOLS, Ext, available_methods
 from specdesk.engines.types import SamplingParams, SpecConfig, SpecDeskError
 
 from llama_helpers import copy_gguf, generate_tokens
-from test_llama_engine import _chi_square_same, _token_counts
+from sampling_stats import assert_follows_plain_sampling, gguf_exact
 
 PROMPTS = load_prompts(assets_dir() / "prompts" / "code.jsonl")
 METHODS = ["mtp", "dflash", "eagle3"]
@@ -169,9 +169,10 @@ def test_chat_turns_and_method_switches_stay_identical(mtp_engine, dflash_engine
 
 
 @pytest.mark.parametrize("method", METHODS)
-def test_native_sampling_distribution_matches_plain_sampling(mtp_engine, dflash_engine, native, method):
-    """T=0.8, top-p 0.95: positions 0 and 2 follow plain sampling (6000 runs per arm), with
-    the same power check as the core engine test.
+def test_native_sampling_distribution_matches_plain_sampling(mtp_engine, dflash_engine, demo_family, native, method):
+    """T=0.8, top-p 0.95: positions 0 and 1 follow plain sampling's exact distribution, with the
+    drafter's top-1 token as a one-hot q (tests/sampling_stats.py: 2000 speculative runs, power
+    against a 6% shift).
     Property of the shipped small family relied on: on this prompt the drafter gets at least 50 draft
     tokens accepted over the runs."""
     engine = _engine(method, mtp_engine, dflash_engine)
@@ -181,23 +182,8 @@ def test_native_sampling_distribution_matches_plain_sampling(mtp_engine, dflash_
     else:
         text = "def f(a, b):\n    return g(a, b)\n\n\ndef h(x):\n    return g(x, x)\n\n\ndef k(y):\n    return g("
     prompt = engine.tokenize(text)
-    runs, positions = 6000, (0, 2)
-    plain, _ = _token_counts(engine, prompt, SpecConfig(), sampling, runs, positions)
-    speculative, accepted = _token_counts(engine, prompt, _spec(method, native, 4), sampling, runs, positions)
-    assert accepted >= 50, f"only {accepted} draft tokens accepted: the test would not exercise acceptance"
-    rng = np.random.default_rng(0)
-    for position in positions:
-        p_value = _chi_square_same(plain[position], speculative[position])
-        assert p_value > 0.01, (f"{method} position {position}: p = {p_value:.4g}\n"
-                                f"{plain[position].most_common(8)}\n{speculative[position].most_common(8)}")
-        if position != 0:
-            continue
-        draws = np.array(list(speculative[position].elements()))
-        rng.shuffle(draws)
-        draws[: runs // 20] = plain[position].most_common(5)[-1][0]
-        from collections import Counter
-
-        assert _chi_square_same(plain[position], Counter(draws.tolist())) < 0.01, "the sample is too small"
+    exact = gguf_exact(native["mtp_gguf"] if method == "mtp" else demo_family["target_gguf"], prompt, sampling)
+    assert_follows_plain_sampling(engine, exact, prompt, _spec(method, native, 4), sampling, label=method)
 
 
 # --- errors ------------------------------------------------------------------------------

@@ -7,12 +7,10 @@ import json
 import os
 import shutil
 import threading
-from collections import Counter
 from pathlib import Path
 
 import numpy as np
 import pytest
-from scipy import stats as scipy_stats
 
 torch = pytest.importorskip("torch")
 
@@ -20,10 +18,9 @@ torch = pytest.importorskip("torch")
 from specdesk.app.runtime.compare import load_prompts  # noqa: E402
 from specdesk.app.storage.paths import assets_dir  # noqa: E402
 from specdesk.engines.torch.context import TorchContext, TorchModel  # noqa: E402
-from specdesk.engines.speculation.verify import sampling_probs  # noqa: E402
 from specdesk.engines.torch.engine import TorchEngine, supported_methods  # noqa: E402
 from specdesk.engines.types import GenerationRequest, SamplingParams, SpecConfig, SpecDeskError  # noqa: E402
-from test_llama_engine import _token_counts  # noqa: E402  (the same counting)
+from sampling_stats import Walker, assert_follows_plain_sampling, exact_positions  # noqa: E402
 
 PROMPTS = load_prompts(assets_dir() / "prompts" / "code.jsonl")
 # benchmarks/device_cuda.sh runs these tests on a GPU; float32 keeps greedy ties rare there too.
@@ -197,72 +194,20 @@ def test_logits_after_rejected_draft_equal_fresh_evaluation(demo_family):
 
 SAMPLING = SamplingParams(temperature=0.8, top_p=0.95)
 TOP_K = SamplingParams(temperature=1.0, top_k=12)
-# One arm of 2000 runs against plain sampling's exact distribution has the power of the two-arm
-# test of 4000 sampled runs each (the power check below holds it to a 6% shift). Positions 0 and 1:
-# the first and second token of a draft of 3 (the exact distribution at position 2 would walk
-# hundreds of thousands of paths on the repetitive prompt; the llama.cpp tests, sharing the
-# verifier, sample position 2 in two arms).
-RUNS, POSITIONS = 2000, (0, 1)
 # Repeated imports: prompt lookup drafts on every step and the small demo target often follows them.
 REPETITIVE = "import os\nimport sys\nimport re\n" * 2 + "import os\nimport sys\nimport"
-PATH_FLOOR = 1e-6  # paths less likely than this are left out of the exact distributions (mass reported)
-_exact: dict = {}
 
 
-def exact_marginals(demo_family, text: str, sampling: SamplingParams, last: int) -> tuple[list[int], list, float]:
-    """Plain sampling's exact distribution of the token at each position 0..last after `text`:
-    every path of tokens through the target, each weighted by its probability under `sampling`
-    (sampling_probs, as the engine samples), down to PATH_FLOOR. Returns the prompt, the
-    distributions and the mass of the paths left out. Computed once per module."""
-    key = (text, sampling, last)
-    if key not in _exact:
-        model = TorchModel(demo_family["target_hf"], DEVICE, torch.float32)
+def torch_exact(target_hf, prompt, sampling: SamplingParams) -> list:
+    """exact_positions for a Hugging Face target, walked by the PyTorch engine's model."""
+    def open_walker():
+        model = TorchModel(target_hf, DEVICE, torch.float32)
         ctx = TorchContext(model, 256)
-        prompt = model.tokenize(text)
-        marginals = None
-        left_out = 0.0
+        walker = Walker(lambda tokens: ctx.decode(tokens, all_logits=False).logits[-1].float().cpu().numpy(),
+                        lambda: ctx.n_past, ctx.rollback)
+        return walker, lambda: (ctx.close(), model.close())
 
-        def walk(depth: int, weight: float, logits: np.ndarray) -> None:
-            nonlocal marginals, left_out
-            probs = sampling_probs(logits, sampling)
-            if marginals is None:
-                marginals = [np.zeros_like(probs) for _ in range(last + 1)]
-            marginals[depth] += weight * probs
-            if depth == last:
-                return
-            n_past = ctx.n_past
-            for token in np.flatnonzero(probs):
-                path = weight * probs[token]
-                if path < PATH_FLOOR:
-                    left_out += path
-                    continue
-                walk(depth + 1, path, ctx.decode([int(token)]).logits[-1].float().cpu().numpy())
-                ctx.rollback(n_past)
-
-        try:
-            walk(0, 1.0, ctx.decode(prompt).logits[-1].float().cpu().numpy())
-        finally:
-            ctx.close(), model.close()
-        _exact[key] = prompt, marginals, left_out
-    return _exact[key]
-
-
-def _chi_square_fits(counts: Counter, probs: np.ndarray, min_expected: float = 5.0, max_categories: int = 12) -> float:
-    """One-sample chi-square p-value of `counts` against the distribution `probs`: the most likely
-    tokens (each expected at least `min_expected` times) as bins, every other token pooled into
-    one more (as the two-sample test pools), and that bin merged into the last one while it
-    expects fewer than `min_expected` draws. Tokens the exact distribution left out (paths below
-    PATH_FLOOR, a top-p boundary a batched pass puts elsewhere) fall into the pooled bin."""
-    n = sum(counts.values())
-    order = np.argsort(-probs)
-    common = [int(t) for t in order[:max_categories] if probs[t] * n >= min_expected]
-    observed = [counts[t] for t in common] + [n - sum(counts[t] for t in common)]
-    expected = [probs[t] * n for t in common] + [n * max(0.0, 1.0 - sum(probs[t] for t in common))]
-    if expected[-1] < min_expected and len(observed) > 1:
-        observed[-2:] = [observed[-2] + observed[-1]]
-        expected[-2:] = [expected[-2] + expected[-1]]
-    expected = np.array(expected) * (n / sum(expected))  # sums agree (float rounding)
-    return scipy_stats.chisquare(observed, expected).pvalue
+    return exact_positions(f"hf:{target_hf}", open_walker, prompt, sampling)
 
 
 @pytest.mark.parametrize("method,sampling", [("draft", SAMPLING), ("mtp", SAMPLING), ("dflash", SAMPLING),
@@ -270,34 +215,19 @@ def _chi_square_fits(counts: Counter, probs: np.ndarray, min_expected: float = 5
                                              ("draft", TOP_K)],
                          ids=["draft", "mtp", "dflash", "eagle3", "ngram", "ngram-pool", "draft-top-k"])
 def test_sampling_distribution_matches_plain_sampling(engine, demo_family, family, method, sampling):
-    """The tokens at positions 0 and 1 follow plain sampling (T=0.8, top-p 0.95; and top-k 12), with
-    the draft's q (draft model) or a one-hot q (n-gram methods and the native drafters, which draft
-    their top-1 token) in the acceptance ratio. 2000 speculative runs per method, tested against
-    plain sampling's exact distribution at each position (computed from the target over every path
-    of tokens); the power check: the same test rejects the sample with 6% of it moved to one token.
+    """The tokens at positions 0 and 1 follow plain sampling's exact distribution (T=0.8, top-p 0.95;
+    and top-k 12; tests/sampling_stats.py: 2000 speculative runs, power against a 6% shift), with the
+    draft's q (draft model) or a one-hot q (n-gram methods and the native drafters, which draft their
+    top-1 token) in the acceptance ratio.
     Property of the shipped small family relied on: on these prompts every method but EAGLE-3 gets at
     least 50 draft tokens accepted over the runs."""
     text = REPETITIVE if method.startswith("ngram") else PROMPTS[0]
-    prompt, exact, left_out = exact_marginals(demo_family, text, sampling, max(POSITIONS))
-    assert prompt == engine.tokenize(text) and left_out < 1e-3, left_out
-    # three tokens generated, as a user's reply goes on: a draft is cut to the tokens left
-    speculative, accepted = _token_counts(engine, prompt, spec_for(method, 3, family), sampling, RUNS,
-                                          (*POSITIONS, max(POSITIONS) + 1))
+    prompt = engine.tokenize(text)
+    exact = torch_exact(demo_family["target_hf"], prompt, sampling)
     # The random-weight EAGLE-3 head drafts its top-1 token, which the target almost never samples: for
     # it the test covers the rejection path (every draw from the residual), as the greedy test does.
-    if method != "eagle3":
-        assert accepted >= 50, f"only {accepted} draft tokens accepted: the test would not exercise acceptance"
-    for position in POSITIONS:
-        p_value = _chi_square_fits(speculative[position], exact[position])
-        assert p_value > 0.01, (f"{method} position {position}: p = {p_value:.4g}\n"
-                                f"{[(int(t), round(float(exact[position][t]) * RUNS)) for t in np.argsort(-exact[position])[:8]]}"
-                                f"\n{speculative[position].most_common(8)}")
-    shifted_to = int(np.argsort(-exact[0])[1])  # the second most likely token: a bin of its own
-    assert exact[0][shifted_to] * RUNS >= 5
-    draws = np.array(list(speculative[0].elements()))
-    np.random.default_rng(0).shuffle(draws)
-    draws[: RUNS * 6 // 100] = shifted_to
-    assert _chi_square_fits(Counter(draws.tolist()), exact[0]) < 0.01, "the sample is too small to detect a shift"
+    assert_follows_plain_sampling(engine, exact, prompt, spec_for(method, 3, family), sampling,
+                                  min_accepted=0 if method == "eagle3" else 50, label=method)
 
 
 def test_incompatible_draft_is_refused(engine, demo_family, tmp_path):
