@@ -127,21 +127,24 @@ def test_every_template_renders_or_is_refused_in_one_line(built):
 def promote_token(src: str, dst: Path, token: int, instead_of: int) -> Path:
     """A copy of a GGUF whose output row for `token` is 1.05 x that of `instead_of`: where the
     model would emit `instead_of` (a positive logit), it now emits `token`."""
-    from gguf import GGMLQuantizationType, GGUFReader, GGUFValueType, GGUFWriter
+    from gguf import GGUFReader, GGUFValueType, GGUFWriter
 
-    reader = GGUFReader(src)
-    head = "output.weight" if any(t.name == "output.weight" for t in reader.tensors) else "token_embd.weight"
-    [head_tensor] = [t for t in reader.tensors if t.name == head]
-    if head_tensor.tensor_type in (GGMLQuantizationType.F16, GGMLQuantizationType.F32):
-        # A float head: copy the file and change the one row in place (rewriting a 262k-token
-        # vocabulary's file tensor by tensor took most of this test's time).
+    from specdesk.engines.llama.binding import gguf_header
+
+    infos = gguf_header(src).tensor_infos  # the project's header reader: no per-token Python objects
+    head = "output.weight" if "output.weight" in infos else "token_embd.weight"
+    info = infos[head]
+    if info.type_name in ("F16", "F32"):
+        # A float head: copy the file and change the one row in place (parsing and rewriting a
+        # 262k-token vocabulary's file field by field took most of this test's time).
         shutil.copyfile(src, dst)
-        rows = np.memmap(dst, dtype=head_tensor.data.dtype, mode="r+", offset=int(head_tensor.data_offset),
-                         shape=tuple(head_tensor.data.shape))
+        rows = np.memmap(dst, dtype=np.float16 if info.type_name == "F16" else np.float32, mode="r+",
+                         offset=info.offset, shape=tuple(reversed(info.shape)))
         rows[token] = rows[instead_of] * 1.05
         rows.flush()
         del rows
         return dst
+    reader = GGUFReader(src)
     writer = GGUFWriter(str(dst), reader.fields["general.architecture"].contents())
     for name, field in reader.fields.items():
         if name.startswith("GGUF.") or name == "general.architecture":
