@@ -477,3 +477,101 @@ def test_a_gguf_is_trained_from_the_librarys_folder_of_the_same_model():
     assert hf_folder_for(gguf, [drafter, other]) is None
     assert hf_folder_for(gguf, [drafter, other, same]) == "m-hf"
     assert hf_folder_for(same, []) == "m-hf"
+
+
+# --- a GGUF target: llama.cpp records, PyTorch trains against the dequantized head ------------
+def test_a_gguf_targets_shape_and_head_are_read_from_the_file(demo_family):
+    from specdesk.app.training.gguf_target import heads_network, model_config
+    from specdesk.engines.torch.context import TorchModel
+
+    hf = TorchModel(demo_family["target_hf"], "cpu", torch.float32)
+    try:
+        import dataclasses
+
+        ours = model_config(Path(demo_family["target_gguf"]))
+        assert ours.rms_norm_eps == pytest.approx(hf.config.rms_norm_eps, rel=1e-6)  # GGUF keeps a float32
+        assert dataclasses.replace(ours, rms_norm_eps=hf.config.rms_norm_eps) == hf.config
+        network = heads_network(Path(demo_family["target_gguf"]), "cpu")
+        for name in ("model.embed_tokens.weight", "model.norm.weight"):  # the GGUF stores them in F16 or F32
+            ours, theirs = network.state_dict()[name], hf.network.state_dict()[name].float()
+            torch.testing.assert_close(ours, theirs, rtol=0, atol=1e-3 * float(theirs.abs().max()))
+        assert network.model.layers[0].self_attn.q_proj.weight.is_meta  # llama.cpp runs the blocks
+    finally:
+        hf.close()
+
+
+def test_a_gguf_of_another_architecture_is_refused_by_name(tmp_path):
+    import numpy as np
+    from gguf import GGUFWriter
+
+    from specdesk.app.training.gguf_target import model_config
+
+    path = tmp_path / "other.gguf"
+    writer = GGUFWriter(str(path), "mamba")
+    writer.add_block_count(1)
+    writer.add_tensor("token_embd.weight", np.zeros((8, 4), np.float32))
+    writer.write_header_to_file(), writer.write_kv_data_to_file(), writer.write_tensors_to_file()
+    writer.close()
+    with pytest.raises(SpecDeskError, match=r"other\.gguf: .*architecture 'mamba'.*Hugging Face folder"):
+        model_config(path)
+
+
+def test_llama_cpp_records_what_pytorch_records_on_the_same_weights(demo_family):
+    """The same prompt and answer through the HF folder (PyTorch) and its GGUF export (llama.cpp):
+    the same layer inputs and the same top-k distribution, up to llama.cpp's f16 keys and values."""
+    import numpy as np
+
+    from specdesk.app.training.gguf_target import LlamaPass
+    from specdesk.app.training.methods import method_taps
+    from specdesk.app.training.record import TorchPass
+    from specdesk.engines.llama.engine import LlamaEngine
+    from specdesk.engines.torch.engine import TorchEngine
+
+    llama = LlamaEngine(demo_family["target_gguf"], n_ctx=512, n_threads=1)
+    pytorch = TorchEngine(demo_family["target_hf"], device="cpu", dtype="float32", n_threads=1)
+    try:
+        taps = method_taps("eagle3", pytorch.target.network)
+        tokens = llama.tokenize("import os\n\n\ndef main(argv):\n    for name in argv:\n") * 3
+        assert len(tokens) > 40
+        ours = LlamaPass(llama, taps, top_k=8, n_ctx=512)
+        recorded = [ours(tokens), TorchPass(pytorch, taps, top_k=8)(tokens)]
+        ours.close()
+    finally:
+        llama.close(), pytorch.close()
+    (features, ids, logp), (t_features, t_ids, t_logp) = recorded
+    assert features.shape == t_features.shape == (len(tokens), len(taps) * pytorch_hidden(demo_family))
+    scale = float(np.abs(t_features.astype(np.float32)).max())
+    np.testing.assert_allclose(features.astype(np.float32), t_features.astype(np.float32), rtol=0, atol=2e-2 * scale)
+    gap = t_logp[:, 0].astype(np.float32) - t_logp[:, 1].astype(np.float32)
+    clear = gap > 0.05  # where the target's top two are not a near tie, the same top token
+    assert clear.sum() > len(tokens) // 2 and (ids[clear, 0] == t_ids[clear, 0]).all()
+    np.testing.assert_allclose(logp[:, 0].astype(np.float32), t_logp[:, 0].astype(np.float32), rtol=0, atol=0.05)
+
+
+def pytorch_hidden(demo_family) -> int:
+    return json.loads((Path(demo_family["target_hf"]) / "config.json").read_text())["hidden_size"]
+
+
+@pytest.mark.parametrize("method", ["eagle3", "dflash"])
+def test_a_drafter_is_trained_from_a_gguf_target_alone(method, demo_family, small_prompts, tmp_path, capsys):
+    """No Hugging Face folder: llama.cpp answers and records, the drafter trains against the
+    head dequantized from the GGUF, and the GGUF drafter exported beside it runs in the
+    llama.cpp engine with greedy output identical to the baseline."""
+    import shutil
+
+    target = tmp_path / "model.gguf"
+    shutil.copyfile(demo_family["target_gguf"], target)
+    args = ["--target", str(target), "--prompts", str(small_prompts), "--device", "cpu", "--threads", "1",
+            "--max-tokens", "16", "--compare-prompts", "2", "--compare-tokens", "16", "--batch-size", "4",
+            "--steps", "1", "--minutes", "1"]
+    assert _run_cli(args + ["--method", "mtp"]) == 2
+    assert "model.gguf: --method mtp is trained from the model's Hugging Face folder" in capsys.readouterr().err
+    assert _run_cli(args + ["--method", method]) == 0
+    out = tmp_path / f"model-{method}-trained"
+    provenance = json.loads((out / "provenance.json").read_text())
+    assert provenance["target"] == str(target.resolve()) and provenance["training"]["steps"] == 1
+    assert provenance["gguf"] == str((out / f"{method}-F16.gguf").resolve())
+    assert (out / method / "config.json").is_file()
+    assert provenance["measured"]["trained"]["identical_outputs"] is True  # measured on llama.cpp with the GGUF
+    label = {"eagle3": "EAGLE-3", "dflash": "DFlash"}[method]
+    assert provenance["adopted"] is False and f"kept, not adopted: trained {label}" in capsys.readouterr().err

@@ -56,9 +56,11 @@ def hf_folder_for(entry, entries) -> Optional[str]:
 
 
 class TrainDrafterDialog(QDialog):
-    """Train a drafter for one target: a Hugging Face folder, or a GGUF file with the folder of
-    the same model (`hf_folder`, which the user can change): training runs on PyTorch from the
-    safetensors, and the drafter is then also exported as a GGUF for that file."""
+    """Train a drafter for one target: a Hugging Face folder, or a GGUF file. For a GGUF, llama.cpp
+    records the data from the file itself (EAGLE-3, DFlash), or, when the library has the same
+    model's Hugging Face folder (`hf_folder`, which the user can change or clear), PyTorch records
+    from its safetensors (an MTP layer needs it); either way the drafter is exported as a GGUF for
+    that file too."""
 
     # "Use it": (target, draft or "", method) to load: the trained drafter with its target (its GGUF
     # when there is one); an MTP layer comes inside a copy of the target, which is then the target
@@ -98,9 +100,10 @@ class TrainDrafterDialog(QDialog):
         self.out_label = QLabel(self)
         self.out_label.setTextInteractionFlags(Qt.TextSelectableByMouse)
         self.folder = QLineEdit((hf_folder or "") if gguf else target, self)
-        self.folder.setPlaceholderText("the model's Hugging Face folder (config.json + safetensors)")
-        self.folder.setToolTip("Training runs on PyTorch from the model's safetensors; the drafter is then "
-                               "exported as a GGUF for the file you chose too.")
+        self.folder.setPlaceholderText("optional: the model's Hugging Face folder (an MTP layer needs it)")
+        self.folder.setToolTip("Empty: llama.cpp runs the GGUF to make the training data (EAGLE-3, DFlash). "
+                               "A folder of the same model: PyTorch runs its safetensors instead. Either way "
+                               "the drafter is exported as a GGUF for the file you chose.")
         browse = QPushButton("Choose…", self)
         browse.clicked.connect(self._choose_folder)
         folder_row = QHBoxLayout()
@@ -178,14 +181,22 @@ class TrainDrafterDialog(QDialog):
     # --- state ----------------------------------------------------------------------------
     @property
     def target(self) -> str:
-        return self.folder.text().strip()
+        """What the command trains from: the folder given, else the GGUF itself."""
+        return self.folder.text().strip() or self.target_gguf or ""
 
     def folder_problem(self) -> Optional[str]:
         """Why training cannot start on the folder given, or None."""
-        if not self.target:
+        from specdesk.app.training.gguf_target import METHODS as GGUF_METHODS
+
+        folder = self.folder.text().strip()
+        if not folder and self.target_gguf:
+            if self.method.currentData() not in GGUF_METHODS:
+                return "an MTP layer is trained from the model's Hugging Face folder: choose it, or another method"
+            return None
+        if not folder:
             return "choose the model's Hugging Face folder: training reads its safetensors"
-        if not (Path(self.target) / "config.json").is_file():
-            return f"{self.target} is not a Hugging Face model folder (it has no config.json)"
+        if not (Path(folder) / "config.json").is_file():
+            return f"{folder} is not a Hugging Face model folder (it has no config.json)"
         return None
 
     def _choose_folder(self) -> None:
@@ -194,9 +205,11 @@ class TrainDrafterDialog(QDialog):
             self.folder.setText(folder)
 
     def request(self) -> TrainingRequest:
+        from_folder = self.target != self.target_gguf  # else the command exports for the GGUF it trains from
         return TrainingRequest(self.target, method=self.method.currentData(), minutes=self.minutes.value(),
                                device=self.device.currentData(), from_history=self.from_history.isChecked(),
-                               target_gguf=self.target_gguf, draft=self.draft, out=self.out, extra=self.extra)
+                               target_gguf=self.target_gguf if from_folder else None, draft=self.draft,
+                               out=self.out, extra=self.extra)
 
     def _resumable(self) -> bool:
         from specdesk.app.training.loop import CHECKPOINT

@@ -66,7 +66,8 @@ def core_features(core_model, tokens, layer_ids):
 
 def copy_core_layers(drafter, core_model, core: ModelConfig) -> None:
     """Start each draft layer from one of the core's last layers, where the shapes agree: they
-    already know which positions to attend to, which a drafter learns slowly from scratch."""
+    already know which positions to attend to, which a drafter learns slowly from scratch.
+    Layers the core does not hold (a GGUF target's, which stay in llama.cpp) keep their start."""
     import torch
 
     layers = drafter.layers
@@ -75,7 +76,7 @@ def copy_core_layers(drafter, core_model, core: ModelConfig) -> None:
         for i, layer in enumerate(layers):
             source = dict(core_model.model.layers[first + i].named_parameters())
             for name, param in layer.named_parameters():
-                if name in source and source[name].shape == param.shape:
+                if name in source and source[name].shape == param.shape and not source[name].is_meta:
                     param.copy_(source[name])
         # fc starts as a pass-through of the deepest tapped layer, so context rows begin in the
         # space the copied layers' key and value projections were trained on.

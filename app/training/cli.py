@@ -14,10 +14,13 @@ from specdesk.engines.types import SpecDeskError
 METHODS = ("eagle3", "mtp", "dflash")
 DEVICES = ("auto", "cpu", "cuda", "mps")
 TYPICAL_PROMPT_TOKENS = 64  # for the cache size said before recording
+RECORD_CONTEXT = 2048  # a GGUF target's context while recording: prompt and answer (longer prompts are skipped)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--target", required=True, type=Path, help="the target: a Hugging Face model folder")
+    parser.add_argument("--target", required=True, type=Path,
+                        help="the target: a Hugging Face model folder, or a GGUF file (llama.cpp records the data; "
+                             "EAGLE-3 and DFlash)")
     parser.add_argument("--method", choices=METHODS, default="eagle3",
                         help="what to train: an EAGLE-3 head, an MTP layer (for a target without one) or a "
                              "DFlash block drafter (default eagle3)")
@@ -48,11 +51,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def register(subparsers) -> argparse.ArgumentParser:
     """`specdesk train-drafter`: the subcommand in the CLI's subparsers, dispatched to `run`."""
     parser = subparsers.add_parser("train-drafter", help="train an EAGLE-3 head, MTP layer or DFlash drafter for a "
-                                                         "PyTorch target here, and adopt it only if it pays",
+                                                         "Hugging Face or GGUF target here, and adopt it only if it pays",
                                    description=__doc__)
     add_arguments(parser)
     parser.set_defaults(func=run)
     return parser
+
+
+def default_out(target: Path, method: str) -> Path:
+    """Where a run's drafter, checkpoint and recordings go unless --out says: beside the target."""
+    target = Path(target)
+    name = target.stem if target.suffix.lower() == ".gguf" else target.name
+    return target.parent / f"{name}-{method}-trained"
 
 
 def _positive(value, name: str) -> None:
@@ -122,6 +132,7 @@ def _run(args: argparse.Namespace, progress, should_stop, say=None) -> int:
     from .loop import CHECKPOINT, LoopSettings, terminal_live, train_loop
     from .methods import DEPTH, method_taps, plan
     from .prompts import default_prompts_path, split_prompts, training_prompts
+    from .gguf_target import is_gguf_target
     from .record import RecordSettings, cache_key, estimate_bytes, load_sequence, prompt_tokens, record
 
     say = say or _stderr
@@ -131,11 +142,23 @@ def _run(args: argparse.Namespace, progress, should_stop, say=None) -> int:
         progress({"phase": "paused", "where": where})
         return PAUSED
     target = args.target
-    out = args.out or target.parent / f"{target.name}-{args.method}-trained"
+    from_gguf = is_gguf_target(target)
+    out = args.out or default_out(target, args.method)
     if (out / CHECKPOINT).is_file() and not args.resume:
         raise SpecDeskError(f"{out} holds a training run already: pass --resume to continue it, or choose "
                             "another --out")
-    if args.target_gguf:
+    if from_gguf:
+        from specdesk.engines.files import require_regular_file
+
+        from .gguf_target import METHODS as GGUF_METHODS
+
+        require_regular_file(target, "GGUF model file (--target)")
+        if args.method not in GGUF_METHODS:
+            raise SpecDeskError(f"{target}: --method {args.method} is trained from the model's Hugging Face folder "
+                                f"(the exported target carries the layer); for a GGUF target use "
+                                f"{' or '.join(GGUF_METHODS)}")
+        args.target_gguf = target  # the GGUF drafter is exported for it
+    elif args.target_gguf:
         from specdesk.engines.files import require_regular_file
 
         require_regular_file(args.target_gguf, "GGUF model file (--target-gguf)")
@@ -153,10 +176,26 @@ def _run(args: argparse.Namespace, progress, should_stop, say=None) -> int:
         torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     say(f"loading {target}")
-    # float32 everywhere: the drafter trains in float32 against the target's frozen embeddings and head
-    engine = TorchEngine(target, device=args.device, dtype="float32")
-    config = engine.target.config
-    taps = method_taps(args.method, engine.target.network)
+    pass_over = None
+    if from_gguf:  # llama.cpp runs the target; the embeddings, final norm and head are dequantized for training
+        from specdesk.engines.llama.engine import LlamaEngine
+        from specdesk.engines.torch.device import choose_device, device_name
+
+        from .gguf_target import LlamaPass, heads_network
+
+        engine = LlamaEngine(target, n_ctx=RECORD_CONTEXT, n_threads=args.threads)
+        device = choose_device(args.device)
+        network = heads_network(target, device)
+        training_device = device_name(device)
+    else:
+        # float32 everywhere: the drafter trains in float32 against the target's frozen embeddings and head
+        engine = TorchEngine(target, device=args.device, dtype="float32")
+        network = engine.target.network
+        training_device = engine.device_description
+    config = network.config
+    taps = method_taps(args.method, network)
+    if from_gguf:
+        pass_over = LlamaPass(engine, taps, RecordSettings(taps=taps).top_k, RECORD_CONTEXT)
     settings = RecordSettings(taps=taps, max_new_tokens=args.max_tokens, limit_bytes=int(args.cache_mb * 2**20))
     key = cache_key(target, prompts, settings)  # the whole set: a larger --max-prompts reuses what is recorded
     cache = out / "cache" / key
@@ -165,8 +204,10 @@ def _run(args: argparse.Namespace, progress, should_stop, say=None) -> int:
         f"into {cache}: about {size / 2**20:.1f} MiB "
         f"({settings.bytes_per_token(config.hidden_size)} bytes a token, at most {args.cache_mb:g} MiB)")
     started = time.time()
-    held_files = record(engine, held_prompts, settings, cache, "held", say, progress, should_stop)
-    train_files = record(engine, train_prompts, settings, cache, "train", say, progress, should_stop)
+    held_files = record(engine, held_prompts, settings, cache, "held", say, progress, should_stop, pass_over)
+    train_files = record(engine, train_prompts, settings, cache, "train", say, progress, should_stop, pass_over)
+    if pass_over is not None:
+        pass_over.close()
     if should_stop():
         return paused(f"while recording ({len(held_files) + len(train_files)} sequences recorded and kept)")
     if not train_files or not held_files:
@@ -176,7 +217,7 @@ def _run(args: argparse.Namespace, progress, should_stop, say=None) -> int:
     train_seqs = [load_sequence(p) for p in train_files]
     held_seqs = [load_sequence(p) for p in held_files]
     tokens_recorded = sum(len(s.tokens) for s in train_seqs)
-    trainer = plan(args.method, engine.target.network, train_seqs, held_seqs, args.batch_size,
+    trainer = plan(args.method, network, train_seqs, held_seqs, args.batch_size,
                    min(config.max_position_embeddings, 1024), target)
     loop = LoopSettings(minutes=args.minutes, max_steps=args.steps, eval_every=args.eval_every)
     what = {"eagle3": "an EAGLE-3 head", "mtp": "an MTP layer", "dflash": "a DFlash drafter"}[args.method]
@@ -216,8 +257,9 @@ def _run(args: argparse.Namespace, progress, should_stop, say=None) -> int:
         trained = measure(with_layer, label, SpecConfig(method="mtp", k=k), compare_texts,
                           lambda text: prompt_tokens(with_layer, by_text[text]), args.compare_tokens)
         with_layer.close()
-    else:
-        trained = measure(engine, label, SpecConfig(method=args.method, k=k, draft_path=str(folder)), compare_texts,
+    else:  # the llama.cpp engine loads the GGUF drafter, the PyTorch engine the folder
+        drafter = str(gguf_path if from_gguf else folder)
+        trained = measure(engine, label, SpecConfig(method=args.method, k=k, draft_path=drafter), compare_texts,
                           tokenize, args.compare_tokens)
     existing = [measure(engine, name, spec, compare_texts, tokenize, args.compare_tokens)
                 for name, spec in existing_methods(engine, k, str(args.draft) if args.draft else None)]
@@ -234,7 +276,7 @@ def _run(args: argparse.Namespace, progress, should_stop, say=None) -> int:
                  "sequences": len(train_seqs), "tokens": tokens_recorded, "answer_tokens": args.max_tokens,
                  "cache": str(cache), "record_seconds": round(record_seconds, 1)},
         "training": {"steps": state.step, "best_step": state.best_step, "seconds": round(state.elapsed, 1),
-                     "budget_minutes": args.minutes, "device": engine.device_description, "taps": list(taps),
+                     "budget_minutes": args.minutes, "device": training_device, "taps": list(taps),
                      "history": state.history},
         "held_out_acceptance_per_position": acceptance,
         "held_out_mean_accepted": round(sum(acceptance), 4),

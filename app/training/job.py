@@ -14,14 +14,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
-from .cli import METHODS
+from .cli import METHODS, default_out
 
 
 @dataclass(frozen=True)
 class TrainingRequest:
     """What the app's dialog asks for: the command's own options."""
 
-    target: str  # a Hugging Face model folder
+    target: str  # a Hugging Face model folder, or a GGUF file (EAGLE-3 and DFlash)
     method: str = "eagle3"
     minutes: float = 20.0
     device: str = "auto"
@@ -36,8 +36,7 @@ class TrainingRequest:
             raise ValueError(f"unknown training method {self.method!r}")
 
     def out_folder(self) -> Path:
-        target = Path(self.target)
-        return Path(self.out) if self.out else target.parent / f"{target.name}-{self.method}-trained"
+        return Path(self.out) if self.out else default_out(Path(self.target), self.method)
 
     def argv(self, resume: bool = False) -> list[str]:
         argv = ["--target", self.target, "--method", self.method, "--minutes", f"{self.minutes:g}",

@@ -1,7 +1,7 @@
 """Self-distillation data: the target answers prompts, and what a drafter learns from is kept.
 
-For each prompt the target generates a greedy answer (the PyTorch engine, as in a chat), then
-one training pass over prompt + answer records, per position, the hidden states the method
+For each prompt the target generates a greedy answer (its engine, as in a chat), then one pass
+over prompt + answer (PyTorch's, or llama.cpp's for a GGUF target: gguf_target.LlamaPass) records, per position, the hidden states the method
 reads (`taps`: H[i], the residual stream entering layer i) and the target's top-k
 log-probabilities of the next token. Sequences are stored one file each in a cache folder
 whose total size is bounded; recording stops when the next sequence would pass the bound.
@@ -41,7 +41,8 @@ def cache_key(target: Path, prompts: Sequence[Prompt], settings: RecordSettings)
     """A cache is reused only for the same target weights, prompts and settings."""
     h = hashlib.sha256(json.dumps({"taps": settings.taps, "top_k": settings.top_k,
                                    "max_new_tokens": settings.max_new_tokens}).encode())
-    for f in sorted(Path(target).glob("*.safetensors")):
+    weights = [Path(target)] if Path(target).is_file() else sorted(Path(target).glob("*.safetensors"))
+    for f in weights:
         st = f.stat()
         h.update(f"{f.name}:{st.st_size}:{int(st.st_mtime)}".encode())
     for p in prompts:
@@ -103,24 +104,41 @@ def prompt_tokens(engine, prompt: Prompt) -> list[int]:
     return chat_prompt(engine, [{"role": "user", "content": prompt.text}])
 
 
-def record_one(engine, network, prompt: Prompt, settings: RecordSettings) -> Recorded:
-    import torch
+class TorchPass:
+    """The recording pass on PyTorch: the engine's target as a training network;
+    `__call__(tokens)` returns the taps' features, top-k ids and top-k log-probabilities."""
 
+    def __init__(self, engine, taps: Sequence[int], top_k: int):
+        self.network, self.taps, self.top_k = training_network(engine), tuple(taps), top_k
+
+    def __call__(self, tokens: Sequence[int]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        import torch
+
+        network = self.network
+        sequence = torch.as_tensor(list(tokens), dtype=torch.long, device=network.model.embed_tokens.weight.device)
+        with torch.no_grad():
+            hidden, taps = network.hidden_states(sequence[None], taps=self.taps)
+            logp = torch.log_softmax(network.logits(hidden[0]), dim=-1)  # (T, V)
+            top_logp, top_ids = logp.topk(min(self.top_k, logp.shape[-1]), dim=-1)
+            features = torch.cat([taps[i][0] for i in self.taps], dim=-1)
+        return features.half().cpu().numpy(), top_ids.int().cpu().numpy(), top_logp.half().cpu().numpy()
+
+    def close(self) -> None:
+        pass
+
+
+def record_one(engine, pass_over, prompt: Prompt, settings: RecordSettings) -> Recorded:
+    """The target's greedy answer to `prompt`, then `pass_over` (TorchPass or the GGUF target's
+    LlamaPass) over prompt + answer."""
     from specdesk.app.runtime.compare import run_once
 
     tokens = prompt_tokens(engine, prompt)
     engine.reset_chat()
     result = run_once(engine, GenerationRequest(tuple(tokens), max_tokens=settings.max_new_tokens,
                                                 sampling=SamplingParams(temperature=0.0)))
-    sequence = torch.as_tensor(tokens + list(result.tokens), dtype=torch.long,
-                               device=network.model.embed_tokens.weight.device)
-    with torch.no_grad():
-        hidden, taps = network.hidden_states(sequence[None], taps=settings.taps)
-        logp = torch.log_softmax(network.logits(hidden[0]), dim=-1)  # (T, V)
-        top_logp, top_ids = logp.topk(min(settings.top_k, logp.shape[-1]), dim=-1)
-        features = torch.cat([taps[i][0] for i in settings.taps], dim=-1)
-    return Recorded(sequence.cpu().numpy(), features.half().cpu().numpy(), top_ids.int().cpu().numpy(),
-                     top_logp.half().cpu().numpy(), len(tokens))
+    sequence = tokens + list(result.tokens)
+    features, top_ids, top_logp = pass_over(sequence)
+    return Recorded(np.asarray(sequence, dtype=np.int64), features, top_ids, top_logp, len(tokens))
 
 
 Report = Callable[[str], None]
@@ -128,18 +146,19 @@ Report = Callable[[str], None]
 
 def record(engine, prompts: Sequence[Prompt], settings: RecordSettings, folder: Path, name: str,
            report: Optional[Report] = None, progress: Optional[Callable[[dict], None]] = None,
-           should_stop: Optional[Callable[[], bool]] = None) -> list[Path]:
+           should_stop: Optional[Callable[[], bool]] = None, pass_over=None) -> list[Path]:
     """Record `prompts` into folder/name-NNNNN.npz (kept across runs: a resumed run records only
     what is missing); returns the files, in prompt order, stopping at the size limit or when
     `should_stop` says so (a pause: what is recorded stays). `progress` gets
-    {"phase": "record", "set": name, "done": i, "total": n} after each prompt."""
+    {"phase": "record", "set": name, "done": i, "total": n} after each prompt. `pass_over`
+    makes the recorded rows (default: TorchPass over the PyTorch engine's target)."""
     report = report or (lambda message: None)
     progress = progress or (lambda event: None)
     should_stop = should_stop or (lambda: False)
     folder.mkdir(parents=True, exist_ok=True)
     for stale in folder.glob("*.tmp-*"):
         stale.unlink(missing_ok=True)
-    network = training_network(engine)
+    pass_over = pass_over or TorchPass(engine, settings.taps, settings.top_k)
     files, used = [], sum(p.stat().st_size for p in folder.glob("*.npz"))
     for index, prompt in enumerate(prompts):
         path = folder / f"{name}-{index:05d}.npz"
@@ -149,7 +168,7 @@ def record(engine, prompts: Sequence[Prompt], settings: RecordSettings, folder: 
         if should_stop():
             break
         try:
-            sequence = record_one(engine, network, prompt, settings)
+            sequence = record_one(engine, pass_over, prompt, settings)
         except SpecDeskError as e:
             report(f"skipping prompt {index + 1} ({e})")
             continue

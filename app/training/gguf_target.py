@@ -1,0 +1,147 @@
+"""A GGUF target for the trainer: llama.cpp answers the prompts and hands out the hidden states
+the drafter reads (the layer inputs its native drafters read, engines/llama/ext.py), and the
+weights the drafter trains against (token embeddings, final norm, output head) are dequantized
+from the file with gguf's quantization code. The rest of the trainer is the same as for a
+Hugging Face target: the recorded sequences have the same format and the drafter trains in
+PyTorch; it is exported as a Hugging Face folder and as a GGUF drafter beside the target.
+
+Methods: EAGLE-3 and DFlash, which read layer inputs. An MTP layer is trained from the model's
+Hugging Face folder, since the exported target must carry it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+from specdesk.engines.types import SpecDeskError
+
+# GGUF architectures whose blocks are the PyTorch engine's Llama block (the drafter only needs
+# the target's shape, embeddings, final norm and head, but its export must describe the target)
+ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
+METHODS = ("eagle3", "dflash")
+CHUNK = 256  # tokens per llama_decode while recording: each decode's layer inputs are read before the next
+
+
+def is_gguf_target(path: Path) -> bool:
+    return Path(path).suffix.lower() == ".gguf"
+
+
+def model_config(path: Path):
+    """The target's shape as the PyTorch engine's ModelConfig, read from the GGUF header; a GGUF
+    of another architecture is refused by name."""
+    from specdesk.engines.llama.binding import gguf_header, validated_header
+    from specdesk.engines.torch.config import ModelConfig
+
+    arch = gguf_header(path).architecture  # the architecture first: the clearest refusal
+    if arch not in ARCHITECTURES:
+        raise SpecDeskError(f"{path}: a drafter cannot be trained here for a GGUF of architecture {arch!r} "
+                            f"(supported: {', '.join(ARCHITECTURES)}); train it from the model's Hugging Face "
+                            "folder instead")
+    header = validated_header(path)
+    infos = header.tensor_infos
+    if "token_embd.weight" not in infos or "output_norm.weight" not in infos:
+        raise SpecDeskError(f"{path}: the GGUF has no token_embd.weight or output_norm.weight tensor")
+
+    def value(key: str, default=None):
+        found = header.arch_value(key, default)
+        if found is None:
+            raise SpecDeskError(f"{path}: the GGUF header has no {arch}.{key}")
+        return found[0] if isinstance(found, (list, tuple)) else found
+
+    hidden, heads = int(value("embedding_length")), int(value("attention.head_count"))
+    return ModelConfig(
+        vocab_size=int(infos["token_embd.weight"].shape[1]),
+        hidden_size=hidden,
+        num_hidden_layers=int(value("block_count")),
+        num_attention_heads=heads,
+        num_key_value_heads=int(value("attention.head_count_kv", heads)),
+        head_dim=int(value("attention.key_length", hidden // heads)),
+        intermediate_size=int(value("feed_forward_length")),
+        rms_norm_eps=float(value("attention.layer_norm_rms_epsilon", 1e-6)),
+        rope_theta=float(value("rope.freq_base", 10000.0)),
+        max_position_embeddings=int(value("context_length", 4096)),
+        tie_word_embeddings="output.weight" not in infos,
+        attention_bias="blk.0.attn_q.bias" in infos,
+        qk_norm="blk.0.attn_q_norm.weight" in infos,
+        architecture=ARCHITECTURES[arch],
+    )
+
+
+def dequantized(path: Path, name: str) -> np.ndarray:
+    """Tensor `name` of the GGUF as float32 in PyTorch's (rows, columns) order, whatever its
+    quantization (gguf.quants)."""
+    from gguf import GGMLQuantizationType
+    from gguf.quants import dequantize
+
+    from specdesk.engines.llama.binding import validated_header
+
+    info = validated_header(path).tensor_infos[name]
+    shape = tuple(reversed(info.shape))  # GGUF lists the row length first
+    raw = np.memmap(path, dtype=np.uint8, mode="r", offset=info.offset, shape=(info.n_bytes,))
+    rows = int(np.prod(shape[:-1])) if len(shape) > 1 else 1
+    try:
+        values = dequantize(np.array(raw).reshape(rows, -1), GGMLQuantizationType(info.ggml_type))
+    except NotImplementedError as e:
+        raise SpecDeskError(f"{path}: tensor {name} is stored as {info.type_name}, which gguf cannot dequantize "
+                            f"({e}); use a GGUF whose embeddings and head are another type") from None
+    return np.ascontiguousarray(values, dtype=np.float32).reshape(shape)
+
+
+def heads_network(path: Path, device: str):
+    """The target as the trainer's Transformer with only what a drafter trains against filled in
+    (token embeddings, final norm, output head, dequantized); its blocks stay on the meta device,
+    since llama.cpp runs the target."""
+    import torch
+
+    from specdesk.engines.torch.model import Transformer
+
+    config = model_config(path)
+    with torch.device("meta"):
+        network = Transformer(config)
+    state = {"model.embed_tokens.weight": dequantized(path, "token_embd.weight"),
+             "model.norm.weight": dequantized(path, "output_norm.weight")}
+    if not config.tie_word_embeddings:
+        state["lm_head.weight"] = dequantized(path, "output.weight")
+    network.load_state_dict({k: torch.from_numpy(v).to(device) for k, v in state.items()}, strict=False, assign=True)
+    return network.eval().requires_grad_(False)
+
+
+class LlamaPass:
+    """The recording pass on llama.cpp: one context over the engine's target that keeps the
+    inputs of the layers in `taps`; `__call__(tokens)` returns what record.Recorded holds for
+    them (features, top-k ids, top-k log-probabilities)."""
+
+    def __init__(self, engine, taps: Sequence[int], top_k: int, n_ctx: int):
+        from specdesk.engines.llama.binding import GgufContext
+        from specdesk.engines.llama.ext import ext, keep_target_rows
+
+        ext().require("dflash")  # the layer-input symbols DFlash and EAGLE-3 read
+        self.taps, self.top_k = tuple(taps), top_k
+        self.context = GgufContext(engine.target, n_ctx, engine.n_threads, n_batch=CHUNK)
+        keep_target_rows(self.context, self.taps, True)
+
+    def __call__(self, tokens: Sequence[int]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        from specdesk.engines.llama.ext import HiddenRows
+
+        ctx = self.context
+        ctx.rollback(0)
+        features, top_ids, top_logp = [], [], []
+        for start in range(0, len(tokens), CHUNK):
+            logits = ctx.decode(list(tokens[start:start + CHUNK]))  # (n, V), then this decode's layer inputs
+            rows = HiddenRows(ctx)
+            features.append(np.concatenate([rows.taps[layer] for layer in self.taps], axis=-1).astype(np.float16))
+            logp = logits - logits.max(axis=-1, keepdims=True)
+            logp -= np.log(np.exp(logp).sum(axis=-1, keepdims=True))
+            k = min(self.top_k, logp.shape[-1])
+            ids = np.argpartition(-logp, k - 1, axis=-1)[:, :k]
+            order = np.argsort(-np.take_along_axis(logp, ids, axis=-1), axis=-1, kind="stable")
+            ids = np.take_along_axis(ids, order, axis=-1)
+            top_ids.append(ids.astype(np.int32))
+            top_logp.append(np.take_along_axis(logp, ids, axis=-1).astype(np.float16))
+        return np.concatenate(features), np.concatenate(top_ids), np.concatenate(top_logp)
+
+    def close(self) -> None:
+        self.context.close()
