@@ -45,7 +45,7 @@ from pathlib import Path
 from typing import Optional
 
 from specdesk.app.runtime.compare import load_prompts
-from specdesk.app.storage.paths import assets_dir, cache_dir
+from specdesk.app.storage.paths import assets_dir, building, cache_dir
 from specdesk.engines.llama.engine import LlamaEngine
 from specdesk.engines.types import GenerationRequest, SpecConfig
 
@@ -64,6 +64,13 @@ def vendored_source(root: Path, version: str) -> Path:
     src = root / "src"
     if (src / "CMakeLists.txt").is_file():
         return src
+    with building(src):
+        if not (src / "CMakeLists.txt").is_file():  # another process fetched it meanwhile
+            _fetch_source(root, version, src)
+    return src
+
+
+def _fetch_source(root: Path, version: str, src: Path) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         log(f"downloading the llama-cpp-python {version} source with pip")
         subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
@@ -76,7 +83,6 @@ def vendored_source(root: Path, version: str) -> Path:
         shutil.rmtree(partial, ignore_errors=True)
         shutil.copytree(vendored, partial)
         partial.rename(src)
-    return src
 
 
 SERVER = "llama-server"

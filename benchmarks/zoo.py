@@ -41,7 +41,7 @@ from typing import Iterator, Optional
 
 import numpy as np
 
-from specdesk.app.storage.paths import cache_dir
+from specdesk.app.storage.paths import building, cache_dir
 
 ZOO_VERSION = 1
 LOGIT_STD = 20.0  # logits' spread: top-2 gap ~ LOGIT_STD / sqrt(2 ln V), about 4 at 150k tokens
@@ -441,6 +441,12 @@ def build(family_name: str, quant: str = "F16", small: bool = False, out: Option
                            "template": hashlib.sha256((template or "").encode()).hexdigest()}, sort_keys=True)
     key = hashlib.sha256(key_data.encode()).hexdigest()[:12]
     root = Path(out) if out else cache_dir() / "zoo" / f"{family.name}-{'small' if small else 'real'}-{key}"
+    with building(root):  # another process building the same family waits, then reads its record
+        return _build(family, shape, quant, small, seed, root, vocab_path, template_path, template)
+
+
+def _build(family: Family, shape: Shape, quant: str, small: bool, seed: int, root: Path, vocab_path: Path,
+           template_path: Optional[Path], template: Optional[str]) -> dict:
     root.mkdir(parents=True, exist_ok=True)
     record = root / f"zoo-{quant}.json"  # the paths of a finished build: a cache hit reads no vocabulary
     if record.is_file():

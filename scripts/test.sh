@@ -9,4 +9,7 @@ export QT_QPA_PLATFORM=offscreen
 if [ $# -eq 0 ]; then
     bash scripts/bundle_check.sh
 fi
-exec .venv/bin/python -m pytest -q --durations=25 "$@"
+# One worker per CPU (pytest-xdist), each taking whole files: most tests run one thread, so a
+# single worker leaves the other cores idle. Build caches the files share are locked
+# (app/storage/paths.building).
+exec .venv/bin/python -m pytest -q -n "${SPECDESK_TEST_WORKERS:-auto}" --dist loadfile --durations=25 "$@"

@@ -380,6 +380,10 @@ def test_a_vocabulary_that_ends_llama_cpp_costs_only_its_own_verdict(demo_family
     from specdesk.app.models.vocab_check import vocab_verdicts
 
     monkeypatch.setenv("SPECDESK_LLAMA_LOG", "1")  # llama.cpp's own log: each model load is seen starting
+    scratch = tmp_path / "tmp"  # this test's own temporary folder: another process's logs never count
+    scratch.mkdir()
+    monkeypatch.setenv("TMPDIR", str(scratch))
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))
     drafts = []
     for i in range(40):
         path = tmp_path / f"draft-{i}.gguf"

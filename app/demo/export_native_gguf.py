@@ -34,6 +34,7 @@ import gguf
 import numpy as np
 from safetensors.numpy import load_file
 
+from specdesk.app.storage.paths import building
 from specdesk.engines.types import SpecDeskError
 
 from .export_hf import atomic_path
@@ -420,18 +421,19 @@ def build_native(family: Mapping[str, str], out_dir: Optional[Path] = None, seed
     out_dir = (Path(out_dir) if out_dir is not None else target_gguf.parent / "native") / key
     mtp_path = out_dir / "specdesk-demo-target-mtp-F16.gguf"
     dflash_path = out_dir / "specdesk-demo-dflash-F16.gguf"
-    if not mtp_path.is_file():
-        export_mtp_target(target_hf, target_gguf, mtp_path, seed)
-    unusable = dflash_problem(dflash_hf, target_hf) if dflash_hf is not None else "the family has no DFlash drafter"
-    if not dflash_path.is_file():
-        if not unusable:
-            export_dflash_folder(dflash_hf, target_gguf, dflash_path)
-        else:
-            config, weights = initial_dflash_folder(target_hf, seed)
-            export_dflash(config, weights, target_gguf, dflash_path, name="specdesk-demo-dflash-init")
-    eagle3_path = out_dir / "specdesk-demo-eagle3-F16.gguf"
-    if not eagle3_path.is_file():
-        export_eagle3_seeded(target_hf, target_gguf, eagle3_path, seed)
+    with building(out_dir):
+        if not mtp_path.is_file():
+            export_mtp_target(target_hf, target_gguf, mtp_path, seed)
+        unusable = dflash_problem(dflash_hf, target_hf) if dflash_hf is not None else "the family has no DFlash drafter"
+        if not dflash_path.is_file():
+            if not unusable:
+                export_dflash_folder(dflash_hf, target_gguf, dflash_path)
+            else:
+                config, weights = initial_dflash_folder(target_hf, seed)
+                export_dflash(config, weights, target_gguf, dflash_path, name="specdesk-demo-dflash-init")
+        eagle3_path = out_dir / "specdesk-demo-eagle3-F16.gguf"
+        if not eagle3_path.is_file():
+            export_eagle3_seeded(target_hf, target_gguf, eagle3_path, seed)
     return {"mtp_gguf": str(mtp_path.resolve()), "dflash_gguf": str(dflash_path.resolve()),
             "eagle3_gguf": str(eagle3_path.resolve()),
             "mtp_source": "trained" if _has_mtp(target_hf) else "seeded (the checkpoint has no MTP layer)",

@@ -20,7 +20,7 @@ from typing import Callable
 
 from specdesk.engines.types import SpecDeskError
 
-from ..storage.paths import assets_dir, cache_dir
+from ..storage.paths import assets_dir, building, cache_dir
 from .export_hf import require_torch, write_json_atomic, write_text_atomic
 from .files import NATIVE_DRAFTER_FILES, TRAINED_FILES, sha256_file
 
@@ -249,7 +249,8 @@ def build_family(
         progress(f"verifying the shipped {'small ' if small else ''}demo family in {trained}")
         card = verify_trained(trained, shipped=True)
     out = Path(out) if out is not None else cache_dir() / "demo" / card["recipe_key"]
-    _derive(trained, card, out, progress)
+    with building(out):
+        _derive(trained, card, out, progress)
     roles = {unit: out / UNIT_PATHS[unit] for unit in units_for(card)}
     roles["tokenizer"] = roles["target_hf"] / "tokenizer.json"
     return {role: str(path.resolve()) for role, path in roles.items()}

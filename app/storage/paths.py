@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import os
 import sys
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterator
 
 import platformdirs
 
@@ -33,3 +35,16 @@ def config_dir() -> Path:
 def data_dir() -> Path:
     override = os.environ.get("SPECDESK_DATA_DIR")
     return Path(override) if override else Path(platformdirs.user_data_dir(APP_NAME))
+
+
+@contextmanager
+def building(folder: str | os.PathLike) -> Iterator[None]:
+    """Hold the build lock of a cache folder: another process building the same folder (the
+    window and `specdesk serve` on a first run, two test workers) waits for this one, then finds
+    the files built instead of reading them half-written."""
+    from filelock import FileLock
+
+    folder = Path(folder)
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(folder.parent / f".{folder.name}.lock")):
+        yield
