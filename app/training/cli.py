@@ -194,9 +194,9 @@ def _run(args: argparse.Namespace, progress, should_stop, say=None) -> int:
         training_device = engine.device_description
     config = network.config
     taps = method_taps(args.method, network)
-    if from_gguf:
-        pass_over = LlamaPass(engine, taps, RecordSettings(taps=taps).top_k, RECORD_CONTEXT)
     settings = RecordSettings(taps=taps, max_new_tokens=args.max_tokens, limit_bytes=int(args.cache_mb * 2**20))
+    if from_gguf:
+        pass_over = LlamaPass(engine, taps, settings.top_k, RECORD_CONTEXT)
     key = cache_key(target, prompts, settings)  # the whole set: a larger --max-prompts reuses what is recorded
     cache = out / "cache" / key
     size = estimate_bytes(len(train_prompts) + len(held_prompts), TYPICAL_PROMPT_TOKENS, settings, config.hidden_size)
