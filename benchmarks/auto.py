@@ -95,6 +95,7 @@ def bench(kind: str, engine, configs: list[SpecConfig], prompts: list[str], max_
     halves = (Counter(), Counter()), (Counter(), Counter())  # (tokens, seconds) of even and odd runs
     outputs: dict[str, list] = {label(s): [] for s in configs}
     chosen: Counter = Counter()
+    by_choice: Counter = Counter()  # "method k=K" -> auto's steps, over every run
     auto_costs = None
     runs = encoded * rounds
     for index, prompt in enumerate(runs):
@@ -113,6 +114,9 @@ def bench(kind: str, engine, configs: list[SpecConfig], prompts: list[str], max_
             outputs[label(spec)].append(result.tokens)
             if result.auto_report:
                 auto_costs = result.auto_report["costs"]
+                report = result.auto_report
+                by_choice.update({name: round(share * report["steps"])
+                                  for name, share in report["steps_by_choice"].items()})
     rates = {name: tokens[name] / seconds[name] for name in outputs}
     for name in outputs:
         line = {"engine": kind, "config": name, "tokens": tokens[name], "seconds": round(seconds[name], 3),
@@ -121,6 +125,8 @@ def bench(kind: str, engine, configs: list[SpecConfig], prompts: list[str], max_
         if name == "auto":
             steps = sum(chosen.values())
             line["steps_by_method"] = {m: round(n / steps, 3) for m, n in chosen.most_common()}
+            total = sum(by_choice.values()) or 1
+            line["steps_by_choice"] = {c: round(n / total, 3) for c, n in by_choice.most_common()}
             line["costs_at_end"] = auto_costs
         print(json.dumps(line), flush=True)
     fixed = {name: rate for name, rate in rates.items() if name not in ("none", "auto")}

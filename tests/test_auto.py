@@ -72,7 +72,9 @@ def test_acceptance_estimate_counts_positions_reached():
     e.record(k=3, drafted=1, accepted=1)  # drafted one token only: position 1 reached, nothing there
     assert list(e.reached) == pytest.approx([1.97, 1.97, 0.0])
     assert list(e.accepted) == pytest.approx([1.97, 0.0, 0.0])
-    assert e.per_position()[2] == pytest.approx(0.6)  # only the prior where nothing was seen
+    # where nothing was seen, the position before it: a draft cut at k says nothing about k + 1
+    assert e.per_position()[2] == pytest.approx(e.per_position()[1])
+    assert e.per_position()[1] == pytest.approx(2 * e.per_position()[0] / 3.97)
 
 
 def test_a_method_unused_for_a_while_is_probed_again():
@@ -187,21 +189,39 @@ class Fixed:
         self.accepted.append(n_accepted)
 
 
-def test_a_lookup_that_finds_nothing_hands_its_step_to_the_next_best_method():
+def test_the_lookups_look_first_and_one_that_finds_nothing_is_not_chosen():
     costs = Costs((1.0, 1.1, 1.2, 1.3), {"ngram": 0.0, "draft": 0.2})
     lookup, model = Fixed(), Fixed((7, 7, 7))
     auto = AutoProposer({"ngram": lookup, "draft": model}, costs, 3)
     auto.begin([1, 2, 3])
     draft = auto.propose([1, 2, 3], 3)
     assert lookup.proposed == 1 and model.proposed == 1
-    assert auto.choice.method == "draft"
-    assert auto.choice.reason.startswith(f"ngram found nothing: draft, k = {auto.choice.k} (expected ")
+    assert auto.choice.method == "draft" and auto.choice.fallback is None
     assert draft.tokens == (7,) * auto.choice.k
     auto.accept(1, [7, 9])
-    assert model.accepted == [1] and lookup.accepted == [0]
-    assert auto.estimates["ngram"].hit_rate() < 1.0 and auto.estimates["draft"].drafted == auto.choice.k
-    # The chooser values the lookup with its fallback on the steps it misses.
+    assert model.accepted == [1] and lookup.accepted == [0]  # it learns the step's tokens all the same
+    assert auto.estimates["draft"].drafted == auto.choice.k
+    assert auto.estimates["ngram"].tries == 0  # looking and finding nothing says nothing of its acceptance
+    # Without the look, the chooser values the lookup with its fallback on the steps it misses.
     assert choose(costs, auto.estimates, 3).fallback == ("draft", choose(costs, {"draft": auto.estimates["draft"]}, 3).k)
+
+
+def test_a_lookup_that_found_a_draft_is_valued_at_no_drafting_cost_up_to_its_length():
+    costs = Costs((1.0, 1.1, 1.2, 1.3), {"ngram": 0.5, "draft": 0.2})  # a lookup dear to run, already run
+    estimates = {"ngram": AcceptanceEstimate(3), "draft": AcceptanceEstimate(3)}
+    assert choose(costs, estimates, 3).method == "draft"
+    found = choose(costs, estimates, 3, found={"ngram": 2})
+    assert (found.method, found.k, found.fallback) == ("ngram", 2, None)
+    assert choose(costs, estimates, 3, found={"ngram": 0}).method == "draft"
+    # Through the proposer: the lookup looks once, at the step's k, and drafts the chosen prefix.
+    lookup, model = Fixed((5, 6)), Fixed((7, 7, 7))
+    auto = AutoProposer({"ngram": lookup, "draft": model}, costs, 3)
+    auto.begin([1, 2, 3])
+    draft = auto.propose([1, 2, 3], 3)
+    assert (auto.choice.method, draft.tokens) == ("ngram", (5, 6)[:auto.choice.k])
+    assert lookup.proposed == 1 and model.proposed == 0
+    auto.accept(len(draft.tokens), [*draft.tokens, 8])
+    assert auto.estimates["ngram"].drafted == len(draft.tokens) and model.accepted == []
 
 
 def test_acceptance_learned_in_one_reply_starts_the_next():

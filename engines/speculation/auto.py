@@ -60,6 +60,11 @@ def auto_plan(spec: SpecConfig, availability: Mapping[str, Optional[str]]) -> Au
     return AutoPlan(methods, spec.k, observer, spec.draft_path if "draft" in methods else None)
 
 
+def _is_lookup(method: str) -> bool:
+    info = method_info(method)
+    return info.takes == "none" and not info.reads_hidden
+
+
 def _method_order(method: str) -> int:
     return AUTO_METHODS.index(method) if method in AUTO_METHODS else len(AUTO_METHODS)
 
@@ -78,6 +83,9 @@ class AutoProposer:
         self.max_k = max_k
         self.observer = self.proposers.get(observer) if observer else None
         self.observer_method = observer if self.observer is not None else None
+        # Methods that look the context up (no model): each looks every step before the choice.
+        self.lookups = tuple(m for m in self.proposers if _is_lookup(m))
+        self._looked: tuple[str, ...] = ()
         self.last_chosen = {m: 0 for m in self.proposers}  # the step `choose` last picked each (not a re-probe)
         self.counters = ProposerCounters()
         # `learned`: estimates kept from earlier runs on the same models (updated in place), so
@@ -134,24 +142,27 @@ class AutoProposer:
         self.last_chosen = {m: 0 for m in self.proposers}
         self._previous_drafter = None  # a new prompt: every method catches up first
 
-    def decide(self, k_budget: int) -> Choice:
-        """This step's choice (from history only); a method unused for REPROBE_EVERY steps
+    def decide(self, k_budget: int, found: Optional[Mapping[str, int]] = None) -> Choice:
+        """This step's choice (from history, and from what the lookups found in the committed
+        tokens: `found`, method -> tokens drafted); a method unused for REPROBE_EVERY steps
         drafts once at its best k, so a change of text can bring it back. Until a plain pass has
         been measured (costs.MIN_SAMPLES of them), one runs every REPROBE_EVERY steps: every
         speedup is counted against it, and priced from the drafted passes alone it drifts with
         whatever those carry (a fed drafter's catch-up) and is never corrected."""
+        found = found or {}
         if (self.learn_costs and self.cost_model.passes_seen and self.steps - self.last_plain >= REPROBE_EVERY
                 and 1 not in self.cost_model.learned_sizes()):
             return Choice("none", 0, 1.0, "no speculation: measuring a plain pass again")
-        choice = choose(self.costs, self.estimates, max(1, min(self.max_k, k_budget)), self.extra_s(),
-                        self.catch_up_s())
+        budget = max(1, min(self.max_k, k_budget))
+        choice = choose(self.costs, self.estimates, budget, self.extra_s(), self.catch_up_s(), found)
         if choice.method in self.last_chosen:
             self.last_chosen[choice.method] = self.steps
-        stale = [m for m in self.proposers if self.steps - self.last_used[m] >= REPROBE_EVERY and m != choice.method]
+        stale = [m for m in self.proposers if self.steps - self.last_used[m] >= REPROBE_EVERY
+                 and m != choice.method and found.get(m, budget)]
         if stale:
             method = stale[0]
             per_position, share, _ = self.estimates[method].summary()
-            by_k = speedups(self.costs, method, per_position, share, max(1, min(self.max_k, k_budget)),
+            by_k = speedups(self.costs, method, per_position, share, min(budget, found.get(method, budget)),
                             self.extra_s())
             speedup = max(by_k)
             k = by_k.index(speedup) + 1
@@ -162,14 +173,21 @@ class AutoProposer:
         started = time.perf_counter()
         self.steps += 1
         self._context_len = len(context)
-        self.choice = self.decide(k)
+        # The lookups cost next to nothing: each looks first, and the choice knows what each
+        # found (a longer k's lookup starts with the shorter one's draft, so one look serves all).
+        looked = {m: self.proposers[m].propose(context, min(k, self.max_k)) for m in self.lookups} if k > 0 else {}
+        self._looked = tuple(looked)
+        self.choice = self.decide(k, {m: len(d.tokens) for m, d in looked.items()})
         method = self.choice.method
         if method == "none" or k <= 0:
             self._pending = None
             draft = Draft(())
         else:
             self.last_used[method] = self.steps
-            draft = self.proposers[method].propose(context, min(k, self.choice.k))
+            if method in looked:
+                draft = Draft(looked[method].tokens[:min(k, self.choice.k)])
+            else:
+                draft = self.proposers[method].propose(context, min(k, self.choice.k))
             self._pending = (method, min(k, self.choice.k), len(draft.tokens))
             if not draft.tokens and self.choice.fallback is not None:
                 # Found nothing: its miss is recorded, and the fallback drafts this step. Still
@@ -202,6 +220,10 @@ class AutoProposer:
         if self._missed is not None:
             self.proposers[self._missed].accept(0, committed)
             self._missed = None
+        for method in self._looked:  # looked but did not draft this step: they learn the step's tokens
+            if method != chosen:
+                self.proposers[method].accept(0, committed)
+        self._looked = ()
         if self.observer is not None and self.proposers.get(chosen) is not self.observer:
             # It saw this pass too: it keeps the committed rows whoever drafted.
             self.observer.accept(n_accepted, committed)

@@ -110,8 +110,17 @@ class AcceptanceEstimate:
         self.accepted[:accepted] += 1
 
     def per_position(self) -> np.ndarray:
-        """(max_k,) conditional acceptance of position i given positions < i were accepted."""
-        return (self.accepted + PRIOR_WEIGHT * PRIOR_ACCEPTANCE) / (self.reached + PRIOR_WEIGHT)
+        """(max_k,) conditional acceptance of position i given positions < i were accepted.
+
+        Each position's prior is the estimate of the position before it (the first one's,
+        PRIOR_ACCEPTANCE): a method whose drafts have been cut at k never reaches position k + 1,
+        and a fixed prior there would price it below what the method has shown, so auto would
+        never try the longer draft that would measure it."""
+        out = np.empty(self.max_k)
+        prior = PRIOR_ACCEPTANCE
+        for i in range(self.max_k):
+            prior = out[i] = (self.accepted[i] + PRIOR_WEIGHT * prior) / (self.reached[i] + PRIOR_WEIGHT)
+        return out
 
     def draft_share(self) -> float:
         """Drafted tokens per token asked for, when it drafted (n-gram methods often find fewer)."""
@@ -153,11 +162,12 @@ def expected_speedup(costs: Costs, method: str, per_position: Sequence[float], d
 
 
 def _outcomes(costs: Costs, method: str, per_position: Sequence[float], draft_share: float,
-              max_k: int, extra_s: float = 0.0) -> list[tuple[float, float]]:
+              max_k: int, extra_s: float = 0.0, drafting: bool = True) -> list[tuple[float, float]]:
     """(expected tokens, seconds) of a step where `method` drafts, for k = 1..max_k, in one walk
     over the positions; `extra_s`: what every step costs besides (a fed hidden-state drafter's
-    catch-up). Plain floats: the chooser calls this for every method each step."""
-    draft_s = costs.draft_token_s.get(method, 0.0)
+    catch-up); `drafting`: False for a draft already made this step (its cost is spent whatever
+    is chosen). Plain floats: the chooser calls this for every method each step."""
+    draft_s = costs.draft_token_s.get(method, 0.0) if drafting else 0.0
     step_s = costs.draft_step_s.get(method, 0.0) + extra_s
     tokens, reach, out = 1.0, 1.0, []
     for k in range(1, max_k + 1):
@@ -182,21 +192,32 @@ def _mix(hit: float, drafted: tuple[float, float], missed: tuple[float, float]) 
 
 
 def choose(costs: Costs, estimates: Mapping[str, AcceptanceEstimate], max_k: int, extra_s: float = 0.0,
-           method_s: Optional[Mapping[str, float]] = None) -> Choice:
+           method_s: Optional[Mapping[str, float]] = None, found: Optional[Mapping[str, int]] = None) -> Choice:
     """The (method, k) with the highest expected tokens per second, or no speculation when
     nothing is expected to beat a plain pass (`extra_s`: a cost every step pays whatever is
     chosen; `method_s`: what drafting with a method costs this step besides, a draft model's
-    catch-up on what other methods committed). A method that may find nothing to draft (n-gram
-    lookups) is valued with its fallback for those steps: the best other method on its own, or
-    a plain pass. Ties go to no speculation, then to the method listed first, then to the
-    smaller k."""
+    catch-up on what other methods committed). `found`: methods that have drafted this step
+    already (the lookups, which cost next to nothing) -> how many tokens they found: each is
+    valued at k up to that many and at no drafting cost, and one that found nothing is not a
+    candidate. Any other method that may find nothing to draft is valued with its fallback for
+    those steps: the best other method on its own, or a plain pass. Ties go to no speculation,
+    then to the method listed first, then to the smaller k."""
     plain = (1.0, costs.pass_s[0] + extra_s)
     rate = costs.pass_s[0]
+    found = found or {}
     # Each method on its own (a miss is a plain pass after the lookup): its best (tokens, seconds, k).
     alone: dict[str, tuple[float, float, int]] = {}
     outcomes: dict[str, list[tuple[float, float]]] = {}
     for method, estimate in estimates.items():
         per_position, share, hit = estimate.summary()
+        if method in found:
+            if not found[method]:
+                continue
+            outcomes[method] = _outcomes(costs, method, per_position, 1.0, min(max_k, found[method]),
+                                         extra_s + (method_s or {}).get(method, 0.0), drafting=False)
+            alone[method] = max(((t, sec, k) for k, (t, sec) in enumerate(outcomes[method], start=1)),
+                                key=lambda o: o[0] / o[1])
+            continue
         outcomes[method] = _outcomes(costs, method, per_position, share, max_k,
                                      extra_s + (method_s or {}).get(method, 0.0))
         miss = (1.0, plain[1] + costs.draft_token_s.get(method, 0.0))
@@ -206,9 +227,11 @@ def choose(costs: Costs, estimates: Mapping[str, AcceptanceEstimate], max_k: int
                 alone[method] = (tokens, seconds, k)
     best: Optional[tuple[float, str, int, Optional[tuple[str, int]]]] = None
     for method, estimate in estimates.items():
-        hit = estimate.summary()[2]
+        if method not in outcomes:
+            continue
+        hit = 1.0 if method in found else estimate.summary()[2]
         others = [(t, sec, m, k) for m, (t, sec, k) in alone.items() if m != method and t / sec > plain[0] / plain[1]]
-        fallback = max(others, key=lambda o: o[0] / o[1], default=None)
+        fallback = None if method in found else max(others, key=lambda o: o[0] / o[1], default=None)
         missed = (fallback[0], fallback[1]) if fallback else plain
         missed = (missed[0], missed[1] + costs.draft_token_s.get(method, 0.0))
         for k, outcome in enumerate(outcomes[method], start=1):
