@@ -4,7 +4,9 @@ For each engine, every configuration runs every prompt greedily, interleaved pro
 prompt (so a machine that speeds up or slows down over the run favours none of them);
 decode time only, as compare times it. One JSON line per configuration:
 `tok_per_s`, `speedup` over no speculation in the same run, `identical` (greedy output equal
-to no speculation's on every prompt), and for auto the share of steps each method drafted.
+to no speculation's on every prompt; where not, `divergences` counts the prompts whose first
+difference is a near-tie or a mismatch, as compare classifies them), and for auto the share of
+steps each method drafted.
 Then one summary line per engine: auto over the best fixed configuration and over none, and
 auto over the best fixed configuration chosen on the other half of the runs (the plain best of
 fifteen noisy rates is the luckiest one on a busy machine; see split_best_fixed).
@@ -32,7 +34,7 @@ from typing import Optional
 
 import numpy as np
 
-from specdesk.app.runtime.compare import run_once, load_prompts
+from specdesk.app.runtime.compare import PromptResult, classify_divergence, load_prompts, run_once
 from specdesk.app.storage.paths import assets_dir
 from specdesk.engines.types import GenerationRequest, SamplingParams, SpecConfig
 
@@ -94,6 +96,7 @@ def bench(kind: str, engine, configs: list[SpecConfig], prompts: list[str], max_
     seconds = Counter()
     halves = (Counter(), Counter()), (Counter(), Counter())  # (tokens, seconds) of even and odd runs
     outputs: dict[str, list] = {label(s): [] for s in configs}
+    results: dict[str, list] = {label(s): [] for s in configs}  # RunResults, for the divergences
     chosen: Counter = Counter()
     by_choice: Counter = Counter()  # "method k=K" -> auto's steps, over every run
     auto_costs = None
@@ -112,6 +115,7 @@ def bench(kind: str, engine, configs: list[SpecConfig], prompts: list[str], max_
             halves[index % 2][0][label(spec)] += result.stats.tokens
             halves[index % 2][1][label(spec)] += result.stats.seconds
             outputs[label(spec)].append(result.tokens)
+            results[label(spec)].append(result)
             if result.auto_report:
                 auto_costs = result.auto_report["costs"]
                 report = result.auto_report
@@ -122,6 +126,8 @@ def bench(kind: str, engine, configs: list[SpecConfig], prompts: list[str], max_
         line = {"engine": kind, "config": name, "tokens": tokens[name], "seconds": round(seconds[name], 3),
                 "tok_per_s": round(rates[name], 2), "speedup": round(rates[name] / rates["none"], 3),
                 "identical": outputs[name] == outputs["none"]}
+        if not line["identical"]:
+            line["divergences"] = divergences(engine, runs, results["none"], results[name])
         if name == "auto":
             steps = sum(chosen.values())
             line["steps_by_method"] = {m: round(n / steps, 3) for m, n in chosen.most_common()}
@@ -139,6 +145,18 @@ def bench(kind: str, engine, configs: list[SpecConfig], prompts: list[str], max_
     if split is not None:
         summary["auto_over_best_fixed_chosen_apart"] = split
     print(json.dumps(summary), flush=True)
+
+
+def divergences(engine, runs: list, baseline: list, speculative: list) -> dict:
+    """Where a configuration's greedy output left no speculation's, by kind (untimed): a
+    near-tie (the target's top two logits within noise there, compare's classification) or a
+    mismatch (a bug)."""
+    kinds: Counter = Counter()
+    for index, (prompt, base, spec) in enumerate(zip(runs, baseline, speculative)):
+        found = classify_divergence(engine, index, list(prompt), PromptResult("", base, spec))
+        if found is not None:
+            kinds[found.kind] += 1
+    return dict(kinds)
 
 
 def split_best_fixed(halves, outputs) -> Optional[float]:

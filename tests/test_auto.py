@@ -482,6 +482,40 @@ def test_learned_costs_are_saved_every_so_many_passes(monkeypatch):
     assert len(saved) == 2 and saved[-1].pass_s == (0.75, 1.5)  # size 1 scaled as size 2 moved
 
 
+def test_a_probe_the_passes_drifted_far_from_is_taken_again_before_the_next_reply(monkeypatch):
+    """A probe taken in a busy moment priced every size and the drafting for that moment;
+    replies then measure only the sizes they run. Once the passes they measured moved more
+    than DRIFT from it, the next reply's preparation takes the probe again, keeping what the
+    passes measured; a probe they agree with is kept."""
+    class Target:
+        path = "target.gguf"
+
+    class Engine:
+        name, target, n_threads = "fake", Target(), 2
+
+    busy = Costs((0.020, 0.030, 0.150, 0.150), {"draft": 0.100})
+    quiet = Costs((0.010, 0.015, 0.017, 0.018), {"draft": 0.001})
+    probes = [busy, quiet]
+    monkeypatch.setattr(cost_cache, "measure_costs", lambda *args, **kwargs: probes.pop(0))
+    monkeypatch.setattr(cost_cache, "_models", {})
+    engine, members = Engine(), {"draft": object()}
+    model = cost_cache.load_or_measure(engine, members, 3, None)
+    assert model.costs() == busy and not model.drifted()
+    for _ in range(cost_cache.REPROBE_AFTER // 2 - 1):  # quiet now: plain and 2-token passes at half the probe's
+        model.record_pass(1, 0.010)
+        model.record_pass(2, 0.015)
+    assert model.costs().pass_s[2] == pytest.approx(0.075) and not model.drifted()  # too few passes yet
+    model.record_pass(1, 0.010)
+    model.record_pass(2, 0.015)
+    assert model.drifted()
+    assert cost_cache.load_or_measure(engine, members, 3, None) is model and model.probes == 2
+    assert model.costs().pass_s == pytest.approx(quiet.pass_s) and model.costs().draft_token_s == {"draft": 0.001}
+    assert model.learned_sizes() == [1, 2] and not model.drifted()
+    for _ in range(cost_cache.REPROBE_AFTER):  # within DRIFT of the new probe: kept
+        model.record_pass(1, 0.012)
+    assert not model.drifted() and cost_cache.load_or_measure(engine, members, 3, None).probes == 2
+
+
 def test_a_machine_that_got_busy_makes_auto_draft_longer():
     """Under load a long pass costs little more than a short one (scheduling dominates), so
     drafts that did not pay on the probe's costs pay now: auto follows what its passes measure."""

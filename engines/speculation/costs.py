@@ -35,6 +35,11 @@ PROBE_TEXT = ("def fibonacci(n):\n    if n < 2:\n        return n\n    return fi
 WINDOW = 16  # recent measurements kept per pass size and per method
 MIN_SAMPLES = 3  # a size's own median is trusted from this many measurements on
 SAVE_EVERY = 64  # recorded passes between writes of the learned costs to the cost cache
+# The probe is taken again (before the next reply) when the passes measured since moved this far
+# from it, either way: it caught a busy moment (or the machine's state has changed since), and
+# the sizes and drafting costs replies never measure would still be priced from it.
+DRIFT = 1.5
+REPROBE_AFTER = 64  # passes recorded since the last probe before another may be taken
 
 
 def _median(values) -> float:
@@ -60,6 +65,8 @@ class CostModel:
         self.observing = {m: deque(maxlen=WINDOW) for m in probe.observe_s}
         self.recorded = 0
         self.passes_seen = 0  # passes recorded in all
+        self.since_probe = 0  # passes recorded since the probe (or the last one taken again)
+        self.probes = 1
         self._costs: Optional[Costs] = probe
         self._on_update = on_update  # called with the learned Costs every SAVE_EVERY passes
 
@@ -67,6 +74,7 @@ class CostModel:
         if 1 <= n_tokens <= len(self.passes) and seconds > 0:
             self.passes[n_tokens - 1].append(seconds)
             self.passes_seen += 1
+            self.since_probe += 1
             self._changed()
 
     def record_drafting(self, method: str, drafted: int, seconds: float) -> None:
@@ -84,6 +92,27 @@ class CostModel:
         self.recorded += 1
         if self._on_update is not None and self.recorded % SAVE_EVERY == 0:
             self._on_update(self.costs())
+
+    def drifted(self) -> bool:
+        """Whether the passes measured since the probe moved more than DRIFT from it (the median
+        over the sizes measured), after REPROBE_AFTER of them: a probe taken while the machine
+        was busy prices the sizes and the drafting that replies never run for that busy moment."""
+        if self.since_probe < REPROBE_AFTER:
+            return False
+        ratios = [_median(self.passes[n - 1]) / self.probe.pass_s[n - 1] for n in self.learned_sizes()]
+        if not ratios:
+            return False
+        moved = _median(ratios)
+        return moved > DRIFT or moved < 1.0 / DRIFT
+
+    def reseed(self, probe: Costs) -> None:
+        """A new probe's costs as the prior; what passes measured is kept (it is recent)."""
+        self.probe = probe
+        self.drafting = {m: deque(self.drafting.get(m, ()), maxlen=WINDOW) for m in probe.draft_token_s}
+        self.observing = {m: deque(self.observing.get(m, ()), maxlen=WINDOW) for m in probe.observe_s}
+        self.since_probe = 0
+        self.probes += 1
+        self._costs = None
 
     def learned_sizes(self) -> list[int]:
         return [n for n, window in enumerate(self.passes, start=1) if len(window) >= MIN_SAMPLES]
@@ -143,7 +172,7 @@ class CostModel:
                 "draft_token_ms": {m: round(s * 1e3, 3) for m, s in costs.draft_token_s.items()},
                 "draft_step_ms": {m: round(s * 1e3, 3) for m, s in costs.draft_step_s.items()},
                 "observe_ms": {m: round(s * 1e3, 3) for m, s in costs.observe_s.items()},
-                "passes_recorded": sum(len(w) for w in self.passes)}
+                "passes_recorded": sum(len(w) for w in self.passes), "probes": self.probes}
 
 
 _models: dict[str, CostModel] = {}  # cost key -> the model every run on those models learns into
@@ -174,12 +203,17 @@ def load_or_measure(engine, proposers: Mapping[str, object], max_k: int, draft_p
     """The cost model for this engine and method set (`proposers`: method -> its proposer,
     `observer`: the one that reads the target's hidden states): from memory, seeded from the
     engine's cost folder (`engine.cost_cache_dir`, when set), else from a short probe now.
-    What the replies measure updates it, and the folder's copy every SAVE_EVERY passes."""
+    What the replies measure updates it, and the folder's copy every SAVE_EVERY passes; when
+    they drifted far from the probe (CostModel.drifted), the probe is taken again now."""
     key = cost_key(engine, list(proposers), max_k, draft_path)
-    if key in _models:
-        return _models[key]
     folder = getattr(engine, "cost_cache_dir", None)
     path = Path(folder) / f"costs-{key}.json" if folder else None
+    if key in _models:
+        model = _models[key]
+        if model.drifted():
+            model.reseed(measure_costs(engine, proposers, max_k, observer))
+            _store(path, model.costs())
+        return model
     costs = None
     if path is not None and path.is_file():
         try:

@@ -74,12 +74,14 @@ def make_proposer(engine: ModelSource, spec: SpecConfig, sampling: SamplingParam
 
 def prepare(engine: ModelSource, spec: SpecConfig) -> None:
     """What a method needs done before its runs, as a job of its own rather than inside one:
-    auto's costs on this machine, read from its cache or measured now by a probe
-    (engines/speculation/costs.py). Quick once done; the other methods need nothing."""
+    auto's costs on this machine, read from its cache or measured now by a probe, and measured
+    again when the passes replies ran drifted far from it (engines/speculation/costs.py). Quick
+    once done; the other methods need nothing."""
     if spec.method != "auto":
         return
     plan = auto_plan(spec, engine.method_availability())
-    if measured(engine, plan.methods, plan.max_k, plan.draft_path) is not None:
+    model = measured(engine, plan.methods, plan.max_k, plan.draft_path)
+    if model is not None and not model.drifted():
         return
     # Proposers of its own, greedy and seeded: the probe draws nothing from a run's generator.
     members = _auto_members(engine, spec, plan, SamplingParams(), np.random.default_rng(0))
