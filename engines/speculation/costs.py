@@ -39,7 +39,7 @@ SAVE_EVERY = 64  # recorded passes between writes of the learned costs to the co
 # from it, either way: it caught a busy moment (or the machine's state has changed since), and
 # the sizes and drafting costs replies never measure would still be priced from it.
 DRIFT = 1.5
-REPROBE_AFTER = 64  # passes recorded since the last probe before another may be taken
+REPROBE_AFTER = 24  # passes recorded since the last probe before another may be taken (about one reply)
 
 
 def _median(values) -> float:
