@@ -39,6 +39,10 @@ SAVE_EVERY = 64  # recorded passes between writes of the learned costs to the co
 # from it, either way: it caught a busy moment (or the machine's state has changed since), and
 # the sizes and drafting costs replies never measure would still be priced from it.
 DRIFT = 1.5
+# Drafting is timed over this many proposals (the fastest kept): replies do not correct it (see
+# auto.LEARN_DRAFTING), and one slow proposal of a few milliseconds priced the draft model at
+# twice its cost for a whole run.
+DRAFT_REPEATS = 5
 REPROBE_AFTER = 24  # passes recorded since the last probe before another may be taken (about one reply)
 
 
@@ -278,7 +282,7 @@ def measure_costs(engine, proposers: Mapping[str, object], max_k: int, observer:
         if method == observer:
             draft_token_s[method], observe_s[method] = _observer_costs(engine, proposer, probe, max_k, best)
         else:
-            draft_token_s[method] = _drafting_cost(method, proposer, probe, max_k, repeats)
+            draft_token_s[method] = _drafting_cost(method, proposer, probe, max_k, max(repeats, DRAFT_REPEATS))
     return Costs(tuple(best), draft_token_s, observe_s)
 
 
