@@ -479,6 +479,21 @@ def test_a_gguf_is_trained_from_the_librarys_folder_of_the_same_model():
     assert hf_folder_for(same, []) == "m-hf"
 
 
+
+def test_the_dialog_trains_an_mtp_layer_from_a_gguf_alone(demo_family, qtbot):
+    """Without the model's Hugging Face folder the dialog trains any method from the GGUF itself,
+    an MTP layer too (written into a copy of the file)."""
+    from specdesk.ui.train_dialog import TrainDrafterDialog
+
+    dialog = TrainDrafterDialog(demo_family["target_gguf"])
+    qtbot.addWidget(dialog)
+    dialog.method.setCurrentIndex(dialog.method.findData("mtp"))
+    assert dialog.folder_problem() is None and dialog.start_button.isEnabled()
+    request = dialog.request()
+    assert request.target == demo_family["target_gguf"] and request.method == "mtp" and request.target_gguf is None
+    assert dialog.out_label.text().endswith("-mtp-trained")
+    dialog.close()
+
 # --- a GGUF target: llama.cpp records, PyTorch trains against the dequantized head ------------
 def test_a_gguf_targets_shape_and_head_are_read_from_the_file(demo_family):
     from specdesk.app.training.gguf_target import heads_network, model_config
@@ -516,9 +531,12 @@ def test_a_gguf_of_another_architecture_is_refused_by_name(tmp_path):
         model_config(path)
 
 
-def test_llama_cpp_records_what_pytorch_records_on_the_same_weights(demo_family):
+@pytest.mark.parametrize("method", ["eagle3", "mtp"])
+def test_llama_cpp_records_what_pytorch_records_on_the_same_weights(method, demo_family):
     """The same prompt and answer through the HF folder (PyTorch) and its GGUF export (llama.cpp):
-    the same layer inputs and the same top-k distribution, up to llama.cpp's f16 keys and values."""
+    the same layer inputs (EAGLE-3), or for MTP the same last-layer rows after the target's final
+    norm, which is how MTP reads them (llama.cpp hands them out only normed), and the same top-k
+    distribution, up to llama.cpp's f16 keys and values."""
     import numpy as np
 
     from specdesk.app.training.gguf_target import LlamaPass
@@ -530,12 +548,18 @@ def test_llama_cpp_records_what_pytorch_records_on_the_same_weights(demo_family)
     llama = LlamaEngine(demo_family["target_gguf"], n_ctx=512, n_threads=1)
     pytorch = TorchEngine(demo_family["target_hf"], device="cpu", dtype="float32", n_threads=1)
     try:
-        taps = method_taps("eagle3", pytorch.target.network)
+        network = pytorch.target.network
+        taps = method_taps(method, network)
         tokens = llama.tokenize("import os\n\n\ndef main(argv):\n    for name in argv:\n") * 3
         assert len(tokens) > 40
         ours = LlamaPass(llama, taps, top_k=8, n_ctx=512)
         recorded = [ours(tokens), TorchPass(pytorch, taps, top_k=8)(tokens)]
         ours.close()
+        if method == "mtp":
+            assert taps == (network.config.num_hidden_layers,)
+            with torch.no_grad():
+                recorded = [(network.model.norm(torch.from_numpy(f.astype(np.float32))).numpy(), ids, logp)
+                            for f, ids, logp in recorded]
     finally:
         llama.close(), pytorch.close()
     (features, ids, logp), (t_features, t_ids, t_logp) = recorded
@@ -546,6 +570,28 @@ def test_llama_cpp_records_what_pytorch_records_on_the_same_weights(demo_family)
     clear = gap > 0.05  # where the target's top two are not a near tie, the same top token
     assert clear.sum() > len(tokens) // 2 and (ids[clear, 0] == t_ids[clear, 0]).all()
     np.testing.assert_allclose(logp[:, 0].astype(np.float32), t_logp[:, 0].astype(np.float32), rtol=0, atol=0.05)
+
+
+def test_the_last_layers_output_is_recorded_up_to_the_scale_the_final_norm_removes():
+    """llama.cpp hands out the final-normed rows; `unnormed` turns them into rows whose final norm
+    is those rows again (what MTP reads), with unit RMS even where the norm's weight is 0."""
+    import numpy as np
+
+    from specdesk.app.training.gguf_target import unnormed
+
+    rng = np.random.default_rng(0)
+    hidden = rng.standard_normal((5, 8)) * 7  # (n, d): the last layer's output
+    weight = rng.uniform(0.5, 2.0, 8)
+
+    def final_norm(x, eps=1e-6):
+        return x / np.sqrt((x ** 2).mean(axis=-1, keepdims=True) + eps) * weight
+
+    rows = unnormed(final_norm(hidden), weight)
+    np.testing.assert_allclose(rows, hidden / np.sqrt((hidden ** 2).mean(axis=-1, keepdims=True)), rtol=1e-5)
+    weight[3] = 0.0
+    rows = unnormed(final_norm(hidden), weight)
+    np.testing.assert_allclose((rows ** 2).mean(axis=-1), 1.0, rtol=1e-5)
+    np.testing.assert_allclose(final_norm(rows), final_norm(hidden), rtol=1e-5, atol=1e-6)
 
 
 def pytorch_hidden(demo_family) -> int:
@@ -561,12 +607,7 @@ def test_a_drafter_is_trained_from_a_gguf_target_alone(method, demo_family, smal
 
     target = tmp_path / "model.gguf"
     shutil.copyfile(demo_family["target_gguf"], target)
-    args = ["--target", str(target), "--prompts", str(small_prompts), "--device", "cpu", "--threads", "1",
-            "--max-tokens", "16", "--compare-prompts", "2", "--compare-tokens", "16", "--batch-size", "4",
-            "--steps", "1", "--minutes", "1"]
-    assert _run_cli(args + ["--method", "mtp"]) == 2
-    assert "model.gguf: --method mtp is trained from the model's Hugging Face folder" in capsys.readouterr().err
-    assert _run_cli(args + ["--method", method]) == 0
+    assert _run_cli(_gguf_args(target, small_prompts) + ["--method", method, "--steps", "1"]) == 0
     out = tmp_path / f"model-{method}-trained"
     provenance = json.loads((out / "provenance.json").read_text())
     assert provenance["target"] == str(target.resolve()) and provenance["training"]["steps"] == 1
@@ -575,3 +616,158 @@ def test_a_drafter_is_trained_from_a_gguf_target_alone(method, demo_family, smal
     assert provenance["measured"]["trained"]["identical_outputs"] is True  # measured on llama.cpp with the GGUF
     label = {"eagle3": "EAGLE-3", "dflash": "DFlash"}[method]
     assert provenance["adopted"] is False and f"kept, not adopted: trained {label}" in capsys.readouterr().err
+
+
+def _gguf_args(target: Path, prompts: Path) -> list[str]:
+    return ["--target", str(target), "--prompts", str(prompts), "--device", "cpu", "--threads", "1",
+            "--max-tokens", "16", "--compare-prompts", "2", "--compare-tokens", "16", "--batch-size", "4",
+            "--minutes", "1"]
+
+
+def _greedy(path, prompt: str, specs, max_tokens: int = 40) -> list:
+    """Greedy runs of `prompt` on the GGUF at `path` in the llama.cpp engine, one per SpecConfig."""
+    from specdesk.app.runtime.compare import run_once
+    from specdesk.engines.llama.engine import LlamaEngine
+    from specdesk.engines.types import GenerationRequest, SamplingParams
+
+    engine = LlamaEngine(str(path), n_ctx=256, n_threads=1)
+    try:
+        tokens = tuple(engine.tokenize(prompt))
+        return [run_once(engine, GenerationRequest(tokens, max_tokens=max_tokens, stop_at_eos=False,
+                                                   sampling=SamplingParams(temperature=0.0), spec=spec))
+                for spec in specs]
+    finally:
+        engine.close()
+
+
+def _same_tensors(source: Path, copy: Path) -> None:
+    """Every tensor of the source GGUF is in the glm4moe copy under its name there, in its type
+    and shape, byte for byte; a llama file's Q/K rows are in rotate-half order, which the llama
+    converter's permutation (export_gguf.permute_rope_rows) takes back to the file's rows."""
+    import numpy as np
+
+    from specdesk.app.demo.export_gguf import permute_rope_rows
+    from specdesk.app.demo.export_native_gguf import GGUF_BLOCK_TENSORS
+    from specdesk.engines.llama.binding import gguf_header
+
+    theirs, ours = gguf_header(source), gguf_header(copy)
+    source_bytes, copy_bytes = (np.memmap(path, dtype=np.uint8, mode="r") for path in (source, copy))
+    heads = {"attn_q.weight": theirs.arch_value("attention.head_count"),
+             "attn_k.weight": theirs.arch_value("attention.head_count_kv")}
+    for name, info in theirs.tensor_infos.items():
+        parts = name.split(".", 2)
+        kept = ours.tensor_infos[f"blk.{parts[1]}.{GGUF_BLOCK_TENSORS[parts[2]]}" if parts[0] == "blk" else name]
+        assert (kept.ggml_type, kept.shape) == (info.ggml_type, info.shape), name
+        rows = copy_bytes[kept.offset:kept.end].reshape(info.shape[-1] if len(info.shape) > 1 else 1, -1)
+        if theirs.architecture == "llama" and parts[-1] in heads:
+            rows = permute_rope_rows(rows, heads[parts[-1]])
+        assert np.array_equal(rows.reshape(-1), source_bytes[info.offset:info.end]), name
+
+
+def test_an_mtp_layer_is_trained_from_a_gguf_target_alone(demo_family, small_prompts, tmp_path, capsys):
+    """No Hugging Face folder: llama.cpp answers and records the last layer's output, the layer
+    trains against the embeddings, final norm and head dequantized from the GGUF, and a glm4moe
+    copy of the GGUF carries it as its NextN layer. The copy loads in the llama.cpp engine, and
+    greedy output through its MTP layer is the copy's baseline, which is the original file's."""
+    import shutil
+
+    target = tmp_path / "model.gguf"
+    shutil.copyfile(demo_family["target_gguf"], target)
+    assert _run_cli(_gguf_args(target, small_prompts) + ["--method", "mtp", "--steps", "40",
+                                                          "--eval-every", "40"]) == 0
+    out = tmp_path / "model-mtp-trained"
+    copy = out / "model-mtp.gguf"
+    provenance = json.loads((out / "provenance.json").read_text())
+    assert provenance["method"] == "mtp" and provenance["target"] == str(target.resolve())
+    assert provenance["gguf"] == str(copy.resolve()) and provenance["drafter"] == str((out / "mtp").resolve())
+    assert provenance["training"]["taps"] == [json.loads((Path(demo_family["target_hf"]) / "config.json")
+                                                         .read_text())["num_hidden_layers"]]
+    assert provenance["held_out_acceptance_per_position"][0] > 0.5  # it learned from what llama.cpp recorded
+    assert provenance["measured"]["trained"]["identical_outputs"] is True  # measured on llama.cpp with the copy
+    assert provenance["adopted"] is False and "kept, not adopted: trained MTP" in capsys.readouterr().err
+    _same_tensors(target, copy)
+    from specdesk.app.models.library import is_hf_folder, walk_models
+
+    # the layer alone is not a model: the library lists the copy, not the layer's folder
+    assert not is_hf_folder(out / "mtp")
+    assert [p.name for p in walk_models(out) if p.suffix == ".gguf" or p.is_dir()] == ["model-mtp.gguf"]
+
+    from specdesk.engines.types import SpecConfig
+
+    prompt = "with open(path) as f:\n"
+    (original,) = _greedy(target, prompt, [SpecConfig()])
+    plain, with_mtp = _greedy(copy, prompt, [SpecConfig(), SpecConfig(method="mtp", k=3)])
+    assert with_mtp.tokens == plain.tokens == original.tokens and len(original.tokens) == 40
+    assert with_mtp.stats.drafted > 0 and with_mtp.stats.accepted > 0
+
+
+@pytest.mark.parametrize("family", ["qwen2", "llama-bpe"])
+def test_a_quantized_gguf_written_again_with_an_mtp_layer_computes_what_the_file_does(family, tmp_path):
+    """The zoo's Q4_K_M targets (real vocabularies, random weights): Qwen2 with its q/k/v biases,
+    Llama 3's with grouped keys and values and interleaved Q/K rows. Their glm4moe copies keep
+    every tensor's bytes and type and give the same greedy tokens as the files, with or without
+    the (seeded, untrained) MTP layer drafting."""
+    from benchmarks import zoo
+    from specdesk.app.demo.export_native_gguf import export_mtp_target_from_gguf
+    from specdesk.app.training import mtp
+    from specdesk.app.training.gguf_target import heads_network
+    from specdesk.engines.types import SpecConfig
+
+    torch.set_num_threads(1)
+    source = Path(zoo.build(family, "Q4_K_M", small=True)["target_gguf"])
+    layer = mtp.new_layer(heads_network(source, "cpu"), seed=1)
+    folder = mtp.export_target_with_mtp(layer, source, tmp_path / "mtp")
+    copy = export_mtp_target_from_gguf(folder, source, tmp_path / "copy.gguf")
+    _same_tensors(source, copy)
+    prompt = "def parse(text):\n    return text.split()\n"
+    (original,) = _greedy(source, prompt, [SpecConfig()], max_tokens=24)
+    plain, with_mtp = _greedy(copy, prompt, [SpecConfig(), SpecConfig(method="mtp", k=3)], max_tokens=24)
+    assert with_mtp.tokens == plain.tokens == original.tokens and len(original.tokens) == 24
+    assert with_mtp.stats.drafted > 0
+
+
+def test_layer_inputs_of_a_qwen2_gguf_are_refused_rather_than_aborting_llama_cpp():
+    """llama.cpp's qwen2 graph keeps no layer inputs (asking for them aborts the process), so
+    EAGLE-3 and DFlash cannot be recorded from a qwen2 GGUF; its MTP tap can."""
+    from benchmarks import zoo
+    from specdesk.app.training.gguf_target import LlamaPass, model_config
+    from specdesk.engines.llama.engine import LlamaEngine
+
+    source = zoo.build("qwen2", "Q4_K_M", small=True)["target_gguf"]
+    config = model_config(Path(source))
+    engine = LlamaEngine(source, n_ctx=256, n_threads=1)
+    try:
+        with pytest.raises(SpecDeskError, match=r"target-Q4_K_M\.gguf: llama\.cpp hands out no layer inputs for "
+                                                r"architecture 'qwen2'"):
+            LlamaPass(engine, (1, 2), top_k=8, n_ctx=256)
+        last = LlamaPass(engine, (config.num_hidden_layers,), top_k=8, n_ctx=256)
+        features, ids, _ = last(engine.tokenize("def main():\n    return 1\n"))
+        last.close()
+    finally:
+        engine.close()
+    assert features.shape == (len(ids), config.hidden_size)
+
+def test_a_gguf_whose_copy_would_drop_a_tensor_is_refused_before_recording(demo_family, small_prompts, tmp_path,
+                                                                           capsys):
+    """An MTP layer for a GGUF lives in a glm4moe copy of it; a tensor the copy has no place for
+    (here Llama 3's rope_freqs) is refused by name, with the file, before anything is recorded."""
+    import numpy as np
+    from gguf import GGUFReader, GGUFValueType, GGUFWriter
+
+    reader = GGUFReader(demo_family["target_gguf"])
+    target = tmp_path / "rope-scaled.gguf"
+    writer = GGUFWriter(str(target), "llama")
+    for name, field in reader.fields.items():
+        if not name.startswith("GGUF.") and name != "general.architecture":
+            main_type = field.types[0]
+            sub_type = field.types[-1] if main_type == GGUFValueType.ARRAY else None
+            writer.add_key_value(name, field.contents(), main_type, sub_type=sub_type)
+    for tensor in reader.tensors:
+        writer.add_tensor(tensor.name, np.asarray(tensor.data))
+    writer.add_tensor("rope_freqs.weight", np.ones(16, np.float32))
+    writer.write_header_to_file(), writer.write_kv_data_to_file(), writer.write_tensors_to_file()
+    writer.close()
+    assert _run_cli(_gguf_args(target, small_prompts) + ["--method", "mtp", "--steps", "1"]) == 2
+    err = capsys.readouterr().err
+    assert f"{target}: cannot write it again with an MTP layer: tensor rope_freqs.weight has no place" in err
+    assert "recording" not in err and not (tmp_path / "rope-scaled-mtp-trained" / "cache").exists()

@@ -686,7 +686,7 @@ def test_a_real_auto_run_shows_its_methods_in_the_charts(qtbot, open_window):
 def test_the_draft_picker_opens_training_for_the_loaded_target(qtbot, open_window, demo_family):
     """"Train a drafter for this model…" in the draft picker opens the dialog for the loaded
     GGUF target and leaves the draft as it was. Without the model's Hugging Face folder it trains
-    from the GGUF itself (EAGLE-3, DFlash); an MTP layer needs the folder, and the dialog says so."""
+    from the GGUF itself, an MTP layer included (written into a copy of the file)."""
     from specdesk.ui.controls import TRAIN
     from specdesk.ui.train_dialog import TrainDrafterDialog
 
@@ -703,7 +703,8 @@ def test_the_draft_picker_opens_training_for_the_loaded_target(qtbot, open_windo
     assert dialog.start_button.isEnabled() and dialog.request().target == dialog.target_gguf
     assert dialog.request().target_gguf is None and dialog.out_label.text().endswith("-eagle3-trained")
     dialog.method.setCurrentIndex(dialog.method.findData("mtp"))
-    assert not dialog.start_button.isEnabled() and "Hugging Face folder" in dialog.status.text()
+    assert dialog.start_button.isEnabled() and dialog.out_label.text().endswith("-mtp-trained")
+    assert dialog.request().target == dialog.target_gguf and dialog.request().method == "mtp"
     dialog.method.setCurrentIndex(dialog.method.findData("eagle3"))
     dialog.folder.setText(demo_family["target_hf"])
     assert dialog.start_button.isEnabled() and dialog.out_label.text().endswith("target-hf-eagle3-trained")

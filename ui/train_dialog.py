@@ -57,10 +57,9 @@ def hf_folder_for(entry, entries) -> Optional[str]:
 
 class TrainDrafterDialog(QDialog):
     """Train a drafter for one target: a Hugging Face folder, or a GGUF file. For a GGUF, llama.cpp
-    records the data from the file itself (EAGLE-3, DFlash), or, when the library has the same
-    model's Hugging Face folder (`hf_folder`, which the user can change or clear), PyTorch records
-    from its safetensors (an MTP layer needs it); either way the drafter is exported as a GGUF for
-    that file too."""
+    records the data from the file itself, or, when the library has the same model's Hugging Face
+    folder (`hf_folder`, which the user can change or clear), PyTorch records from its safetensors;
+    either way the drafter is exported for that file too (an MTP layer inside a copy of it)."""
 
     # "Use it": (target, draft or "", method) to load: the trained drafter with its target (its GGUF
     # when there is one); an MTP layer comes inside a copy of the target, which is then the target
@@ -100,10 +99,11 @@ class TrainDrafterDialog(QDialog):
         self.out_label = QLabel(self)
         self.out_label.setTextInteractionFlags(Qt.TextSelectableByMouse)
         self.folder = QLineEdit((hf_folder or "") if gguf else target, self)
-        self.folder.setPlaceholderText("optional: the model's Hugging Face folder (an MTP layer needs it)")
-        self.folder.setToolTip("Empty: llama.cpp runs the GGUF to make the training data (EAGLE-3, DFlash). "
-                               "A folder of the same model: PyTorch runs its safetensors instead. Either way "
-                               "the drafter is exported as a GGUF for the file you chose.")
+        self.folder.setPlaceholderText("optional: the model's Hugging Face folder")
+        self.folder.setToolTip("Empty: llama.cpp runs the GGUF to make the training data, and an MTP layer is "
+                               "written into a copy of the file, its own weights unchanged. A folder of the same "
+                               "model: PyTorch runs its safetensors instead. Either way the drafter is exported "
+                               "for the file you chose.")
         browse = QPushButton("Choose…", self)
         browse.clicked.connect(self._choose_folder)
         folder_row = QHBoxLayout()
@@ -185,13 +185,10 @@ class TrainDrafterDialog(QDialog):
         return self.folder.text().strip() or self.target_gguf or ""
 
     def folder_problem(self) -> Optional[str]:
-        """Why training cannot start on the folder given, or None."""
-        from specdesk.app.training.gguf_target import METHODS as GGUF_METHODS
-
+        """Why training cannot start on the folder given, or None (a GGUF without one trains from the
+        file itself, whatever the method)."""
         folder = self.folder.text().strip()
         if not folder and self.target_gguf:
-            if self.method.currentData() not in GGUF_METHODS:
-                return "an MTP layer is trained from the model's Hugging Face folder: choose it, or another method"
             return None
         if not folder:
             return "choose the model's Hugging Face folder: training reads its safetensors"

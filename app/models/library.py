@@ -227,9 +227,19 @@ def _has_chat_template(folder: Path) -> bool:
         return False
 
 
+# A config.json key marking a trained layer exported without its model (app/training/mtp.py,
+# export_layer): weights and a config, but nothing that loads as a model, so not listed.
+LAYER_ONLY = "specdesk_layer_only"
+
+
 def is_hf_folder(folder: Path) -> bool:
-    return (folder / "config.json").is_file() and any(
-        p.suffix in WEIGHT_SUFFIXES for p in folder.iterdir() if p.is_file())
+    if not ((folder / "config.json").is_file() and any(
+            p.suffix in WEIGHT_SUFFIXES for p in folder.iterdir() if p.is_file())):
+        return False
+    try:
+        return json.loads((folder / "config.json").read_text(encoding="utf-8")).get(LAYER_ONLY) is not True
+    except (OSError, ValueError, AttributeError):
+        return True  # a damaged config is listed, with its error
 
 
 def is_gguf(path: Path) -> bool:

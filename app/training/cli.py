@@ -20,7 +20,7 @@ RECORD_CONTEXT = 2048  # a GGUF target's context while recording: prompt and ans
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--target", required=True, type=Path,
                         help="the target: a Hugging Face model folder, or a GGUF file (llama.cpp records the data; "
-                             "EAGLE-3 and DFlash)")
+                             "an MTP layer is written into a copy of the file)")
     parser.add_argument("--method", choices=METHODS, default="eagle3",
                         help="what to train: an EAGLE-3 head, an MTP layer (for a target without one) or a "
                              "DFlash block drafter (default eagle3)")
@@ -150,19 +150,20 @@ def _run(args: argparse.Namespace, progress, should_stop, say=None) -> int:
     if from_gguf:
         from specdesk.engines.files import require_regular_file
 
-        from .gguf_target import METHODS as GGUF_METHODS
+        from .gguf_target import model_config
 
         require_regular_file(target, "GGUF model file (--target)")
-        if args.method not in GGUF_METHODS:
-            raise SpecDeskError(f"{target}: --method {args.method} is trained from the model's Hugging Face folder "
-                                f"(the exported target carries the layer); for a GGUF target use "
-                                f"{' or '.join(GGUF_METHODS)}")
+        model_config(target)  # an architecture the trainer cannot read is refused before anything loads
+        if args.method == "mtp":  # the layer goes into a copy of the file: what it cannot carry is refused now
+            from specdesk.app.demo.export_native_gguf import check_mtp_copy_source
+
+            check_mtp_copy_source(target)
         args.target_gguf = target  # the GGUF drafter is exported for it
     elif args.target_gguf:
         from specdesk.engines.files import require_regular_file
 
         require_regular_file(args.target_gguf, "GGUF model file (--target-gguf)")
-    if args.method == "mtp":
+    if args.method == "mtp" and not from_gguf:  # a GGUF target of a trainable architecture has no NextN layers
         from .mtp import refuse_existing
 
         refuse_existing(target)
@@ -235,11 +236,15 @@ def _run(args: argparse.Namespace, progress, should_stop, say=None) -> int:
     say(f"exported {folder}")
     gguf_path = None
     if args.target_gguf:
-        from specdesk.app.demo.export_native_gguf import export_dflash_folder, export_eagle3_folder, export_mtp_target
+        from specdesk.app.demo.export_native_gguf import (export_dflash_folder, export_eagle3_folder,
+                                                           export_mtp_target, export_mtp_target_from_gguf)
 
-        writer = {"eagle3": export_eagle3_folder, "mtp": export_mtp_target, "dflash": export_dflash_folder}[args.method]
-        name = "target-mtp-F16.gguf" if args.method == "mtp" else f"{args.method}-F16.gguf"
-        gguf_path = writer(folder, args.target_gguf, out / name)
+        if args.method == "mtp" and from_gguf:  # the file's own tensors, its types kept, and the layer
+            gguf_path = export_mtp_target_from_gguf(folder, target, out / f"{target.stem}-mtp.gguf")
+        else:
+            writer = {"eagle3": export_eagle3_folder, "mtp": export_mtp_target, "dflash": export_dflash_folder}[args.method]
+            name = "target-mtp-F16.gguf" if args.method == "mtp" else f"{args.method}-F16.gguf"
+            gguf_path = writer(folder, args.target_gguf, out / name)
         say(f"exported {gguf_path} for the llama.cpp engine")
     compare_texts = [p.text for p in held_prompts[:args.compare_prompts]]
     by_text = {p.text: p for p in held_prompts}
@@ -252,8 +257,11 @@ def _run(args: argparse.Namespace, progress, should_stop, say=None) -> int:
     progress({"phase": "measure", "prompts": len(compare_texts)})
     from specdesk.engines.types import SpecConfig
 
-    if args.method == "mtp":  # the layer lives in the exported copy of the target
-        with_layer = TorchEngine(folder, device=engine.device, dtype=str(engine.dtype).removeprefix("torch."))
+    if args.method == "mtp":  # the layer lives in the exported copy of the target, measured in its engine
+        if from_gguf:
+            with_layer = LlamaEngine(gguf_path, n_ctx=RECORD_CONTEXT, n_threads=args.threads)
+        else:
+            with_layer = TorchEngine(folder, device=engine.device, dtype=str(engine.dtype).removeprefix("torch."))
         trained = measure(with_layer, label, SpecConfig(method="mtp", k=k), compare_texts,
                           lambda text: prompt_tokens(with_layer, by_text[text]), args.compare_tokens)
         with_layer.close()

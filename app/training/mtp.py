@@ -10,7 +10,9 @@ layer uses for its second step).
 
 The export is the target's folder with the layer added as a second shard
 (`model-mtp.safetensors`, `num_nextn_predict_layers: 1`), the target's own weight files
-linked (or copied where links are not possible), never modified.
+linked (or copied where links are not possible), never modified. A GGUF target has no such
+folder: the layer is exported alone (the same shard, and a config.json describing the target),
+and export_native_gguf.export_mtp_target_from_gguf writes it into a copy of the GGUF.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import torch
 
 from specdesk.app.demo.mtp import PREFIX, mtp_config_keys
 from specdesk.app.demo.train import init_weights
+from specdesk.app.models.library import LAYER_ONLY
 from specdesk.engines.torch.loader import INDEX_NAME, open_checkpoint
 from specdesk.engines.torch.model import ModelConfig, rope_tables
 from specdesk.engines.torch.mtp import MtpLayer
@@ -84,18 +87,18 @@ def _link_or_copy(source: Path, destination: Path) -> None:
 
 
 def export_target_with_mtp(layer: MtpLayer, target: Path, folder: Path) -> Path:
-    """The target's folder plus the layer as model-mtp.safetensors and an index naming every shard."""
-    from safetensors.torch import save_file
+    """The target's folder plus the layer as model-mtp.safetensors and an index naming every
+    shard; for a GGUF target, the layer alone (export_layer)."""
+    from .gguf_target import is_gguf_target, model_config
 
+    if is_gguf_target(target):
+        return export_layer(layer, model_config(Path(target)), folder)
     checkpoint = open_checkpoint(target)
     folder.mkdir(parents=True, exist_ok=True)
     for path in sorted(Path(target).iterdir()):
         if path.is_file() and path.name not in ("config.json", INDEX_NAME) and not path.name.startswith("model-mtp"):
             _link_or_copy(path, folder / path.name)
-    weights = {PREFIX + name: t.detach().to(torch.float16).contiguous().cpu() for name, t in layer.state_dict().items()}
-    tmp = folder / f"model-mtp.safetensors.tmp-{os.getpid()}"
-    save_file(weights, str(tmp), metadata={"format": "pt"})
-    os.replace(tmp, folder / "model-mtp.safetensors")
+    weights = _save_layer(layer, folder)
     weight_map = dict(checkpoint.weight_map)
     weight_map.update({name: "model-mtp.safetensors" for name in weights})
     total = sum((folder / f).stat().st_size for f in set(weight_map.values()))
@@ -103,4 +106,52 @@ def export_target_with_mtp(layer: MtpLayer, target: Path, folder: Path) -> Path:
                                                 indent=2) + "\n", encoding="utf-8")
     config = dict(checkpoint.config, **mtp_config_keys())
     (folder / "config.json").write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
+    return folder
+
+
+def _save_layer(layer: MtpLayer, folder: Path) -> dict[str, torch.Tensor]:
+    """The layer in float16 under MiMo's names as folder/model-mtp.safetensors; returns what was written."""
+    from safetensors.torch import save_file
+
+    weights = {PREFIX + name: t.detach().to(torch.float16).contiguous().cpu() for name, t in layer.state_dict().items()}
+    tmp = folder / f"model-mtp.safetensors.tmp-{os.getpid()}"
+    save_file(weights, str(tmp), metadata={"format": "pt"})
+    os.replace(tmp, folder / "model-mtp.safetensors")
+    return weights
+
+
+def hf_config(config: ModelConfig) -> dict:
+    """config.json of a target of this shape with one MTP layer, as transformers spells it."""
+    return {
+        "architectures": [config.architecture],
+        "model_type": config.architecture.removesuffix("ForCausalLM").lower(),
+        "hidden_size": config.hidden_size,
+        "intermediate_size": config.intermediate_size,
+        "num_attention_heads": config.num_attention_heads,
+        "num_key_value_heads": config.num_key_value_heads,
+        "head_dim": config.head_dim,
+        "num_hidden_layers": config.num_hidden_layers,
+        "rms_norm_eps": config.rms_norm_eps,
+        "rope_theta": config.rope_theta,
+        "max_position_embeddings": config.max_position_embeddings,
+        "vocab_size": config.vocab_size,
+        "tie_word_embeddings": config.tie_word_embeddings,
+        "attention_bias": config.attention_bias,
+        "torch_dtype": "float16",
+        **mtp_config_keys(),
+    }
+
+
+def export_layer(layer: MtpLayer, config: ModelConfig, folder: Path) -> Path:
+    """The layer alone, for a target whose weights live elsewhere (a GGUF): model-mtp.safetensors,
+    an index naming only it, and the target's config.json. It is the layer export_target_with_mtp
+    writes; export_native_gguf.export_mtp_target_from_gguf puts it into a copy of the GGUF."""
+    folder.mkdir(parents=True, exist_ok=True)
+    weights = _save_layer(layer, folder)
+    index = {"metadata": {"total_size": (folder / "model-mtp.safetensors").stat().st_size},
+             "weight_map": {name: "model-mtp.safetensors" for name in weights}}
+    (folder / INDEX_NAME).write_text(json.dumps(index, indent=2) + "\n", encoding="utf-8")
+    # marked, so the model library does not list a layer without its model as a model
+    config_json = dict(hf_config(config), **{LAYER_ONLY: True})
+    (folder / "config.json").write_text(json.dumps(config_json, indent=2) + "\n", encoding="utf-8")
     return folder

@@ -1,8 +1,10 @@
 """Self-distillation data: the target answers prompts, and what a drafter learns from is kept.
 
 For each prompt the target generates a greedy answer (its engine, as in a chat), then one pass
-over prompt + answer (PyTorch's, or llama.cpp's for a GGUF target: gguf_target.LlamaPass) records, per position, the hidden states the method
-reads (`taps`: H[i], the residual stream entering layer i) and the target's top-k
+over prompt + answer (PyTorch's, or llama.cpp's for a GGUF target: gguf_target.LlamaPass)
+records, per position, the hidden states the method reads (`taps`: H[i], the residual stream
+entering layer i; H[L], the last layer's output, is what MTP reads through the final norm, and
+llama.cpp gives it only up to its scale, which that norm removes) and the target's top-k
 log-probabilities of the next token. Sequences are stored one file each in a cache folder
 whose total size is bounded; recording stops when the next sequence would pass the bound.
 """
@@ -27,7 +29,7 @@ MANIFEST = "cache.json"
 
 @dataclass(frozen=True)
 class RecordSettings:
-    taps: tuple[int, ...]  # target layers whose input H[i] the drafter reads
+    taps: tuple[int, ...]  # target layers whose input H[i] the drafter reads (H[L]: the last layer's output)
     top_k: int = 32
     max_new_tokens: int = 96
     limit_bytes: int = 2 * 2**30
