@@ -213,19 +213,24 @@ class ContextHandle(NativeHandle):
 class GgufModel(NativeHandle):
     """A loaded GGUF model: weights, vocabulary, tokenizer."""
 
-    def __init__(self, path: str | os.PathLike, n_gpu_layers: int = 0, load_mtp: bool = False,
+    def __init__(self, path: str | os.PathLike, n_gpu_layers: Optional[int] = None, load_mtp: bool = False,
                  progress: Optional[Callable[[float], None]] = None, vocab_only: bool = False,
                  device: Optional[int] = None):
         """progress(fraction) is called from this thread while the weights load; vocab_only
         reads the vocabulary and metadata without the weights (for compatibility checks).
-        n_gpu_layers of its layers go to `device` (a ggml_backend_dev_t, placement.py); without
-        one the model stays on the CPU, whatever devices the backends offer."""
+        n_gpu_layers of its layers go to `device` (a ggml_backend_dev_t, placement.py; None:
+        llama.cpp's own default, every layer); without a device the model stays on the CPU,
+        whatever devices the backends offer. The engine passes the number its placement chose
+        (placement.py: "auto" is every layer that fits)."""
         self.path = check_gguf_file(path)
         self.header = validated_header(self.path)
         lib = llama_lib()
         self._lib = lib
         params = lib.llama_model_default_params()
-        params.n_gpu_layers = n_gpu_layers if device else 0
+        if not device:
+            params.n_gpu_layers = 0
+        elif n_gpu_layers is not None:
+            params.n_gpu_layers = n_gpu_layers
         # A NULL-terminated device list: [] keeps every layer on the CPU (NULL would mean "every GPU").
         self._device_list = (ctypes.c_void_p * 2)(device or None, None)
         params.devices = ctypes.cast(self._device_list, ctypes.c_void_p)
