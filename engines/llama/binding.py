@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import logging
 import os
 import re
 import threading
@@ -109,6 +110,7 @@ def load_backend_modules(lib: ctypes.CDLL) -> list[str]:
     folder = Path(lib._name).parent
     if count() == 0:
         ggml_function("ggml_backend_load_all_from_path", None, [ctypes.c_char_p], lib)(os.fsencode(folder))
+        _replace_cpu_module(lib, folder)
     get = ggml_function("ggml_backend_reg_get", ctypes.c_void_p, [ctypes.c_size_t], lib)
     name = ggml_function("ggml_backend_reg_name", ctypes.c_char_p, [ctypes.c_void_p], lib)
     names = [(name(get(i)) or b"").decode("utf-8", "replace") for i in range(count())]
@@ -116,6 +118,28 @@ def load_backend_modules(lib: ctypes.CDLL) -> list[str]:
         raise SpecDeskError(f"llama.cpp found no CPU backend in {folder} (its libggml-cpu*.so files are missing "
                             "or none runs on this CPU): install again with the README's set-up command")
     return names
+
+
+def _replace_cpu_module(lib: ctypes.CDLL, folder: Path) -> None:
+    """When the CPU module ggml chose by score does not run here (cpu_variant.py), the best one
+    that does takes its place."""
+    from . import cpu_variant
+
+    chosen, instead, skipped = cpu_variant.choose(folder)
+    if instead is None:
+        if skipped:
+            raise SpecDeskError(f"none of llama.cpp's CPU modules in {folder} runs on this machine: "
+                                + "; ".join(skipped))
+        return
+    by_name = ggml_function("ggml_backend_reg_by_name", ctypes.c_void_p, [ctypes.c_char_p], lib)
+    reg = by_name(b"CPU")
+    if reg:
+        ggml_function("ggml_backend_unload", None, [ctypes.c_void_p], lib)(reg)
+    if not ggml_function("ggml_backend_load", ctypes.c_void_p, [ctypes.c_char_p], lib)(os.fsencode(instead)):
+        raise SpecDeskError(f"llama.cpp could not load its CPU module {instead}")
+    if skipped:
+        logging.getLogger(__name__).info("llama.cpp's CPU module %s instead of %s: %s", instead.name, chosen.name,
+                                         "; ".join(skipped))
 
 
 def check_gguf_file(path: str | os.PathLike) -> Path:

@@ -1,0 +1,198 @@
+"""Which of llama.cpp's CPU modules runs on this machine: ggml's score says what the CPU reports,
+a probe says what it executes.
+
+A build with GGML_CPU_ALL_VARIANTS carries one CPU module per instruction-set level, and ggml
+loads the one whose `ggml_backend_score` is highest for what CPUID reports. A virtual machine
+can report more than it runs: an Intel Xeon guest that lists AMX executes `tilezero` as an
+invalid opcode, and the sapphirerapids module (the only one with AMX kernels, used for
+Q4_0/Q4_K/... weights) kills the process on the first quantized matrix product. So before a
+process uses the module ggml chose, a child process loads that module alone and decodes a few
+tokens through a small Q4_0 model written here; a module that dies is passed over for the next
+best one that runs. The verdict is cached per module file and CPU (under the cache folder) and
+handed to child processes in SPECDESK_LLAMA_CPU, which also lets a user name a module.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Optional
+
+ENV = "SPECDESK_LLAMA_CPU"  # a CPU module's path: load this one, without probing
+PROBE_TIMEOUT_S = 120
+PREFIX, SUFFIX = ("ggml-cpu-", ".dll") if sys.platform == "win32" else ("libggml-cpu-", ".so")
+
+
+def ranked(folder: Path) -> list[tuple[int, Path]]:
+    """(score, path) of the CPU modules in `folder` that this CPU reports it can run, best first."""
+    found = []
+    for path in sorted(Path(folder).glob(f"{PREFIX}*{SUFFIX}")):
+        try:
+            score = getattr(ctypes.CDLL(str(path)), "ggml_backend_score")
+        except (OSError, AttributeError):
+            continue
+        score.restype, score.argtypes = ctypes.c_int, []
+        value = int(score())
+        if value > 0:
+            found.append((value, path))
+    return sorted(found, key=lambda item: -item[0])
+
+
+def _cpu_key() -> str:
+    try:
+        text = Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace")
+        flags = next((line for line in text.splitlines() if line.startswith(("flags", "Features"))), "")
+        model = next((line for line in text.splitlines() if line.startswith("model name")), "")
+    except OSError:
+        import platform
+
+        flags, model = platform.processor(), platform.machine()
+    return hashlib.sha256(f"{model}\n{flags}".encode()).hexdigest()[:16]
+
+
+def _verdicts_path() -> Path:
+    import platformdirs
+
+    base = os.environ.get("SPECDESK_CACHE_DIR") or platformdirs.user_cache_dir("specdesk")
+    return Path(base) / "llama-cpu-modules.json"
+
+
+def _module_key(path: Path) -> str:
+    st = path.stat()
+    return f"{path.resolve()}:{st.st_size}:{int(st.st_mtime)}:{_cpu_key()}"
+
+
+def runs_here(path: Path) -> tuple[bool, str]:
+    """Whether the CPU module at `path` decodes on this machine (cached); the reason when not."""
+    store = _verdicts_path()
+    try:
+        verdicts = json.loads(store.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        verdicts = {}
+    key = _module_key(path)
+    if key in verdicts:
+        return verdicts[key]["runs"], verdicts[key]["why"]
+    runs, why = probe(path)
+    verdicts[key] = {"runs": runs, "why": why}
+    try:
+        store.parent.mkdir(parents=True, exist_ok=True)
+        tmp = store.with_name(f"{store.name}.tmp-{os.getpid()}")
+        tmp.write_text(json.dumps(verdicts, indent=1), encoding="utf-8")
+        os.replace(tmp, store)
+    except OSError:
+        pass  # a read-only cache: probe again next time
+    return runs, why
+
+
+def probe(path: Path) -> tuple[bool, str]:
+    """Load the module alone in a child process and decode through a small quantized model."""
+    env = dict(os.environ, **{ENV: str(path)})
+    try:
+        result = subprocess.run([sys.executable, "-m", "specdesk.engines.llama.cpu_variant", str(path)], env=env,
+                                capture_output=True, text=True, timeout=PROBE_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        return False, f"a decode did not finish in {PROBE_TIMEOUT_S} s"
+    if result.returncode == 0:
+        return True, ""
+    if result.returncode < 0:
+        import signal
+
+        try:
+            name = signal.Signals(-result.returncode).name
+        except ValueError:
+            name = f"signal {-result.returncode}"
+        return False, f"a decode ended with {name} (an instruction this machine does not run)"
+    return False, (result.stderr.strip().splitlines() or ["failed"])[-1][:300]
+
+
+def choose(folder: Path) -> tuple[Optional[Path], Optional[Path], list[str]]:
+    """(the module ggml loads, the module to use instead or None when it runs, what was passed over)."""
+    forced = os.environ.get(ENV)
+    order = ranked(folder)
+    if not order:
+        return None, None, []
+    best = order[0][1]
+    if forced:
+        return best, (None if Path(forced) == best else Path(forced)), []
+    skipped = []
+    for _, path in order:
+        runs, why = runs_here(path)
+        if runs:
+            os.environ[ENV] = str(path)  # child processes (the engine process, servers) skip the probe
+            return best, (None if path == best else path), skipped
+        skipped.append(f"{path.name}: {why}")
+    return best, None, skipped
+
+
+def write_probe_model(path: Path) -> Path:
+    """A one-layer Llama with Q4_0 matrices (the type every quantized CPU kernel covers) and a
+    byte vocabulary, small enough to write in milliseconds."""
+    import gguf
+    import numpy as np
+
+    d, ff, heads, n_vocab = 256, 512, 4, 259
+    rng = np.random.default_rng(0)
+    writer = gguf.GGUFWriter(str(path), "llama")
+    writer.add_name("specdesk-cpu-probe")
+    writer.add_context_length(64)
+    writer.add_embedding_length(d)
+    writer.add_block_count(1)
+    writer.add_feed_forward_length(ff)
+    writer.add_head_count(heads)
+    writer.add_head_count_kv(heads)
+    writer.add_layer_norm_rms_eps(1e-5)
+    writer.add_rope_dimension_count(d // heads)
+    writer.add_vocab_size(n_vocab)
+    writer.add_tokenizer_model("llama")
+    tokens = ["<unk>", "<s>", "</s>"] + [f"<0x{i:02X}>" for i in range(256)]
+    writer.add_token_list(tokens)
+    writer.add_token_scores([0.0] * n_vocab)
+    writer.add_token_types([2, 3, 3] + [6] * 256)
+    writer.add_bos_token_id(1)
+    writer.add_eos_token_id(2)
+
+    def quantized(name: str, rows: int, cols: int) -> None:
+        data = (rng.standard_normal((rows, cols)) * 0.05).astype(np.float32)
+        writer.add_tensor(name, gguf.quants.quantize(data, gguf.GGMLQuantizationType.Q4_0),
+                          raw_dtype=gguf.GGMLQuantizationType.Q4_0)
+
+    writer.add_tensor("token_embd.weight", (rng.standard_normal((n_vocab, d)) * 0.05).astype(np.float32))
+    writer.add_tensor("output_norm.weight", np.ones(d, np.float32))
+    quantized("output.weight", n_vocab, d)
+    writer.add_tensor("blk.0.attn_norm.weight", np.ones(d, np.float32))
+    writer.add_tensor("blk.0.ffn_norm.weight", np.ones(d, np.float32))
+    for name in ("attn_q", "attn_k", "attn_v", "attn_output"):
+        quantized(f"blk.0.{name}.weight", d, d)
+    quantized("blk.0.ffn_gate.weight", ff, d)
+    quantized("blk.0.ffn_up.weight", ff, d)
+    quantized("blk.0.ffn_down.weight", d, ff)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+def _probe_main() -> int:
+    """The child: load the module named in SPECDESK_LLAMA_CPU (binding.llama_lib does) and decode."""
+    from .binding import GgufContext, GgufModel
+
+    with tempfile.TemporaryDirectory() as folder:
+        model = GgufModel(write_probe_model(Path(folder) / "probe-Q4_0.gguf"))
+        try:
+            context = GgufContext(model, n_ctx=64, n_threads=2, n_batch=64)
+            context.decode(list(range(3, 35)))
+            context.close()
+        finally:
+            model.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(_probe_main())
