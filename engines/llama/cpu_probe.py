@@ -1,5 +1,5 @@
 """The child process of cpu_variant.probe: binding.llama_lib loads the CPU module named in
-SPECDESK_LLAMA_CPU (alone, unprobed), then a small Q4_0 model written here decodes a few tokens.
+SPECDESK_LLAMA_CPU_MODULE (alone, unprobed), then a small Q4_0 model written here decodes a few tokens.
 Exit status 0: the module runs on this machine."""
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ Q4_0/Q4_K/... weights) kills the process on the first quantized matrix product. 
 process uses the module ggml chose, a child process loads that module alone and decodes a few
 tokens through a small Q4_0 model written here; a module that dies is passed over for the next
 best one that runs. The verdict is cached per module file and CPU (under the cache folder) and
-handed to child processes in SPECDESK_LLAMA_CPU, which also lets a user name a module.
+handed to child processes in SPECDESK_LLAMA_CPU_MODULE, which also lets a user name a module.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import sys
 from pathlib import Path
 from typing import Optional
 
-ENV = "SPECDESK_LLAMA_CPU"  # a CPU module's path: load this one, without probing
+ENV = "SPECDESK_LLAMA_CPU_MODULE"  # a CPU module's path: load this one, without probing
 PROBE_TIMEOUT_S = 120
 PREFIX, SUFFIX = ("ggml-cpu-", ".dll") if sys.platform == "win32" else ("libggml-cpu-", ".so")
 
