@@ -70,9 +70,10 @@ METHODS: dict[str, MethodInfo] = {m.name: m for m in (
                "hidden state.", reads_hidden=True, short="MTP",
                needs="needs a model with multi-token-prediction (MTP) layers", proposer=("mtp", "MtpProposer")),
     MethodInfo("dflash", "DFlash block drafter", "A DFlash drafter proposes a whole block in one pass from the "
-               "target's hidden states.", takes="drafter_file", file_required=True, reads_hidden=True,
+               "target's hidden states (a DSpark drafter is one too, with a Markov head).", takes="drafter_file",
+               file_required=True, reads_hidden=True,
                short="DFlash", needs="needs a DFlash block drafter made for this target",
-               proposer=("dflash", "DFlashProposer"), config_keys=("dflash_config",)),
+               proposer=("dflash", "DFlashProposer"), config_keys=("dflash_config", "markov_rank")),
     MethodInfo("eagle3", "EAGLE-3", "An EAGLE-3 head drafts from three of the target's hidden layers.",
                takes="drafter_file", file_required=True, reads_hidden=True, short="EAGLE-3",
                needs="needs an EAGLE-3 drafter made for this target", proposer=("eagle3", "Eagle3Proposer"),

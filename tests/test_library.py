@@ -94,6 +94,13 @@ def test_mtp_and_drafter_files_are_recognised(tmp_path):
     assert entry.drafter == "dflash" and entry.parameters == 48
     assert entry.drafter_config == {"mask_token_id": 151669, "target_layer_ids": [1, 9, 17, 25, 33],
                                     "block_size": 16, "num_target_layers": 36}
+    dspark = read_model(hf_folder(tmp_path / "qwen3-dspark", {  # DeepSpec's keys sit at the top level
+        "architectures": ["Qwen3DSparkModel"], "model_type": "qwen3", "block_size": 7, "num_target_layers": 36,
+        "mask_token_id": 151669, "target_layer_ids": [1, 9, 17, 25, 33], "markov_rank": 256,
+        "markov_head_type": "vanilla", "enable_confidence_head": True}))
+    assert dspark.drafter == "dflash"
+    assert dspark.drafter_config == {"block_size": 7, "num_target_layers": 36, "mask_token_id": 151669,
+                                     "target_layer_ids": [1, 9, 17, 25, 33], "markov_rank": 256}
     eagle = read_model(hf_folder(tmp_path / "eagle3", {"architectures": ["LlamaForCausalLMEagle3"],
                                                        "draft_vocab_size": 32000, "vocab_size": 128256}))
     assert eagle.drafter == "eagle3" and eagle.drafter_config == {"draft_vocab_size": 32000}

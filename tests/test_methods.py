@@ -42,6 +42,7 @@ def test_engines_filter_the_names():
 @pytest.mark.parametrize("config, kind", [
     ({"architectures": ["DFlashDraftModel"]}, "dflash"),
     ({"architectures": ["Qwen3ForCausalLM"], "dflash_config": {}}, "dflash"),
+    ({"architectures": ["Qwen3DSparkModel"], "markov_rank": 256}, "dflash"),
     ({"architectures": ["LlamaForCausalLMEagle3"]}, "eagle3"),
     ({"draft_vocab_size": 32000}, "eagle3"),
     ({"architectures": ["LlamaForCausalLM"]}, None),

@@ -272,6 +272,31 @@ def test_supported_methods_say_why_not(demo_family, family):
     assert "not a folder" in supported_methods(Path(demo_family["target_gguf"]))["none"]
 
 
+@pytest.mark.parametrize("edit, message", [
+    ({"markov_head_type": "gated"}, "markov_head_type 'gated' is not supported; only a 'vanilla' Markov head is"),
+    ({"architectures": ["Gemma4DSparkModel"]}, "only Qwen3DSparkModel and DSparkDraftModel .* are supported"),
+    ({"markov_rank": 0}, "markov_rank 0: one without a Markov head \\(confidence head only\\) is not supported"),
+    ({}, "tensor markov_head.markov_w1.weight is missing"),
+])
+def test_a_dspark_drafter_the_engine_cannot_run_is_refused_by_name(demo_family, tmp_path, edit, message):
+    """A DeepSpec DSpark folder (its DFlash keys at the top level, a Markov rank) is a DFlash
+    drafter to the engine; a Markov head or backbone it does not run, or a missing tensor, is named."""
+    from specdesk.engines.torch.dflash import DFlashDrafter
+
+    source = Path(demo_family["dflash_hf"])
+    config = json.loads((source / "config.json").read_text())
+    config.update(config.pop("dflash_config"), architectures=["Qwen3DSparkModel"], markov_rank=16,
+                  markov_head_type="vanilla", enable_confidence_head=False)
+    folder = tmp_path / "dspark"
+    folder.mkdir()
+    shutil.copyfile(source / "model.safetensors", folder / "model.safetensors")
+    (folder / "config.json").write_text(json.dumps({**config, **edit}))
+    engine = TorchEngine(demo_family["target_hf"], n_ctx=64, device=DEVICE, dtype="float32", n_threads=1)
+    with pytest.raises(SpecDeskError, match=message):
+        DFlashDrafter.from_folder(folder, engine.target, engine.n_ctx)
+    engine.close()
+
+
 def test_the_device_and_dtype_are_reported_in_compare_json_and_the_status(demo_family):
     """Where a PyTorch target ran, and in which dtype, as compare's JSON and the app's status line say it."""
     from specdesk.app.runtime import session

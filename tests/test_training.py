@@ -226,6 +226,100 @@ def test_the_trained_dflash_drafter_computes_in_the_engine_what_training_did(dem
     torch.testing.assert_close(engine_logits, trained, rtol=1e-4, atol=1e-4)
 
 
+def _dspark_drafter(network, seed: int):
+    """A DSpark drafter as training makes it, moved off its start so that its Markov head's bias
+    is as large as the logits (an untrained head adds nothing, and could not be told apart)."""
+    from specdesk.app.training import dflash, dspark
+
+    spec = dflash.spec_for(network.config)
+    drafter = dspark.new_drafter(network, spec)
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in drafter.parameters():
+            p.add_(torch.randn(p.shape, generator=generator) * 0.02)
+        head = drafter.markov_head
+        head.markov_w1.weight.normal_(0.0, 1.0, generator=generator)
+        head.markov_w2.weight.normal_(0.0, 1.0 / head.markov_w1.weight.shape[1] ** 0.5, generator=generator)
+    return spec, drafter.half().float()  # the float16 the folder keeps
+
+
+def test_the_trained_dspark_drafter_drafts_in_the_engine_what_training_computed(demo_family, tmp_path, small_prompts):
+    """Every block row drafts (anchor first); the engine's Markov chain reads, row by row, the
+    logits training computes with the same tokens before each row."""
+    import numpy as np
+
+    from specdesk.app.training import dflash, dspark, eagle3
+    from specdesk.app.training.record import RecordSettings, load_sequence, record
+    from specdesk.engines.torch.dflash import DFlashDrafter
+    from specdesk.engines.torch.engine import TorchEngine
+
+    torch.set_num_threads(1)
+    engine = TorchEngine(demo_family["target_hf"], device="cpu", dtype="float32")
+    network = engine.target.network
+    spec, drafter = _dspark_drafter(network, seed=3)
+    files = record(engine, load_prompt_set(small_prompts)[:1],
+                   RecordSettings(taps=tuple(i + 1 for i in spec.target_layer_ids), max_new_tokens=16),
+                   tmp_path / "cache", "train")
+    sequence = load_sequence(files[0])
+    folder = dspark.export_drafter(drafter, spec, network.config, tmp_path / "dspark")
+    assert json.loads((folder / "config.json").read_text())["architectures"] == ["Qwen3DSparkModel"]
+    served = DFlashDrafter.from_folder(folder, engine.target, engine.n_ctx)
+    assert served.config.first_draft_row == 0 and served.config.markov_rank > 0
+    batch = eagle3.make_batch([sequence], 1024)
+    anchors = np.array([len(sequence.tokens) - spec.block_size - 2])
+    with torch.no_grad():
+        features = torch.from_numpy(sequence.features[:anchors[0]].astype("float32"))
+        last = int(sequence.tokens[anchors[0]])
+        base = served.draft_logits(features, 0, last)  # (B, V)
+        tokens, biased = served.draft(base, last)
+        trained_tokens = dspark.chain_drafts(served.network, network, spec, batch, anchors, spec.block_size)[0]
+        trained_base = network.logits(dflash._block_rows(served.network, network, spec, batch, anchors, first_row=0))
+        forced = dspark.block_logits(served.network, network, spec, batch, anchors)[0, 0]  # the target's tokens before
+        bias = served.network.markov_head(torch.cat([torch.tensor([last]), tokens[:-1]]))  # the drafts before
+    assert tokens.tolist() == trained_tokens.tolist()
+    torch.testing.assert_close(base, trained_base[0, 0], rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(biased, trained_base[0, 0] + bias, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(biased[0], forced[0], rtol=1e-4, atol=1e-4)  # row 0: the anchor before it in both
+    assert bias.abs().max() > 1.0 and torch.equal(tokens, biased.argmax(-1))
+
+
+def test_a_dspark_drafter_drafts_the_same_tokens_in_both_engines(demo_family, tmp_path):
+    """The DSpark folder in the PyTorch engine and its GGUF (markov_w1/w2, sample_from_anchor)
+    in the llama.cpp engine draft the same full block after the same prompt. (With this seed
+    the Markov chain decides most drafts: without the head the block drafts other tokens.)"""
+    import numpy as np
+
+    from specdesk.app.demo.export_native_gguf import export_dflash_folder
+    from specdesk.app.training import dspark
+    from specdesk.engines.llama.engine import LlamaEngine
+    from specdesk.engines.speculation.proposers import make_proposer
+    from specdesk.engines.torch.engine import TorchEngine
+    from specdesk.engines.types import SamplingParams, SpecConfig
+
+    torch.set_num_threads(1)
+    engine = TorchEngine(demo_family["target_hf"], n_ctx=256, device="cpu", dtype="float32", n_threads=1)
+    spec, drafter = _dspark_drafter(engine.target.network, seed=7)
+    folder = dspark.export_drafter(drafter, spec, engine.target.network.config, tmp_path / "dspark")
+    gguf = export_dflash_folder(folder, Path(demo_family["target_gguf"]), tmp_path / "dspark-F16.gguf")
+    llama = LlamaEngine(demo_family["target_gguf"], n_ctx=256, n_threads=1)
+
+    def drafts(engine, path, prompt):
+        run = SpecConfig("dflash", k=spec.block_size, draft_path=str(path))
+        proposer = make_proposer(engine, run, SamplingParams(), np.random.default_rng(0))
+        proposer.begin(prompt)
+        engine.prefill(prompt, proposer)
+        return proposer.propose(prompt, run.k).tokens
+
+    try:
+        for text in ("def read_lines(path):\n", "import os\n\n\ndef main():\n", "class Counter:\n"):
+            prompt = engine.tokenize(text)
+            assert prompt == llama.tokenize(text)
+            ours, theirs = drafts(engine, folder, prompt), drafts(llama, gguf, prompt)
+            assert len(ours) == spec.block_size and ours == theirs, text
+    finally:
+        llama.close()
+
+
 def test_the_trained_mtp_layer_computes_in_the_engine_what_training_unrolled(demo_family, tmp_path, small_prompts):
     from specdesk.app.training import eagle3, mtp
     from specdesk.app.training.record import RecordSettings, load_sequence, record
@@ -307,7 +401,7 @@ def _common(demo_family, prompts: Path, out: Path) -> list[str]:
             "--batch-size", "4"]
 
 
-@pytest.mark.parametrize("method", ["eagle3", "dflash"])
+@pytest.mark.parametrize("method", ["eagle3", "dflash", "dspark"])
 def test_a_drafter_trained_for_one_step_is_kept_but_not_adopted(method, demo_family, small_prompts, tmp_path, capsys):
     from specdesk.app.runtime.compare import run_once
     from specdesk.engines.torch.engine import TorchEngine
@@ -321,7 +415,8 @@ def test_a_drafter_trained_for_one_step_is_kept_but_not_adopted(method, demo_fam
     provenance = json.loads((out / "provenance.json").read_text())
     assert provenance["trained_here"] and provenance["training"]["steps"] == 1
     assert provenance["adopted"] is False
-    label = {"eagle3": "EAGLE-3", "dflash": "DFlash"}[method]
+    label = {"eagle3": "EAGLE-3", "dflash": "DFlash", "dspark": "DSpark"}[method]
+    runs_as = cli.RUNS_AS.get(method, method)  # a DSpark drafter runs as dflash
     assert provenance["method"] == method
     speedups = {"plain decoding": 1.0, **{name: m["speedup"] for name, m in provenance["measured"]["existing"].items()}}
     best = max(speedups, key=speedups.get)
@@ -339,7 +434,7 @@ def test_a_drafter_trained_for_one_step_is_kept_but_not_adopted(method, demo_fam
     tokens = tuple(engine.tokenize("with open(path) as f:\n"))
     runs = [run_once(engine, GenerationRequest(tokens, max_tokens=40, sampling=SamplingParams(temperature=0.0),
                                                spec=spec))
-            for spec in (SpecConfig(), SpecConfig(method=method, k=3, draft_path=str(out / method)))]
+            for spec in (SpecConfig(), SpecConfig(method=runs_as, k=3, draft_path=str(out / method)))]
     assert runs[0].tokens == runs[1].tokens and len(runs[0].tokens) == 40
     assert runs[1].stats.drafted > 0
 
@@ -350,7 +445,7 @@ def test_a_drafter_trained_for_one_step_is_kept_but_not_adopted(method, demo_fam
     try:
         native = [run_once(llama, GenerationRequest(tokens, max_tokens=40, sampling=SamplingParams(temperature=0.0),
                                                     spec=spec))
-                  for spec in (SpecConfig(), SpecConfig(method=method, k=3, draft_path=provenance["gguf"]))]
+                  for spec in (SpecConfig(), SpecConfig(method=runs_as, k=3, draft_path=provenance["gguf"]))]
     finally:
         llama.close()
     assert native[0].tokens == native[1].tokens == runs[0].tokens
@@ -598,7 +693,7 @@ def pytorch_hidden(demo_family) -> int:
     return json.loads((Path(demo_family["target_hf"]) / "config.json").read_text())["hidden_size"]
 
 
-@pytest.mark.parametrize("method", ["eagle3", "dflash"])
+@pytest.mark.parametrize("method", ["eagle3", "dflash", "dspark"])
 def test_a_drafter_is_trained_from_a_gguf_target_alone(method, demo_family, small_prompts, tmp_path, capsys):
     """No Hugging Face folder: llama.cpp answers and records, the drafter trains against the
     head dequantized from the GGUF, and the GGUF drafter exported beside it runs in the
@@ -614,7 +709,7 @@ def test_a_drafter_is_trained_from_a_gguf_target_alone(method, demo_family, smal
     assert provenance["gguf"] == str((out / f"{method}-F16.gguf").resolve())
     assert (out / method / "config.json").is_file()
     assert provenance["measured"]["trained"]["identical_outputs"] is True  # measured on llama.cpp with the GGUF
-    label = {"eagle3": "EAGLE-3", "dflash": "DFlash"}[method]
+    label = {"eagle3": "EAGLE-3", "dflash": "DFlash", "dspark": "DSpark"}[method]
     assert provenance["adopted"] is False and f"kept, not adopted: trained {label}" in capsys.readouterr().err
 
 

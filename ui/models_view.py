@@ -440,9 +440,9 @@ class ModelsView(QWidget):
             self.library.insertRow(row)
             native = ", ".join(sorted({d["method"] for d in native_drafters(e, entries)})) if e.ok and not e.drafter \
                 else (f"is {method_info(e.drafter).drafter}" if e.drafter else "")
-            record = read_provenance(e.path) if e.drafter else None
+            record = read_provenance(e.path) if e.ok else None  # a drafter or a draft model trained here
             if record is not None:  # trained here: its verdict, measured against what the target had
-                native = f"{native}; {provenance_line(record)}"
+                native = f"{native}; {provenance_line(record)}" if native else provenance_line(record)
             values = [model_label(e.name, e.path), e.source, e.format, e.architecture or "-", _parameters(e.parameters),
                       e.quantization or "-", e.context_length or "-", e.vocab_size or "-",
                       human_bytes(e.size_bytes) if e.size_bytes else "-", native, e.path]

@@ -19,14 +19,16 @@ from PySide6.QtCore import Qt, QTimer, Signal
 from PySide6.QtWidgets import (QCheckBox, QComboBox, QDialog, QDoubleSpinBox, QFileDialog, QFormLayout, QHBoxLayout,
                                QLabel, QLineEdit, QPlainTextEdit, QProgressBar, QPushButton, QVBoxLayout, QWidget)
 
-from specdesk.app.training.cli import PAUSED
+from specdesk.app.training.cli import PAUSED, RUNS_AS
 from specdesk.app.training.job import TrainingJob, TrainingRequest
 from specdesk.app.training.loop import format_left
 
 from . import theme
 from .charts import make_plot
 
-METHOD_CHOICES = (("EAGLE-3 head", "eagle3"), ("MTP layer", "mtp"), ("DFlash block drafter", "dflash"))
+METHOD_CHOICES = (("EAGLE-3 head", "eagle3"), ("MTP layer", "mtp"), ("DFlash block drafter", "dflash"),
+                  ("DSpark block drafter (DFlash with a Markov head)", "dspark"),
+                  ("Draft model (a smaller copy, distilled)", "draft"))
 INTRO = "The target answers the bundled prompts, then the drafter learns from its answers."
 POLL_MS = 200  # how often the dialog reads the child's events
 PROGRESS_STEPS = 1000
@@ -343,7 +345,7 @@ class TrainDrafterDialog(QDialog):
         if method == "mtp":
             self.use_trained.emit(drafter, "", method)
         else:
-            self.use_trained.emit(self.target_gguf or self.target, drafter, method)
+            self.use_trained.emit(self.target_gguf or self.target, drafter, RUNS_AS.get(method, method))
 
     def closeEvent(self, event) -> None:
         if self.job is not None and self.job.running:

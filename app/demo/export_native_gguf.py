@@ -18,7 +18,10 @@ DFlash. A z-lab DFlashDraftModel folder becomes a `dflash` GGUF as conversion/qw
 DFlashModel writes it: Qwen3 layers (NeoX RoPE, Q/K norm), fc, enc.output_norm (the
 hidden_norm), output_norm, `dflash.target_layers` = target_layer_ids + 1 (llama.cpp reads
 the *input* of those layers, z-lab the output of the layer before), the target's vocabulary
-and mask token; the token embeddings and lm head are the target's, shared at run time.
+and mask token; the token embeddings and lm head are the target's, shared at run time. A
+DeepSpec DSpark folder (Qwen3DSparkModel: the same backbone, its keys at the top level) is
+written the same way as conversion/qwen.py's DSparkModel writes it, plus `markov_w1` and
+`markov_w2` and `dflash.sample_from_anchor`; llama.cpp runs it as draft-dspark.
 
 Without trained weights (no MTP tensors in the checkpoint, no DFlash folder) both are
 initialised from a fixed seed: losslessness holds for any drafter weights, so tests can run
@@ -40,6 +43,7 @@ from safetensors.numpy import load_file
 from specdesk.app.storage.paths import building
 from specdesk.engines.types import SpecDeskError
 
+from .export_gguf import ROPE_SCALING_KEYS, copy_vocab as _copy_vocab
 from .export_hf import atomic_path
 
 NATIVE_EXPORT_VERSION = 1
@@ -49,19 +53,6 @@ DEFAULT_BLOCK_SIZE = 8
 
 
 # --- shared pieces -----------------------------------------------------------------------
-def _copy_vocab(writer: gguf.GGUFWriter, target_gguf: Path, mask_token_id: Optional[int] = None) -> None:
-    """The target GGUF's tokenizer fields, verbatim: drafter and target share one vocabulary."""
-    reader = gguf.GGUFReader(str(target_gguf))
-    for name, field in reader.fields.items():
-        if not name.startswith("tokenizer."):
-            continue
-        main_type = field.types[0]
-        sub_type = field.types[-1] if main_type == gguf.GGUFValueType.ARRAY else None
-        writer.add_key_value(name, field.contents(), main_type, sub_type=sub_type)
-    if mask_token_id is not None:
-        writer.add_mask_token_id(mask_token_id)
-
-
 def _read_config(folder: Path) -> dict:
     path = folder / "config.json"
     if not path.is_file():
@@ -316,16 +307,6 @@ GGUF_REQUIRED_BLOCK_TENSORS = ("attn_norm.weight", "attn_q.weight", "attn_k.weig
                                "attn_output.weight", "ffn_norm.weight", "ffn_gate.weight", "ffn_up.weight",
                                "ffn_down.weight")
 GGUF_TOP_TENSORS = ("token_embd.weight", "output_norm.weight", "output.weight")  # output: absent when tied
-# What llama.cpp reads of RoPE for every architecture (llama_model::load_hparams) besides the
-# base frequency, with its type: carried under the glm4moe prefix, they scale the copy's RoPE
-# as the source's
-ROPE_SCALING_KEYS = {
-    "rope.scaling.type": gguf.GGUFValueType.STRING, "rope.scaling.factor": gguf.GGUFValueType.FLOAT32,
-    "rope.scale_linear": gguf.GGUFValueType.FLOAT32, "rope.scaling.attn_factor": gguf.GGUFValueType.FLOAT32,
-    "rope.scaling.alpha": gguf.GGUFValueType.FLOAT32,
-    "rope.scaling.original_context_length": gguf.GGUFValueType.UINT32,
-    "rope.scaling.finetuned": gguf.GGUFValueType.BOOL,
-}
 
 
 def _uniform(header, key: str, default=None):
@@ -555,7 +536,8 @@ def initial_dflash_folder(target_hf: Path, seed: int = 0, block_size: int = DEFA
 
 def export_dflash(config: dict, weights: Mapping[str, np.ndarray], target_gguf: Path, out_path: Path,
                   name: str = "specdesk-demo-dflash") -> Path:
-    """A z-lab DFlashDraftModel (config.json + state dict) as a dflash GGUF for `target_gguf`."""
+    """A z-lab DFlashDraftModel or DeepSpec DSpark (config.json + state dict) as a dflash GGUF
+    for `target_gguf`."""
     dflash = config.get("dflash_config", {})
     layer_ids = dflash.get("target_layer_ids", config.get("target_layer_ids"))
     mask_id = dflash.get("mask_token_id", config.get("mask_token_id"))
@@ -566,6 +548,13 @@ def export_dflash(config: dict, weights: Mapping[str, np.ndarray], target_gguf: 
     head_dim = config.get("head_dim") or d // n_head
     weights = {re.sub(r"^model\.", "", k): v for k, v in weights.items()}
     n_layers = config["num_hidden_layers"]
+    markov = "markov_head.markov_w1.weight" in weights
+    if "markov_rank" in config and not markov:
+        raise SpecDeskError("the DSpark checkpoint has no tensor markov_head.markov_w1.weight: llama.cpp runs a "
+                            "DSpark drafter only with its Markov head")
+    if markov and config.get("markov_head_type", "vanilla") != "vanilla":
+        raise SpecDeskError(f"markov_head_type {config['markov_head_type']!r} cannot be written: llama.cpp runs "
+                            "only a 'vanilla' Markov head")
 
     with atomic_path(Path(out_path)) as tmp:
         writer = gguf.GGUFWriter(tmp, DFLASH_ARCH)
@@ -585,6 +574,9 @@ def export_dflash(config: dict, weights: Mapping[str, np.ndarray], target_gguf: 
         writer.add_uint32(f"{DFLASH_ARCH}.block_size", block_size)
         writer.add_array(f"{DFLASH_ARCH}.target_layers", [int(i) + 1 for i in layer_ids])
         writer.add_bool(f"{DFLASH_ARCH}.attention.causal", bool(dflash.get("causal", config.get("is_causal", False))))
+        if markov:  # DSpark: anchor-first blocks unless the config says otherwise; no confidence head is written
+            writer.add_bool(f"{DFLASH_ARCH}.sample_from_anchor", bool(config.get("sample_from_anchor", True)))
+            writer.add_bool(f"{DFLASH_ARCH}.has_confidence_head", False)
         writer.add_file_type(gguf.LlamaFileType.MOSTLY_F16)
         writer.add_vocab_size(config["vocab_size"])
         writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
@@ -596,6 +588,9 @@ def export_dflash(config: dict, weights: Mapping[str, np.ndarray], target_gguf: 
         if "embed_tokens.weight" in weights:  # a drafter with its own embeddings carries its own head too
             _add(writer, "token_embd.weight", weights["embed_tokens.weight"])
             _add(writer, "output.weight", weights["lm_head.weight"])
+        if markov:  # [V, r] each: llama.cpp's {r, n_vocab} and {r, n_vocab_draft}
+            _add(writer, "markov_w1.weight", weights["markov_head.markov_w1.weight"])
+            _add(writer, "markov_w2.weight", weights["markov_head.markov_w2.weight"])
         names = {
             "input_layernorm.weight": "attn_norm.weight", "self_attn.q_proj.weight": "attn_q.weight",
             "self_attn.k_proj.weight": "attn_k.weight", "self_attn.v_proj.weight": "attn_v.weight",
@@ -633,11 +628,12 @@ def _digest(paths: list[Path], extra: str) -> str:
 
 def build_native(family: Mapping[str, str], out_dir: Optional[Path] = None, seed: int = 0) -> dict[str, str]:
     """mtp_gguf, dflash_gguf and eagle3_gguf for a demo family (roles from build_family), cached under
-    out_dir/<fingerprint of the inputs>. The DFlash drafter is the family's `dflash_hf`
-    folder when it has one, else a seeded one."""
+    out_dir/<fingerprint of the inputs>. The DFlash drafter and the EAGLE-3 head are the family's
+    `dflash_hf` and `eagle3_hf` folders when it has them, else seeded ones."""
     target_hf, target_gguf = Path(family["target_hf"]), Path(family["target_gguf"])
     dflash_hf = Path(family["dflash_hf"]) if family.get("dflash_hf") else None
-    inputs = [target_hf, target_gguf] + ([dflash_hf] if dflash_hf else [])
+    eagle3_hf = Path(family["eagle3_hf"]) if family.get("eagle3_hf") else None
+    inputs = [target_hf, target_gguf] + [p for p in (dflash_hf, eagle3_hf) if p is not None]
     key = _digest(inputs, f"seed={seed}")
     out_dir = (Path(out_dir) if out_dir is not None else target_gguf.parent / "native") / key
     mtp_path = out_dir / "specdesk-demo-target-mtp-F16.gguf"
@@ -654,12 +650,15 @@ def build_native(family: Mapping[str, str], out_dir: Optional[Path] = None, seed
                 export_dflash(config, weights, target_gguf, dflash_path, name="specdesk-demo-dflash-init")
         eagle3_path = out_dir / "specdesk-demo-eagle3-F16.gguf"
         if not eagle3_path.is_file():
-            export_eagle3_seeded(target_hf, target_gguf, eagle3_path, seed)
+            if eagle3_hf is not None:
+                export_eagle3_folder(eagle3_hf, target_gguf, eagle3_path)
+            else:
+                export_eagle3_seeded(target_hf, target_gguf, eagle3_path, seed)
     return {"mtp_gguf": str(mtp_path.resolve()), "dflash_gguf": str(dflash_path.resolve()),
             "eagle3_gguf": str(eagle3_path.resolve()),
             "mtp_source": "trained" if _has_mtp(target_hf) else "seeded (the checkpoint has no MTP layer)",
             "dflash_source": "trained" if not unusable else f"seeded ({unusable})",
-            "eagle3_source": "seeded (the demo family has no trained EAGLE-3 head)"}
+            "eagle3_source": "trained" if eagle3_hf is not None else "seeded (the family has no trained EAGLE-3 head)"}
 
 
 def _has_mtp(target_hf: Path) -> bool:

@@ -188,9 +188,10 @@ def read_hf_folder(folder: Path, source: str, name: Optional[str] = None,
             parameters, weights = parameters + p, weights + b
     drafter = drafter_for_config(config)
     drafter_config = {}
-    if drafter == "dflash":
+    if drafter == "dflash":  # z-lab's keys under dflash_config, DeepSpec DSpark's at the top level
         drafter_config = {**(config.get("dflash_config") if isinstance(config.get("dflash_config"), dict) else {}),
-                          **{k: config[k] for k in ("block_size", "num_target_layers") if k in config}}
+                          **{k: config[k] for k in ("block_size", "num_target_layers", "mask_token_id",
+                                                     "target_layer_ids", "markov_rank") if k in config}}
     elif drafter == "eagle3":
         drafter_config = {k: config[k] for k in ("draft_vocab_size", "eagle_aux_hidden_state_layer_ids",
                                                  "eagle_config") if k in config}

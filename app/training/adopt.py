@@ -18,7 +18,8 @@ from specdesk.engines.types import SamplingParams, SpecConfig
 
 PROVENANCE = "provenance.json"
 PLAIN = "plain decoding"
-METHOD_LABELS = {"eagle3": "EAGLE-3", "mtp": "MTP", "dflash": "DFlash", "draft": "draft model", "ngram": "n-gram"}
+METHOD_LABELS = {"eagle3": "EAGLE-3", "mtp": "MTP", "dflash": "DFlash", "dspark": "DSpark", "draft": "draft model",
+                 "ngram": "n-gram"}
 
 
 @dataclass(frozen=True)
@@ -75,8 +76,9 @@ def measure(engine, label: str, spec: SpecConfig, prompts: Sequence[str], tokeni
 
 def read_provenance(drafter_path) -> Optional[dict]:
     """What train-drafter wrote about a drafter trained here, or None for any other drafter: the
-    provenance.json beside it (<out>/<method>, <out>/<method>-F16.gguf, <out>/target-mtp-F16.gguf)
-    that names this very file or folder. A damaged record counts as none."""
+    provenance.json beside it (<out>/<method>, <out>/<method>-F16.gguf, <out>/target-mtp-F16.gguf;
+    a draft model: <out>/draft, <out>/draft-F16.gguf) that names this very file or folder. A damaged
+    record counts as none."""
     path = Path(drafter_path)
     try:
         record = json.loads((path.parent / PROVENANCE).read_text(encoding="utf-8"))

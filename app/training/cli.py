@@ -11,7 +11,8 @@ from pathlib import Path
 
 from specdesk.engines.types import SpecDeskError
 
-METHODS = ("eagle3", "mtp", "dflash")
+METHODS = ("eagle3", "mtp", "dflash", "dspark", "draft")
+RUNS_AS = {"dspark": "dflash"}  # the engines' method that runs a drafter, where it is not the trainer's name
 DEVICES = ("auto", "cpu", "cuda", "mps")
 TYPICAL_PROMPT_TOKENS = 64  # for the cache size said before recording
 RECORD_CONTEXT = 2048  # a GGUF target's context while recording: prompt and answer (longer prompts are skipped)
@@ -22,8 +23,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="the target: a Hugging Face model folder, or a GGUF file (llama.cpp records the data; "
                              "an MTP layer is written into a copy of the file)")
     parser.add_argument("--method", choices=METHODS, default="eagle3",
-                        help="what to train: an EAGLE-3 head, an MTP layer (for a target without one) or a "
-                             "DFlash block drafter (default eagle3)")
+                        help="what to train: an EAGLE-3 head, an MTP layer (for a target without one), a "
+                             "DFlash block drafter, a DSpark drafter (DFlash with a Markov head; it runs as "
+                             "dflash) or a draft model (default eagle3)")
     parser.add_argument("--prompts", type=Path,
                         help="JSONL prompts the target answers to make the data (default: the bundled set)")
     parser.add_argument("--from-history", action="store_true",
@@ -46,12 +48,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="the target's GGUF: also export the drafter as a GGUF that the llama.cpp engine loads")
     parser.add_argument("--draft", type=Path, help="a draft model the target already has, to measure against")
     parser.add_argument("--threads", type=int, help="CPU threads for torch")
+    parser.add_argument("--draft-layers", type=int,
+                        help="--method draft: the draft model's layers, the target's first ones and its last "
+                             "(default: a quarter of the target's, at least 1)")
+    parser.add_argument("--reference", type=Path,
+                        help="an EAGLE-3 head for the same target (a folder): print the share of its held-out "
+                             "acceptance the trained head reaches")
 
 
 def register(subparsers) -> argparse.ArgumentParser:
     """`specdesk train-drafter`: the subcommand in the CLI's subparsers, dispatched to `run`."""
-    parser = subparsers.add_parser("train-drafter", help="train an EAGLE-3 head, MTP layer or DFlash drafter for a "
-                                                         "Hugging Face or GGUF target here, and adopt it only if it pays",
+    parser = subparsers.add_parser("train-drafter", help="train an EAGLE-3 head, MTP layer, DFlash or DSpark "
+                                                         "drafter or a draft model for a Hugging Face or GGUF target "
+                                                         "here, and adopt it only if it pays",
                                    description=__doc__)
     add_arguments(parser)
     parser.set_defaults(func=run)
@@ -195,6 +204,10 @@ def _run(args: argparse.Namespace, progress, should_stop, say=None) -> int:
         training_device = engine.device_description
     config = network.config
     taps = method_taps(args.method, network)
+    if args.method == "draft":  # a layer count the target cannot give is refused before recording
+        from .draft import layer_ids
+
+        layer_ids(config.num_hidden_layers, args.draft_layers)
     settings = RecordSettings(taps=taps, max_new_tokens=args.max_tokens, limit_bytes=int(args.cache_mb * 2**20))
     if from_gguf:
         pass_over = LlamaPass(engine, taps, settings.top_k, RECORD_CONTEXT)
@@ -219,9 +232,10 @@ def _run(args: argparse.Namespace, progress, should_stop, say=None) -> int:
     held_seqs = [load_sequence(p) for p in held_files]
     tokens_recorded = sum(len(s.tokens) for s in train_seqs)
     trainer = plan(args.method, network, train_seqs, held_seqs, args.batch_size,
-                   min(config.max_position_embeddings, 1024), target)
+                   min(config.max_position_embeddings, 1024), target, draft_layers=args.draft_layers)
     loop = LoopSettings(minutes=args.minutes, max_steps=args.steps, eval_every=args.eval_every)
-    what = {"eagle3": "an EAGLE-3 head", "mtp": "an MTP layer", "dflash": "a DFlash drafter"}[args.method]
+    what = {"eagle3": "an EAGLE-3 head", "mtp": "an MTP layer", "dflash": "a DFlash drafter",
+            "dspark": "a DSpark drafter", "draft": "a draft model"}[args.method]
     say(f"training {what} on {len(train_seqs)} sequences ({tokens_recorded} tokens) for at most "
         f"{args.minutes:g} minutes" + (f" or {args.steps} steps" if args.steps else ""))
     state = train_loop(trainer.module, trainer.step, trainer.evaluate, loop, out, args.resume, say, terminal_live(),
@@ -231,6 +245,22 @@ def _run(args: argparse.Namespace, progress, should_stop, say=None) -> int:
     acceptance = next(h["acceptance"] for h in state.history if h["step"] == state.best_step)
     say(f"best held-out acceptance per position {acceptance} (mean accepted {sum(acceptance):.3f}) at step "
         f"{state.best_step} of {state.step}")
+
+    reference = None
+    if args.reference is not None:
+        if trainer.evaluate_reference is None:
+            raise SpecDeskError(f"--reference compares EAGLE-3 heads; this run trains {args.method}")
+        reference_mean, reference_figures = trainer.evaluate_reference(args.reference)
+        share = sum(acceptance) / reference_mean if reference_mean > 0 else float("inf")
+        at_90 = next((h for h in state.history if sum(h["acceptance"]) >= 0.9 * reference_mean), None)
+        reference = {"folder": str(Path(args.reference).resolve()), "held_out_acceptance_per_position":
+                     reference_figures["acceptance"], "held_out_mean_accepted": round(reference_mean, 4),
+                     "share_reached": round(share, 4),
+                     "seconds_to_90_percent": None if at_90 is None else at_90["seconds"]}
+        say(f"reached {share:.0%} of the reference head's held-out acceptance ({sum(acceptance):.3f} against "
+            f"{reference_mean:.3f} mean accepted; per position {reference_figures['acceptance']}, {args.reference}); "
+            + ("90% of it never reached" if at_90 is None
+               else f"90% of it reached after {at_90['seconds'] / 60:.1f} minutes (step {at_90['step']})"))
 
     folder = trainer.export(out / args.method)
     say(f"exported {folder}")
@@ -242,7 +272,10 @@ def _run(args: argparse.Namespace, progress, should_stop, say=None) -> int:
         if args.method == "mtp" and from_gguf:  # the file's own tensors, its types kept, and the layer
             gguf_path = export_mtp_target_from_gguf(folder, target, out / f"{target.stem}-mtp.gguf")
         else:
-            writer = {"eagle3": export_eagle3_folder, "mtp": export_mtp_target, "dflash": export_dflash_folder}[args.method]
+            from .draft import export_gguf_draft
+
+            writer = {"eagle3": export_eagle3_folder, "mtp": export_mtp_target, "dflash": export_dflash_folder,
+                      "dspark": export_dflash_folder, "draft": export_gguf_draft}[args.method]
             name = "target-mtp-F16.gguf" if args.method == "mtp" else f"{args.method}-F16.gguf"
             gguf_path = writer(folder, args.target_gguf, out / name)
         say(f"exported {gguf_path} for the llama.cpp engine")
@@ -267,8 +300,8 @@ def _run(args: argparse.Namespace, progress, should_stop, say=None) -> int:
         with_layer.close()
     else:  # the llama.cpp engine loads the GGUF drafter, the PyTorch engine the folder
         drafter = str(gguf_path if from_gguf else folder)
-        trained = measure(engine, label, SpecConfig(method=args.method, k=k, draft_path=drafter), compare_texts,
-                          tokenize, args.compare_tokens)
+        trained = measure(engine, label, SpecConfig(method=RUNS_AS.get(args.method, args.method), k=k,
+                                                    draft_path=drafter), compare_texts, tokenize, args.compare_tokens)
     existing = [measure(engine, name, spec, compare_texts, tokenize, args.compare_tokens)
                 for name, spec in existing_methods(engine, k, str(args.draft) if args.draft else None)]
     adopted, reason = decide(trained, existing)
@@ -288,6 +321,7 @@ def _run(args: argparse.Namespace, progress, should_stop, say=None) -> int:
                      "history": state.history},
         "held_out_acceptance_per_position": acceptance,
         "held_out_mean_accepted": round(sum(acceptance), 4),
+        "reference": reference,
         "measured": {"k": k, "prompts": len(compare_texts), "tokens": args.compare_tokens,
                      "trained": trained.to_json(), "existing": {m.label: m.to_json() for m in existing}},
         "speedup": round(trained.speedup, 3),

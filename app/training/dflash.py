@@ -5,13 +5,15 @@ the demo recipe's loss (app/demo/dflash.py): blocks [x_a, mask x (B-1)] at ancho
 to the context rows before a (fc over the recorded outputs of the target layers it reads)
 and to their own block, and row i learns the target's distribution of x_{a+i}; here that
 distribution is the recorded top-k rather than the live target, so training needs no target
-pass. Its layers start as the target's last layers, as the demo's do.
+pass. Its layers start as the target's last layers, as the demo's do. DSpark (dspark.py) uses
+the same block rows, anchors, loss and acceptance, with every row of the block drafting.
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
-from typing import Sequence
+from typing import Optional, Sequence
 
 import numpy as np
 import torch
@@ -44,22 +46,29 @@ def taps(spec: DFlashSpec) -> tuple[int, ...]:
     return tuple(i + 1 for i in spec.target_layer_ids)
 
 
-def new_drafter(target_network, spec: DFlashSpec) -> DFlashDraftModel:
+def new_drafter(target_network, spec: DFlashSpec, markov_rank: int = 0) -> DFlashDraftModel:
+    """A drafter whose layers start as the target's last ones; with `markov_rank`, DSpark's
+    anchor-first layout and a Markov head whose markov_w2 starts at zero (no bias yet)."""
     config = target_network.config
-    drafter = DFlashDraftModel(drafter_config(spec, config.hidden_size, config.rms_norm_eps, config.rms_norm_eps,
-                                              config))
+    drafter_shape = drafter_config(spec, config.hidden_size, config.rms_norm_eps, config.rms_norm_eps, config)
+    if markov_rank:
+        drafter_shape = replace(drafter_shape, markov_rank=markov_rank, sample_from_anchor=True)
+    drafter = DFlashDraftModel(drafter_shape)
     generator = torch.Generator().manual_seed(0)
     with torch.no_grad():
         for name, param in drafter.named_parameters():
             param.copy_(torch.ones_like(param) if name.endswith("norm.weight")
+                        else torch.zeros_like(param) if name.endswith("markov_w2.weight")
                         else torch.randn(param.shape, generator=generator) * 0.02)
     copy_core_layers(drafter, target_network, config)
     drafter.norm.weight.data.copy_(target_network.model.norm.weight.float())
     return drafter
 
 
-def _block_rows(drafter, target_network, spec: DFlashSpec, batch: Batch, anchors: np.ndarray) -> torch.Tensor:
-    """Normed drafted rows (Bt, n_blocks, B-1, d) of blocks at `anchors` (shared by the batch)."""
+def _block_rows(drafter, target_network, spec: DFlashSpec, batch: Batch, anchors: np.ndarray,
+                first_row: int = 1) -> torch.Tensor:
+    """Normed drafting rows (Bt, n_blocks, B - first_row, d) of blocks at `anchors` (shared by
+    the batch): rows 1.. for DFlash, every row (first_row 0) for anchor-first DSpark."""
     B, n_blocks = spec.block_size, len(anchors)
     Bt, T = batch.tokens.shape
     device = batch.tokens.device
@@ -77,38 +86,57 @@ def _block_rows(drafter, target_network, spec: DFlashSpec, batch: Batch, anchors
     mask = torch.cat([sees_context, sees_block], dim=1)  # (n_blocks*B, T + n_blocks*B)
     rope = (cos[positions], sin[positions], cos[:T], sin[:T])
     rows = drafter(block, batch.features, rope, 0, mask)  # (Bt, n_blocks*B, d)
-    return rows.view(Bt, n_blocks, B, -1)[:, :, 1:]
+    return rows.view(Bt, n_blocks, B, -1)[:, :, first_row:]
 
 
-def _targets(spec: DFlashSpec, batch: Batch, anchors: np.ndarray):
-    """Positions a+i (i = 0..B-2) whose recorded distribution row i+1 learns, and where they exist."""
-    positions = torch.as_tensor(anchors[:, None] + np.arange(spec.block_size - 1)[None, :],
-                                device=batch.tokens.device)  # (n_blocks, B-1)
-    exists = positions[None] <= batch.lengths[:, None, None] - 1  # (Bt, n_blocks, B-1)
+def _targets(batch: Batch, anchors: np.ndarray, n_rows: int):
+    """Positions a+i (i = 0..n_rows-1) whose recorded distribution (of x_{a+i+1}) drafting row i
+    learns, and where they exist."""
+    positions = torch.as_tensor(anchors[:, None] + np.arange(n_rows)[None, :],
+                                device=batch.tokens.device)  # (n_blocks, n_rows)
+    exists = positions[None] <= batch.lengths[:, None, None] - 1  # (Bt, n_blocks, n_rows)
     return positions.clamp(max=batch.tokens.shape[1] - 1), exists
+
+
+def sample_anchors(spec: DFlashSpec, batch: Batch, rng: np.random.Generator, blocks: int = 16) -> np.ndarray:
+    T, B = int(batch.lengths.min()), spec.block_size
+    choices = np.arange(1, max(2, T - B + 1))
+    return np.sort(rng.choice(choices, size=min(blocks, len(choices)), replace=False))
+
+
+def recorded_kl(logits: torch.Tensor, batch: Batch, anchors: np.ndarray) -> torch.Tensor:
+    """KL(recorded top-k || drafter) of drafting rows' logits (Bt, n_blocks, rows, V), row i
+    weighted exp(-i / decay), over the rows whose position exists."""
+    logq = torch.log_softmax(logits, dim=-1)
+    positions, exists = _targets(batch, anchors, logits.shape[2])
+    p, ids = batch.top_p[:, positions], batch.top_ids[:, positions]  # (Bt, n_blocks, rows, k)
+    per_row = (p * (torch.log(p.clamp_min(1e-12)) - logq.gather(-1, ids))).sum(-1)
+    weights = torch.exp(-torch.arange(logits.shape[2], dtype=torch.float32, device=per_row.device) / POSITION_DECAY)
+    weights = weights.expand_as(per_row)
+    weights = weights * exists
+    return (per_row * weights).sum() / weights.sum().clamp_min(1e-9)
 
 
 def kl_loss(drafter, target_network, spec: DFlashSpec, batch: Batch, rng: np.random.Generator,
             blocks: int = 16) -> tuple[torch.Tensor, dict]:
-    T, B = int(batch.lengths.min()), spec.block_size
-    choices = np.arange(1, max(2, T - B + 1))
-    anchors = np.sort(rng.choice(choices, size=min(blocks, len(choices)), replace=False))
+    anchors = sample_anchors(spec, batch, rng, blocks)
     rows = _block_rows(drafter, target_network, spec, batch, anchors)
-    logq = torch.log_softmax(target_network.logits(rows), dim=-1)  # (Bt, n_blocks, B-1, V)
-    positions, exists = _targets(spec, batch, anchors)
-    p, ids = batch.top_p[:, positions], batch.top_ids[:, positions]  # (Bt, n_blocks, B-1, k)
-    per_row = (p * (torch.log(p.clamp_min(1e-12)) - logq.gather(-1, ids))).sum(-1)
-    weights = torch.exp(-torch.arange(B - 1, dtype=torch.float32, device=per_row.device) / POSITION_DECAY)
-    weights = weights.expand_as(per_row)
-    weights = weights * exists
-    return (per_row * weights).sum() / weights.sum().clamp_min(1e-9), {}
+    return recorded_kl(target_network.logits(rows), batch, anchors), {}  # rows 1..B-1 learn a..a+B-2
+
+
+def greedy_drafts(drafter, target_network, spec: DFlashSpec, batch: Batch, anchors: np.ndarray,
+                  depth: int) -> torch.Tensor:
+    """The first `depth` drafts (n_blocks, depth) of the blocks at `anchors` in the batch's first sequence."""
+    rows = _block_rows(drafter, target_network, spec, batch, anchors)[0, :, :depth]  # (n_blocks, depth, d)
+    return target_network.logits(rows).argmax(-1)
 
 
 @torch.no_grad()
 def acceptance(drafter, target_network, spec: DFlashSpec, held: Sequence[Batch], depth: int,
-               blocks: int = 16) -> tuple[list[float], int]:
-    """Per block row i = 1..depth, the share of answer blocks whose first i drafts all equal the
-    target's greedy tokens; one sequence per batch, blocks spread over its answer."""
+               blocks: int = 16, drafts=greedy_drafts) -> tuple[list[float], int]:
+    """Per drafting row i = 1..depth, the share of answer blocks whose first i drafts all equal
+    the target's greedy tokens; one sequence per batch, blocks spread over its answer. `drafts`
+    gives a block's drafts as the engines read them."""
     alive_sums, count = np.zeros(depth), 0
     for batch in held:
         length, start = int(batch.lengths[0]), int(batch.answer_starts[0])
@@ -116,18 +144,19 @@ def acceptance(drafter, target_network, spec: DFlashSpec, held: Sequence[Batch],
         if last < first:
             continue
         anchors = np.unique(np.linspace(first, last, num=min(blocks, last - first + 1)).round().astype(np.int64))
-        rows = _block_rows(drafter, target_network, spec, batch, anchors)[0, :, :depth]  # (n_blocks, depth, d)
-        drafted = target_network.logits(rows).argmax(-1)
-        positions, _ = _targets(spec, batch, anchors)
-        greedy = batch.top_ids[0, positions[:, :depth], 0]  # (n_blocks, depth)
+        drafted = drafts(drafter, target_network, spec, batch, anchors, depth)  # (n_blocks, depth)
+        positions, _ = _targets(batch, anchors, depth)
+        greedy = batch.top_ids[0, positions, 0]  # (n_blocks, depth)
         alive = torch.cumprod((drafted == greedy).long(), dim=1)
         alive_sums += alive.sum(0).cpu().numpy()
         count += len(anchors)
     return [float(s) / max(1, count) for s in alive_sums], count
 
 
-def export_drafter(drafter: DFlashDraftModel, spec: DFlashSpec, target: ModelConfig, folder: Path) -> Path:
-    """A z-lab DFlashDraftModel folder (config.json, model.safetensors in float16)."""
+def export_drafter(drafter: DFlashDraftModel, spec: DFlashSpec, target: ModelConfig, folder: Path,
+                   config: Optional[dict] = None) -> Path:
+    """A z-lab DFlashDraftModel folder (config.json, model.safetensors in float16), or the
+    drafter under another format's `config`."""
     import json
     import os
 
@@ -138,6 +167,6 @@ def export_drafter(drafter: DFlashDraftModel, spec: DFlashSpec, target: ModelCon
     tmp = folder / f"model.safetensors.tmp-{os.getpid()}"
     save_file(weights, str(tmp), metadata={"format": "pt"})
     os.replace(tmp, folder / "model.safetensors")
-    config = dflash_hf_config(spec, target, target.hidden_size, target.rms_norm_eps)
+    config = config or dflash_hf_config(spec, target, target.hidden_size, target.rms_norm_eps)
     (folder / "config.json").write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
     return folder

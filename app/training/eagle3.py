@@ -234,3 +234,23 @@ def export_head(head: Eagle3Model, target: ModelConfig, taps: Sequence[int], fol
     os.replace(tmp, folder / "model.safetensors")
     (folder / "config.json").write_text(json.dumps(hf_config(target, taps), indent=2) + "\n", encoding="utf-8")
     return folder
+
+
+def load_head(folder: Path, target: ModelConfig, device: str | torch.device = "cpu") -> tuple[Eagle3Model, ModelConfig]:
+    """An exported EAGLE-3 folder (full target vocabulary) as a float32 module and its config, for
+    evaluating it on the trainer's held-out data beside the head being trained."""
+    from specdesk.engines.torch.config import config_from_hf
+    from specdesk.engines.torch.loader import load_module, open_checkpoint
+    from specdesk.engines.types import SpecDeskError
+
+    checkpoint = open_checkpoint(folder)
+    raw = dict(checkpoint.config, architectures=["LlamaForCausalLM"])
+    config = config_from_hf(raw, str(checkpoint.config_path))
+    if int(raw.get("draft_vocab_size") or config.vocab_size) != target.vocab_size or config.hidden_size != target.hidden_size:
+        raise SpecDeskError(f"{folder}: not an EAGLE-3 head of this target's width ({target.hidden_size}) and "
+                            f"full vocabulary ({target.vocab_size})")
+    with torch.device("meta"):
+        head = Eagle3Model(config, target.vocab_size, target.hidden_size)
+    head = head.to(dtype=torch.float32).to_empty(device=device)
+    load_module(head, checkpoint, dtype=torch.float32, device=device)
+    return head.eval(), config

@@ -172,8 +172,8 @@ class LlamaPass:
         features, top_ids, top_logp = [], [], []
         for start in range(0, len(tokens), CHUNK):
             logits = ctx.decode(list(tokens[start:start + CHUNK]))  # (n, V), then this decode's hidden rows
-            hidden = HiddenRows(ctx)
-            parts = []
+            hidden = HiddenRows(ctx) if self.layer_taps else None
+            parts = [np.zeros((len(logits), 0), dtype=np.float32)]  # a draft model reads no hidden states
             for layer in self.taps:
                 if layer == self.n_layer:  # (n, d) final-normed, one row per token (every row is an output)
                     normed = rows(ctx._lib.llama_get_embeddings(ctx._ctx), ctx.n_last, ctx.model.n_embd_out)

@@ -122,7 +122,8 @@ class TorchPass:
             hidden, taps = network.hidden_states(sequence[None], taps=self.taps)
             logp = torch.log_softmax(network.logits(hidden[0]), dim=-1)  # (T, V)
             top_logp, top_ids = logp.topk(min(self.top_k, logp.shape[-1]), dim=-1)
-            features = torch.cat([taps[i][0] for i in self.taps], dim=-1)
+            # (T, n_taps * d); a draft model reads no hidden states: (T, 0)
+            features = torch.cat([taps[i][0] for i in self.taps], dim=-1) if self.taps else hidden[0, :, :0]
         return features.half().cpu().numpy(), top_ids.int().cpu().numpy(), top_logp.half().cpu().numpy()
 
     def close(self) -> None:

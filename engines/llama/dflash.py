@@ -7,7 +7,8 @@ target_layer_ids + 1). After each verified target pass the rows of the tokens it
 into the drafter as embedding rows at the same positions: its graph projects them (fc,
 hidden_norm) and writes them into its KV cache as context. A draft is one non-causal pass
 over the block [last token, mask x n] at the next positions; rows 1..n give the drafts
-(DSpark with sample_from_anchor reads rows 0..n-1 of an anchor-first block). The block's
+(DSpark with sample_from_anchor reads rows 0..n-1 of an anchor-first block, whose logits
+already carry its Markov bias: llama.cpp's graph runs the greedy chain). The block's
 rows are removed right after, and a rejected draft's rows never reach it, so the
 drafter's cache always mirrors the target's. Drafts are top-1 tokens: q is one-hot and
 verification stays exact at any temperature.

@@ -1,4 +1,4 @@
-"""DFlash proposer: a z-lab `DFlashDraftModel` block drafter reading the target's hidden states.
+"""DFlash and DSpark proposers: block drafters reading the target's hidden states.
 
 Checkpoint (e.g. z-lab/Qwen3-8B-DFlash-b16): config `architectures: ["DFlashDraftModel"]`,
 Qwen3 shapes, `block_size` (top level or under `dflash_config`), `dflash_config.
@@ -11,6 +11,16 @@ Every draft layer takes queries from the block [last token, mask x (B-1)] and ke
 from cat[context rows, block rows] (k_norm, RoPE at their positions), without a causal
 mask. Block rows 1..B-1, through `norm` and the target's lm_head, are the draft. The context
 keys and values are cached per layer; only the committed rows of each pass join them.
+
+DSpark (DeepSeek's DeepSpec, e.g. deepseek-ai/dspark_qwen3_4b_block7) is the same backbone
+with a Markov head. Its config (`architectures: ["Qwen3DSparkModel"]`) keeps `block_size`,
+`mask_token_id`, `target_layer_ids`, `markov_rank`, `markov_head_type` at the top level; its
+tensors add `markov_head.markov_w1` (an embedding [V, r]) and `markov_head.markov_w2` [V, r]
+(its `embed_tokens`, `lm_head` are copies of the target's, and an optional `confidence_head`
+only truncates drafts: both go unused here). The block is anchor-first: [last token, mask x
+(B-1)], and all B rows draft, row i the (i+1)-th token after the last one. Row i's logits gain
+markov_w2 @ markov_w1[prev_i], prev_0 the last token and prev_i the draft of row i-1, so the
+rows are read one after another (the greedy chain llama.cpp's graph runs too).
 """
 
 from __future__ import annotations
@@ -31,6 +41,8 @@ from .loader import Checkpoint, load_module, open_checkpoint
 from .model import Attention, FeedForward, KVCache, ModelConfig, RMSNorm, apply_rope, attend, rope_tables
 
 ARCHITECTURE = "DFlashDraftModel"
+DSPARK_ARCHITECTURES = ("Qwen3DSparkModel", "DSparkDraftModel")  # a Qwen3 backbone, as DFlash's
+MARKOV_HEAD_TYPES = ("vanilla",)
 
 
 @dataclass(frozen=True)
@@ -41,13 +53,37 @@ class DFlashConfig:
     target_layer_ids: tuple[int, ...]
     num_target_layers: int
     qk_norm_eps: float  # q_norm / k_norm; the same as rms_norm_eps in checkpoints
+    markov_rank: int = 0  # DSpark: the Markov head's rank (0: none)
+    sample_from_anchor: bool = False  # DSpark: every block row drafts, row 0 included
+
+    @property
+    def first_draft_row(self) -> int:
+        return 0 if self.sample_from_anchor else 1
+
+
+def is_dspark_config(raw: dict) -> bool:
+    names = raw.get("architectures") or []
+    return "markov_rank" in raw or any("DSpark" in str(name) for name in names)
 
 
 def read_dflash_config(checkpoint: Checkpoint) -> DFlashConfig:
     raw, source = checkpoint.config, checkpoint.config_path
-    if ARCHITECTURE not in (raw.get("architectures") or []):
+    names = raw.get("architectures") or []
+    dspark = is_dspark_config(raw)
+    if dspark and not any(name in DSPARK_ARCHITECTURES for name in names):
+        raise SpecDeskError(f"{source}: a DSpark drafter of architecture {names}; only "
+                            f"{' and '.join(DSPARK_ARCHITECTURES)} (Qwen3 layers) are supported")
+    if not dspark and ARCHITECTURE not in names:
         raise SpecDeskError(f"{source}: architectures is {raw.get('architectures')}, not [{ARCHITECTURE!r}]: "
                             "this is not a DFlash drafter")
+    markov_rank = int(raw.get("markov_rank") or 0) if dspark else 0
+    markov_type = raw.get("markov_head_type", "vanilla")
+    if dspark and markov_rank < 1:  # llama.cpp tells DSpark from DFlash by its Markov head, and could not run it
+        raise SpecDeskError(f"{source}: a DSpark drafter with markov_rank {raw.get('markov_rank')!r}: one without "
+                            "a Markov head (confidence head only) is not supported")
+    if markov_rank > 0 and markov_type not in MARKOV_HEAD_TYPES:
+        raise SpecDeskError(f"{source}: markov_head_type {markov_type!r} is not supported; only a "
+                            f"{' or '.join(repr(t) for t in MARKOV_HEAD_TYPES)} Markov head is")
     extra = raw.get("dflash_config") or {}
     try:
         heads = int(raw["num_attention_heads"])
@@ -63,14 +99,15 @@ def read_dflash_config(checkpoint: Checkpoint) -> DFlashConfig:
             rope_scaling=raw.get("rope_scaling") or None, architecture=ARCHITECTURE)
         block_size = int(raw.get("block_size") or extra["block_size"])
         mask_token_id = int(extra.get("mask_token_id", raw.get("mask_token_id")))
-        layer_ids = tuple(int(i) for i in extra["target_layer_ids"])
+        layer_ids = tuple(int(i) for i in extra.get("target_layer_ids", raw.get("target_layer_ids")))
     except (KeyError, TypeError, ValueError) as e:
         raise SpecDeskError(f"{source}: not a valid DFlash config ({type(e).__name__}: {e}); it needs block_size, "
-                            "dflash_config.mask_token_id and dflash_config.target_layer_ids") from e
+                            "mask_token_id and target_layer_ids (under dflash_config, or at the top level)") from e
     if block_size < 2:
         raise SpecDeskError(f"{source}: block_size {block_size} is too small: a block needs at least one mask")
     return DFlashConfig(model, block_size, mask_token_id, layer_ids, int(raw.get("num_target_layers", 0)),
-                        qk_norm_eps=model.rms_norm_eps)
+                        qk_norm_eps=model.rms_norm_eps, markov_rank=markov_rank,
+                        sample_from_anchor=dspark and bool(raw.get("sample_from_anchor", True)))
 
 
 def dflash_problem(folder: str | Path, target: Checkpoint) -> Optional[str]:
@@ -92,6 +129,8 @@ def _mismatch(config: DFlashConfig, target: dict, folder: Path) -> Optional[str]
     vocab = int(target.get("vocab_size", 0))
     if not 0 <= config.mask_token_id < vocab:
         return f"{folder}: mask_token_id {config.mask_token_id} is outside the target's vocabulary of {vocab}"
+    if config.markov_rank > 0 and config.model.vocab_size != vocab:
+        return f"{folder}: the Markov head's vocab_size is {config.model.vocab_size}, the target's {vocab}"
     return None
 
 
@@ -143,6 +182,31 @@ class DFlashLayer(nn.Module):
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
+class MarkovHead(nn.Module):
+    """DSpark's vanilla Markov head: a rank-r bias on a row's logits from the token before it."""
+
+    def __init__(self, vocab_size: int, rank: int):
+        super().__init__()
+        self.markov_w1 = nn.Embedding(vocab_size, rank)
+        self.markov_w2 = nn.Linear(rank, vocab_size, bias=False)
+
+    def forward(self, previous: torch.Tensor) -> torch.Tensor:
+        """Token ids (...) -> logit biases (..., V)."""
+        return self.markov_w2(self.markov_w1(previous)).float()
+
+    def chain(self, logits: torch.Tensor, anchor: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Greedy drafts through a block: row i gets the bias of the token before it (the anchor
+        for row 0, row i-1's draft after). logits (..., n, V), anchor (...) ->
+        (tokens (..., n), biased logits (..., n, V))."""
+        previous, tokens, biased = anchor, [], []
+        for i in range(logits.shape[-2]):
+            row = logits[..., i, :] + self(previous)  # (..., V)
+            previous = torch.argmax(row, dim=-1)
+            tokens.append(previous)
+            biased.append(row)
+        return torch.stack(tokens, dim=-1), torch.stack(biased, dim=-2)
+
+
 class DFlashDraftModel(nn.Module):
     """The checkpoint's modules under their tensor names."""
 
@@ -153,6 +217,7 @@ class DFlashDraftModel(nn.Module):
         self.fc = nn.Linear(len(config.target_layer_ids) * m.hidden_size, m.hidden_size, bias=False)
         self.hidden_norm = RMSNorm(m.hidden_size, m.rms_norm_eps)
         self.norm = RMSNorm(m.hidden_size, m.rms_norm_eps)
+        self.markov_head = MarkovHead(m.vocab_size, config.markov_rank) if config.markov_rank > 0 else None
 
     def forward(self, block: torch.Tensor, features: torch.Tensor, rope: tuple, context_start: int = 0,
                 mask: Optional[torch.Tensor] = None) -> torch.Tensor:
@@ -194,7 +259,8 @@ class DFlashDrafter:
 
     @torch.inference_mode()
     def draft_logits(self, features: torch.Tensor, context_start: int, last_token: int) -> torch.Tensor:
-        """New context rows (C, n*d) at context_start.., then the block after them -> (B-1, V) logits."""
+        """New context rows (C, n*d) at context_start.., then the block after them -> the drafting
+        rows' logits, before any Markov bias: (B-1, V) for DFlash, (B, V) for anchor-first DSpark."""
         B = self.config.block_size
         C = features.shape[0]
         block_start = context_start + C
@@ -204,7 +270,16 @@ class DFlashDrafter:
         rope = (self.rope_cos[block_start:block_start + B], self.rope_sin[block_start:block_start + B],
                 self.rope_cos[context_start:block_start], self.rope_sin[context_start:block_start])
         rows = self.network(block, features[None], rope, context_start)[0]  # (B, d)
-        return self.target.network.logits(rows[1:])  # (B-1, V)
+        return self.target.network.logits(rows[self.config.first_draft_row:])  # (B - first row, V)
+
+    @torch.inference_mode()
+    def draft(self, logits: torch.Tensor, last_token: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Drafting rows' logits (n, V) -> (greedy tokens (n,), the logits they were read from):
+        through the Markov chain where the drafter has one."""
+        head = self.network.markov_head
+        if head is None:
+            return torch.argmax(logits, dim=-1), logits
+        return head.chain(logits, torch.tensor(last_token, device=logits.device))
 
 
 class DFlashProposer:
@@ -236,11 +311,12 @@ class DFlashProposer:
         if start + features.shape[0] != len(context) - 1:
             raise RuntimeError(f"DFlash context rows end at {start + features.shape[0]}, "
                                f"the block starts at {len(context) - 1}")
-        logits = self.drafter.draft_logits(features, start, int(context[-1]))  # (B-1, V)
-        n = min(k, logits.shape[0])
+        logits = self.drafter.draft_logits(features, start, int(context[-1]))  # (rows, V)
+        drafted, logits = self.drafter.draft(logits[:min(k, logits.shape[0])], int(context[-1]))
+        n = len(drafted)
         if self.p_min > 0:
-            n = confident_rows(logits[:n].float().cpu().numpy(), self.p_min)
-        tokens = tuple(int(t) for t in torch.argmax(logits[:n], dim=-1).tolist())
+            n = confident_rows(logits.float().cpu().numpy(), self.p_min)
+        tokens = tuple(int(t) for t in drafted[:n].tolist())
         self.counters.record_proposal(len(tokens), time.perf_counter() - started)
         return Draft(tokens)  # top-1 tokens: q is one-hot
 
