@@ -98,6 +98,8 @@ def test_the_whole_recipe_still_runs_end_to_end(tmp_path, monkeypatch):
     assert card["recipe_key"] == spec.key() != SMALL.key()
     assert install.verify_trained(trained) == json.loads(json.dumps(card))  # as card.json holds it
     assert set(install.trained_files(card)) == set(install.TRAINED_FILES)
+    # the EAGLE-3 head came from the product's trainer, run as a user runs it
+    assert card["eagle3"]["trainer"].startswith("specdesk train-drafter") and card["eagle3"]["steps"] == 4
 
     out = tmp_path / "family"
     install._derive(trained, card, out, progress=lambda message: None)
@@ -107,3 +109,7 @@ def test_the_whole_recipe_still_runs_end_to_end(tmp_path, monkeypatch):
     for role in ("target", "draft"):
         gguf = out / install.UNIT_PATHS[f"{role}_gguf"]
         llama_cpp.Llama(model_path=str(gguf), n_ctx=64, n_threads=1, verbose=False).close()
+    from specdesk.engines.torch.engine import supported_methods
+
+    assert supported_methods(out / install.UNIT_PATHS["target_hf"],
+                             eagle3_folder=out / install.UNIT_PATHS["eagle3_hf"])["eagle3"] is None

@@ -75,3 +75,43 @@ def test_widened_dflash_drafter_computes_what_it_did_on_the_core(demo_family, tr
     core_logits, wide_logits = results
     np.testing.assert_allclose(wide_logits, core_logits, rtol=0, atol=2e-3 * np.abs(core_logits).max())
     assert (wide_logits.argmax(1) == core_logits.argmax(1)).mean() >= 0.8
+
+
+def test_widened_eagle3_head_computes_what_it_did_on_the_core(demo_family, tmp_path):
+    """Any head (here a seeded one with perturbed norms) drafts the same on the widened target as on the core."""
+    from specdesk.app.demo.eagle3 import FILE, export_eagle3_hf
+    from specdesk.app.training.eagle3 import default_taps, hf_config, new_head
+    from specdesk.engines.torch.eagle3 import Eagle3Drafter
+
+    card = json.loads(Path(demo_family["card"]).read_text())
+    core = from_card(card["core"]["config"])
+    taps = default_taps(core.num_hidden_layers)
+    head = new_head(TorchModel(demo_family["core_hf"], "cpu", torch.float32).network, seed=3)
+    generator = torch.Generator().manual_seed(5)
+    with torch.no_grad():
+        head.fc.weight.add_(torch.randn(head.fc.weight.shape, generator=generator) * 0.05)
+        for name, param in head.named_parameters():
+            if name.endswith("norm.weight"):
+                param.mul_(1 + 0.2 * torch.rand(param.shape, generator=generator))
+    state = {name: t.detach().numpy() for name, t in head.state_dict().items()}
+    core_head = tmp_path / "eagle3-core"
+    core_head.mkdir()
+    (core_head / "config.json").write_text(json.dumps(hf_config(core, taps)))
+    save_file(state, str(core_head / "model.safetensors"))
+    trained = tmp_path / "trained"
+    trained.mkdir()
+    save_file({k: v.astype(np.float16) for k, v in state.items() if k != "lm_head.weight"}, str(trained / FILE))
+    wide_head = tmp_path / "eagle3-wide"
+    export_eagle3_hf(trained, {**card, "eagle3": {"taps": list(taps), "settings": {"widen_seed": 0}}},
+                     demo_family["target_hf"], wide_head)
+    results = []
+    for target, folder in ((demo_family["core_hf"], core_head), (demo_family["target_hf"], wide_head)):
+        model = TorchModel(target, "cpu", torch.float32)
+        drafter = Eagle3Drafter.from_folder(folder, model, 128)
+        tokens = _tokens(model)
+        out = TorchContext(model, 128).decode(tokens[:-1], taps=drafter.taps)
+        _, logits = drafter.step(drafter.rows_from(out, len(tokens) - 1), tokens[1:], 0)
+        results.append(logits.numpy())
+    core_logits, wide_logits = results
+    np.testing.assert_allclose(wide_logits, core_logits, rtol=0, atol=5e-3 * np.abs(core_logits).max())
+    assert wide_logits.argmax() == core_logits.argmax()

@@ -9,8 +9,9 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
-TRAINED_FILES = ("tokenizer.json", "core.safetensors", "draft.safetensors", "mtp.safetensors", "dflash.safetensors")
-NATIVE_DRAFTER_FILES = {"mtp": "mtp.safetensors", "dflash": "dflash.safetensors"}  # present when the card has them
+TRAINED_FILES = ("tokenizer.json", "core.safetensors", "draft.safetensors", "mtp.safetensors", "dflash.safetensors",
+                 "eagle3.safetensors")
+NATIVE_DRAFTER_FILES = {"mtp": "mtp.safetensors", "dflash": "dflash.safetensors", "eagle3": "eagle3.safetensors"}  # present when the card has them
 
 
 def sha256_file(path: Path) -> str:

@@ -38,6 +38,7 @@ UNITS: dict[str, tuple[str, ...]] = {
     "target_gguf": ("target_hf",),
     "draft_gguf": ("draft_hf",),
     "dflash_hf": (),
+    "eagle3_hf": ("target_hf",),  # its lm_head is the widened target's
 }
 UNIT_PATHS = {
     "card": "card.json",
@@ -47,6 +48,7 @@ UNIT_PATHS = {
     "target_gguf": "specdesk-demo-target-F16.gguf",
     "draft_gguf": "specdesk-demo-draft-F16.gguf",
     "dflash_hf": "dflash-hf",
+    "eagle3_hf": "eagle3-hf",
 }
 
 Progress = Callable[[str], None]
@@ -96,7 +98,8 @@ def trained_files(card: dict) -> tuple[str, ...]:
 
 
 def units_for(card: dict) -> list[str]:
-    return [u for u in UNITS if u != "dflash_hf" or card.get("dflash")]
+    drafters = {"dflash_hf": "dflash", "eagle3_hf": "eagle3"}  # present when the card has them
+    return [u for u in UNITS if u not in drafters or card.get(drafters[u])]
 
 
 def _train(small: bool, retrain: bool, progress: Progress) -> tuple[Path, dict]:
@@ -204,6 +207,10 @@ def _build_unit(unit: str, trained: Path, card: dict, out: Path) -> None:
         from .dflash import export_dflash_hf
 
         export_dflash_hf(trained, card, target)
+    elif unit == "eagle3_hf":
+        from .eagle3 import export_eagle3_hf
+
+        export_eagle3_hf(trained, card, out / UNIT_PATHS["target_hf"], target)
     elif unit.endswith("_gguf"):
         role = unit.removesuffix("_gguf")
         export_gguf(out / UNIT_PATHS[f"{role}_hf"], target, f"SpecDesk demo {role} ({card['family']})")
@@ -232,7 +239,7 @@ def build_family(
 ) -> dict[str, str]:
     """Make the demo family usable; returns role -> absolute path.
 
-    Roles: target_gguf, draft_gguf, target_hf (with an MTP layer), draft_hf, core_hf, dflash_hf (HF folders),
+    Roles: target_gguf, draft_gguf, target_hf (with an MTP layer), draft_hf, core_hf, dflash_hf, eagle3_hf (HF folders),
     tokenizer (tokenizer.json), card (card.json).
     Trained weights come from assets/ (the default, which takes seconds: the full family, or
     the small one the tests use) or from running the recipe here (`retrain`).

@@ -19,12 +19,13 @@ import numpy as np
 from .config import ModelConfig, TrainConfig, card_entry, llama_config, parameter_count
 from .corpus import iter_corpus, split_corpus
 from .dflash import DFlashSpec, DFlashTraining
+from .eagle3 import Eagle3Training
 from .files import TRAINED_FILES, sha256_file
 from .mtp import MtpTraining
 from .tokenizer import CHAT_TEMPLATE, special_ids, train_tokenizer
 from .train import log
 
-RECIPE_VERSION = 3  # 2: the target's MTP layer and a DFlash drafter; 3: trained on the engine's Transformer
+RECIPE_VERSION = 4  # 2: the target's MTP layer and a DFlash drafter; 3: trained on the engine's Transformer; 4: EAGLE-3
 
 
 @dataclass(frozen=True)
@@ -43,6 +44,7 @@ class FamilySpec:
     dflash: DFlashSpec | None = None  # the DFlash drafter (app/demo/dflash.py)
     dflash_training: DFlashTraining | None = None
     draft_from_core_layers: tuple[int, ...] | None = None  # start the draft as these core layers
+    eagle3_training: Eagle3Training | None = None  # the EAGLE-3 head, by the product's trainer (app/demo/eagle3.py)
 
     def key(self) -> str:
         """Identifies the recipe: a cached build is reused only under the same key."""
@@ -74,6 +76,7 @@ FULL = FamilySpec(
     dflash=DFlashSpec(num_layers=2, num_heads=4, head_dim=64, intermediate_size=688, block_size=8,
                       target_layer_ids=(1, 4, 6), mask_token_id=0),
     dflash_training=DFlashTraining(steps=1500, blocks_per_sequence=24, peak_lr=3e-3),
+    eagle3_training=Eagle3Training(steps=3000, prompts="corpus", max_prompts=500),
 )
 
 SMALL = FamilySpec(
@@ -96,6 +99,7 @@ SMALL = FamilySpec(
                       target_layer_ids=(0, 1), mask_token_id=0),
     dflash_training=DFlashTraining(steps=120, batch_size=16, seq_len=128, blocks_per_sequence=8, peak_lr=4e-3,
                                    warmup_steps=10),
+    eagle3_training=Eagle3Training(steps=4, max_prompts=8, max_tokens=16, batch_size=4, eval_every=2),
 )
 
 FAMILIES = {"full": FULL, "small": SMALL}
@@ -171,6 +175,16 @@ def train_family(spec: FamilySpec, workdir: Path, progress=None) -> dict:
         draft_info["held_out_loss"] = round(validation_loss(draft, held_out_tokens, spec.draft_training.seq_len), 4)
 
     native = train_native_drafters(spec, core, workdir, train_tokens, held_out_tokens, stage_progress)
+    if spec.eagle3_training is not None:  # the product's trainer, on the core as a GGUF (written here)
+        from safetensors.numpy import save_file as save_arrays
+
+        from .eagle3 import FILE as EAGLE3_FILE, core_gguf, train_eagle3
+
+        log({"event": "stage", "stage": "eagle3", "family": spec.name})
+        interim = {"core": {"config": card_entry(spec.core)}, "chat_template": CHAT_TEMPLATE, "family": spec.name}
+        head, native["eagle3"] = train_eagle3(core_gguf(workdir, interim, workdir), workdir, spec.eagle3_training)
+        save_arrays({k: np.ascontiguousarray(v.astype(np.float16)) for k, v in sorted(head.items())},
+                    str(workdir / EAGLE3_FILE))
 
     card = {
         "family": spec.name,
@@ -214,6 +228,13 @@ def train_native_drafters(spec: FamilySpec, core, workdir: Path, train_tokens, h
 
 
 if __name__ == "__main__":
-    family = FAMILIES[sys.argv[1]]
-    out = Path(sys.argv[2])
-    print(json.dumps(train_family(family, out), indent=2))
+    # recipe.py FAMILY OUT: the whole recipe; recipe.py eagle3 FAMILY FOLDER WORKDIR: the EAGLE-3 head
+    # alone, added to the trained family in FOLDER
+    if sys.argv[1] == "eagle3":
+        from .eagle3 import add_to_family
+
+        family = FAMILIES[sys.argv[2]]
+        card = add_to_family(Path(sys.argv[3]), family.eagle3_training, Path(sys.argv[4]), recipe_key=family.key())
+        print(json.dumps(card["eagle3"], indent=2))
+    else:
+        print(json.dumps(train_family(FAMILIES[sys.argv[1]], Path(sys.argv[2])), indent=2))

@@ -22,9 +22,10 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from specdesk.engines.torch.eagle3 import ARCHITECTURE, Eagle3Model
+from specdesk.engines.torch.eagle3 import Eagle3Model
 from specdesk.engines.torch.model import ModelConfig, apply_rope, rope_tables
 
+from .eagle3_config import head_config, hf_config  # noqa: F401  (torch-free: the demo's installer writes configs too)
 from .record import Recorded
 
 STEP_WEIGHT = 0.8  # loss weight of step s is STEP_WEIGHT ** (s - 1), as EAGLE-3 weighs its unrolled steps
@@ -33,40 +34,6 @@ STEP_WEIGHT = 0.8  # loss weight of step s is STEP_WEIGHT ** (s - 1), as EAGLE-3
 def default_taps(num_layers: int) -> tuple[int, ...]:
     """Layers (2, L/2, L-3) clamped to the target and sorted, as the demo's llama.cpp exporter picks them."""
     return tuple(sorted([min(2, num_layers - 1), num_layers // 2, max(0, num_layers - 3)]))
-
-
-def head_config(target: ModelConfig) -> ModelConfig:
-    """One Llama layer of the target's width and attention shape (no q/k norms, no biases)."""
-    return ModelConfig(vocab_size=target.vocab_size, hidden_size=target.hidden_size, num_hidden_layers=1,
-                       num_attention_heads=target.num_attention_heads, num_key_value_heads=target.num_key_value_heads,
-                       head_dim=target.head_dim, intermediate_size=target.intermediate_size,
-                       rms_norm_eps=target.rms_norm_eps, rope_theta=target.rope_theta,
-                       max_position_embeddings=target.max_position_embeddings, rope_scaling=target.rope_scaling,
-                       architecture="LlamaForCausalLM")
-
-
-def hf_config(target: ModelConfig, taps: Sequence[int]) -> dict:
-    """config.json of the exported head, as published EAGLE-3 checkpoints spell it."""
-    config = head_config(target)
-    return {
-        "architectures": [ARCHITECTURE],
-        "model_type": "llama",
-        "hidden_size": config.hidden_size,
-        "intermediate_size": config.intermediate_size,
-        "num_attention_heads": config.num_attention_heads,
-        "num_key_value_heads": config.num_key_value_heads,
-        "head_dim": config.head_dim,
-        "num_hidden_layers": 1,
-        "rms_norm_eps": config.rms_norm_eps,
-        "rope_theta": config.rope_theta,
-        "rope_scaling": config.rope_scaling,
-        "max_position_embeddings": config.max_position_embeddings,
-        "vocab_size": config.vocab_size,
-        "draft_vocab_size": config.vocab_size,
-        "tie_word_embeddings": False,
-        "torch_dtype": "float16",
-        "eagle_config": {"eagle_aux_hidden_state_layer_ids": list(taps)},
-    }
 
 
 def new_head(target_network, seed: int) -> Eagle3Model:
