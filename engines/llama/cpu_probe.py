@@ -1,10 +1,9 @@
-"""The child process of cpu_variant.probe: binding.llama_lib loads the CPU module named in
-SPECDESK_LLAMA_CPU_MODULE (alone, unprobed), then a small Q4_0 model written here decodes a few tokens.
-Exit status 0: the module runs on this machine."""
+"""The child process of cpu_variant.probe: llama.cpp's CPU backend from one module alone, and a
+small Q4_0 model written here that decodes a few tokens through it. It imports nothing of
+SpecDesk's binding, which runs the probe."""
 
 from __future__ import annotations
 
-import sys
 import tempfile
 from pathlib import Path
 
@@ -19,7 +18,7 @@ def write_probe_model(path: Path) -> Path:
     rng = np.random.default_rng(0)
     writer = gguf.GGUFWriter(str(path), "llama")
     writer.add_name("specdesk-cpu-probe")
-    writer.add_context_length(64)
+    writer.add_context_length(512)
     writer.add_embedding_length(d)
     writer.add_block_count(1)
     writer.add_feed_forward_length(ff)
@@ -58,20 +57,24 @@ def write_probe_model(path: Path) -> Path:
     return path
 
 
-def main() -> int:
-    """The child: load the module named in SPECDESK_LLAMA_CPU (binding.llama_lib does) and decode."""
-    from .binding import GgufContext, GgufModel
+def run(module: str) -> None:
+    """The child (a spawned process, so it works in a frozen bundle too): load `module` alone as
+    llama.cpp's CPU backend and decode a few tokens; a module this machine cannot execute kills
+    the process with a signal, any other failure raises."""
+    import ctypes
 
-    with tempfile.TemporaryDirectory() as folder:
-        model = GgufModel(write_probe_model(Path(folder) / "probe-Q4_0.gguf"))
-        try:
-            context = GgufContext(model, n_ctx=64, n_threads=2, n_batch=64)
-            context.decode(list(range(3, 35)))
-            context.close()
-        finally:
-            model.close()
-    return 0
+    import llama_cpp
 
-
-if __name__ == "__main__":
-    sys.exit(main())
+    lib = llama_cpp.llama_cpp._lib
+    folder = Path(lib._name).parent
+    candidates = [lib] + [ctypes.CDLL(str(folder / name)) for name in ("ggml.dll", "libggml.so.0", "libggml.dylib")
+                          if (folder / name).is_file()]
+    load = next(getattr(c, "ggml_backend_load") for c in candidates if hasattr(c, "ggml_backend_load"))
+    load.restype, load.argtypes = ctypes.c_void_p, [ctypes.c_char_p]
+    if not load(str(module).encode()):
+        raise RuntimeError(f"llama.cpp could not load {module}")
+    with tempfile.TemporaryDirectory() as scratch:
+        model = llama_cpp.Llama(str(write_probe_model(Path(scratch) / "probe-Q4_0.gguf")), n_ctx=64, n_batch=64,
+                                n_threads=2, verbose=False)
+        model.eval(list(range(3, 35)))
+        model.close()

@@ -18,10 +18,11 @@ import ctypes
 import hashlib
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 from typing import Optional
+
+from . import cpu_probe
 
 ENV = "SPECDESK_LLAMA_CPU_MODULE"  # a CPU module's path: load this one, without probing
 PROBE_TIMEOUT_S = 120
@@ -90,24 +91,27 @@ def runs_here(path: Path) -> tuple[bool, str]:
 
 
 def probe(path: Path) -> tuple[bool, str]:
-    """Load the module alone in a child process (cpu_probe.py) and decode through a small quantized model."""
-    env = dict(os.environ, **{ENV: str(path)})
-    try:
-        result = subprocess.run([sys.executable, "-m", "specdesk.engines.llama.cpu_probe", str(path)], env=env,
-                                capture_output=True, text=True, timeout=PROBE_TIMEOUT_S)
-    except subprocess.TimeoutExpired:
+    """Load the module alone in a child process (cpu_probe.run) and decode through a small quantized model."""
+    import multiprocessing
+
+    child = multiprocessing.get_context("spawn").Process(target=cpu_probe.run, args=(str(path),), daemon=True)
+    child.start()
+    child.join(PROBE_TIMEOUT_S)
+    if child.is_alive():
+        child.kill()
+        child.join()
         return False, f"a decode did not finish in {PROBE_TIMEOUT_S} s"
-    if result.returncode == 0:
+    if child.exitcode == 0:
         return True, ""
-    if result.returncode < 0:
+    if child.exitcode < 0:
         import signal
 
         try:
-            name = signal.Signals(-result.returncode).name
+            name = signal.Signals(-child.exitcode).name
         except ValueError:
-            name = f"signal {-result.returncode}"
+            name = f"signal {-child.exitcode}"
         return False, f"a decode ended with {name} (an instruction this machine does not run)"
-    return False, (result.stderr.strip().splitlines() or ["failed"])[-1][:300]
+    return False, f"the probe of {path} failed (exit status {child.exitcode})"
 
 
 def choose(folder: Path) -> tuple[Optional[Path], Optional[Path], list[str]]:
