@@ -1,12 +1,13 @@
 """The PyTorch engine on the demo family: one JSON line per method with its speedup over
 baseline decoding and its acceptance, all at the same k, on the same prompts.
 
-    python benchmarks/torch_engine.py [--device auto|cpu|cuda|mps] [--k 4] [--prompts 6]
-                                      [--max-tokens 96] [--methods ngram,ngram-pool,draft,mtp,dflash]
+    python benchmarks/torch_engine.py [--device auto|cpu|cuda|mps] [--k 4 | --ks 2,3,4] [--prompts 6]
+                                      [--prompts-file benchmarks/heldout/code.jsonl]
+                                      [--max-tokens 96] [--methods ngram,ngram-pool,draft,mtp,dflash,eagle3]
                                       [--small-demo] [--temperature 0]
 
 Each line is `specdesk compare --engine torch`'s report plus the device and dtype; a last
-line sums up acceptance per method. Baseline and speculative runs alternate per prompt
+line sums up acceptance per method and k, and each method's best k. Baseline and speculative runs alternate per prompt
 (app/runtime/compare.py), so both see the same machine state.
 """
 
@@ -17,7 +18,7 @@ import json
 import sys
 import time
 
-METHODS = ("ngram", "ngram-pool", "draft", "mtp", "dflash")
+METHODS = ("ngram", "ngram-pool", "draft", "mtp", "dflash", "eagle3")
 
 
 def main(argv=None) -> int:
@@ -25,7 +26,9 @@ def main(argv=None) -> int:
     parser.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda", "mps"])
     parser.add_argument("--dtype", default="auto", choices=["auto", "float32", "float16", "bfloat16"])
     parser.add_argument("--k", type=int, default=4)
-    parser.add_argument("--prompts", type=int, default=6, help="how many prompts of assets/prompts/code.jsonl")
+    parser.add_argument("--ks", help="several k, comma-separated (each method's best is summed up)")
+    parser.add_argument("--prompts", type=int, default=6, help="how many prompts of the prompt file")
+    parser.add_argument("--prompts-file", help="JSONL prompts (default assets/prompts/code.jsonl)")
     parser.add_argument("--max-tokens", type=int, default=96)
     parser.add_argument("--methods", default=",".join(METHODS))
     parser.add_argument("--temperature", type=float, default=0.0)
@@ -40,21 +43,34 @@ def main(argv=None) -> int:
     from specdesk.engines.types import SamplingParams, SpecConfig
 
     family = build_family(small=args.small_demo)
-    prompts = load_prompts(assets_dir() / "prompts" / "code.jsonl")[:args.prompts]
+    prompts = load_prompts(args.prompts_file or assets_dir() / "prompts" / "code.jsonl")[:args.prompts]
+    ks = [int(k) for k in args.ks.split(",")] if args.ks else [args.k]
     started = time.perf_counter()
     engine = TorchEngine(family["target_hf"], n_ctx=512, device=args.device, dtype=args.dtype, n_threads=args.threads)
     sampling = SamplingParams(temperature=args.temperature)
     summary = {}
     for method in args.methods.split(","):
-        draft = {"draft": family["draft_hf"], "dflash": family.get("dflash_hf")}.get(method)
-        spec = SpecConfig(method=method, k=args.k, draft_path=draft)
-        report = compare(engine, prompts, spec, sampling, args.max_tokens, engine.tokenize)
-        line = {**report.to_json(), "device": engine.device_description, "dtype": str(engine.dtype).removeprefix("torch.")}
-        print(json.dumps(line), flush=True)
-        summary[method] = {"acceptance_rate": line["speculative"]["acceptance_rate"],
-                           "mean_accepted_length": line["speculative"]["mean_accepted_length"],
-                           "speedup": line["speedup"], "identical_outputs": line["identical_outputs"]}
-    print(json.dumps({"summary": summary, "k": args.k, "device": engine.device_description,
+        draft = {"draft": family["draft_hf"], "dflash": family.get("dflash_hf"), "eagle3": family.get("eagle3_hf")}.get(method)
+        if method == "eagle3" and draft is None:
+            print(json.dumps({"method": method, "skipped": "this family has no trained EAGLE-3 head"}), flush=True)
+            continue
+        for k in ks:
+            spec = SpecConfig(method=method, k=k, draft_path=draft)
+            report = compare(engine, prompts, spec, sampling, args.max_tokens, engine.tokenize)
+            line = {**report.to_json(), "device": engine.device_description,
+                    "dtype": str(engine.dtype).removeprefix("torch.")}
+            print(json.dumps(line), flush=True)
+            summary[f"{method} k={k}"] = {"acceptance_rate": line["speculative"]["acceptance_rate"],
+                                          "mean_accepted_length": line["speculative"]["mean_accepted_length"],
+                                          "speedup": line["speedup"], "identical_outputs": line["identical_outputs"]}
+    best = {}
+    for name, figures in summary.items():
+        method = name.split(" k=")[0]
+        if method not in best or figures["speedup"] > summary[best[method]]["speedup"]:
+            best[method] = name
+    print(json.dumps({"summary": summary, "best_k": {m: {"setting": n, "speedup": summary[n]["speedup"]}
+                                                     for m, n in best.items()},
+                      "ks": ks, "device": engine.device_description,
                       "seconds": round(time.perf_counter() - started, 1)}), flush=True)
     engine.close()
     return 0
