@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -56,3 +57,15 @@ def _temporary_data_dir(monkeypatch, tmp_path_factory):
     """What the code under test records on this machine (measurements, history) goes to a
     temporary folder, never the user's; a test may point SPECDESK_DATA_DIR elsewhere itself."""
     monkeypatch.setenv("SPECDESK_DATA_DIR", str(tmp_path_factory.mktemp("data")))
+
+
+@pytest.fixture()
+def small_prompts(tmp_path) -> Path:
+    """Code the small demo target continues well, and a chat line or two."""
+    lines = ["def read_lines(path):\n", "import os\n\n\ndef main():\n", "class Counter:\n    def __init__(self):\n",
+             "def parse(text):\n    \"\"\"Split text into words.\"\"\"\n", "for name in sorted(names):\n",
+             "import sys\n\nif __name__ == \"__main__\":\n", "def add(a, b):\n    return", "x = [i * i for i in",
+             "with open(path) as f:\n", "try:\n    import json\nexcept ImportError:\n"]
+    path = tmp_path / "prompts.jsonl"
+    path.write_text("".join(json.dumps({"prompt": text, "kind": "code"}) + "\n" for text in lines))
+    return path

@@ -27,17 +27,6 @@ def _run_cli(argv: list[str]) -> int:
     return cli.run(parser.parse_args(argv))
 
 
-@pytest.fixture()
-def small_prompts(tmp_path) -> Path:
-    lines = ["def read_lines(path):\n", "import os\n\n\ndef main():\n", "class Counter:\n    def __init__(self):\n",
-             "def parse(text):\n    \"\"\"Split text into words.\"\"\"\n", "for name in sorted(names):\n",
-             "import sys\n\nif __name__ == \"__main__\":\n", "def add(a, b):\n    return", "x = [i * i for i in",
-             "with open(path) as f:\n", "try:\n    import json\nexcept ImportError:\n"]
-    path = tmp_path / "prompts.jsonl"
-    path.write_text("".join(json.dumps({"prompt": text, "kind": "code"}) + "\n" for text in lines))
-    return path
-
-
 def _argv(target: str, prompts: Path, out: Path) -> list[str]:
     return ["--target", target, "--method", "draft", "--prompts", str(prompts), "--out", str(out), "--device", "cpu",
             "--threads", "1", "--max-tokens", "16", "--compare-prompts", "2", "--compare-tokens", "16",

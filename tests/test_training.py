@@ -39,18 +39,6 @@ def test_the_subcommand_registers_with_its_defaults():
         parser.parse_args(["train-drafter", "--target", "m", "--method", "medusa"])
 
 
-@pytest.fixture()
-def small_prompts(tmp_path) -> Path:
-    """Code the small demo target continues well, and a chat line or two."""
-    lines = ["def read_lines(path):\n", "import os\n\n\ndef main():\n", "class Counter:\n    def __init__(self):\n",
-             "def parse(text):\n    \"\"\"Split text into words.\"\"\"\n", "for name in sorted(names):\n",
-             "import sys\n\nif __name__ == \"__main__\":\n", "def add(a, b):\n    return", "x = [i * i for i in",
-             "with open(path) as f:\n", "try:\n    import json\nexcept ImportError:\n"]
-    path = tmp_path / "prompts.jsonl"
-    path.write_text("".join(json.dumps({"prompt": text, "kind": "code"}) + "\n" for text in lines))
-    return path
-
-
 # --- prompts -----------------------------------------------------------------------------
 def test_from_history_adds_the_users_own_messages_once_and_says_how_many(tmp_path, small_prompts):
     from specdesk.app.storage.history import History

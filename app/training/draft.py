@@ -159,25 +159,9 @@ def hf_config(config: ModelConfig, target: Path) -> dict:
     """config.json of the draft model, as transformers spells the target's architecture; the
     target's special token ids kept."""
     from .gguf_target import is_gguf_target
+    from .mtp import causal_lm_config
 
-    raw = {
-        "architectures": [config.architecture],
-        "model_type": config.architecture.removesuffix("ForCausalLM").lower(),
-        "hidden_size": config.hidden_size,
-        "intermediate_size": config.intermediate_size,
-        "num_attention_heads": config.num_attention_heads,
-        "num_key_value_heads": config.num_key_value_heads,
-        "head_dim": config.head_dim,
-        "num_hidden_layers": config.num_hidden_layers,
-        "rms_norm_eps": config.rms_norm_eps,
-        "rope_theta": config.rope_theta,
-        "rope_scaling": config.rope_scaling,
-        "max_position_embeddings": config.max_position_embeddings,
-        "vocab_size": config.vocab_size,
-        "tie_word_embeddings": config.tie_word_embeddings,
-        "attention_bias": config.attention_bias,
-        "torch_dtype": "float16",
-    }
+    raw = {**causal_lm_config(config), "rope_scaling": config.rope_scaling}
     if not is_gguf_target(target):
         theirs = json.loads((Path(target) / "config.json").read_text(encoding="utf-8"))
         raw.update({key: theirs[key] for key in TOKEN_KEYS if key in theirs})

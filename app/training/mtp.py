@@ -122,6 +122,11 @@ def _save_layer(layer: MtpLayer, folder: Path) -> dict[str, torch.Tensor]:
 
 def hf_config(config: ModelConfig) -> dict:
     """config.json of a target of this shape with one MTP layer, as transformers spells it."""
+    return {**causal_lm_config(config), **mtp_config_keys()}
+
+
+def causal_lm_config(config: ModelConfig) -> dict:
+    """config.json of a causal LM of this shape, as transformers spells it (the draft model's too)."""
     return {
         "architectures": [config.architecture],
         "model_type": config.architecture.removesuffix("ForCausalLM").lower(),
@@ -138,7 +143,6 @@ def hf_config(config: ModelConfig) -> dict:
         "tie_word_embeddings": config.tie_word_embeddings,
         "attention_bias": config.attention_bias,
         "torch_dtype": "float16",
-        **mtp_config_keys(),
     }
 
 
