@@ -33,32 +33,29 @@ def _argv(target: str, prompts: Path, out: Path) -> list[str]:
             "--batch-size", "4", "--minutes", "1"]
 
 
-def _greedy_torch(target: str, specs) -> list:
+def _greedy(engine, specs) -> list:
+    """The engine's greedy answers to PROMPT, one per speculative setting; the engine is closed after."""
     from specdesk.app.runtime.compare import run_once
-    from specdesk.engines.torch.engine import TorchEngine
     from specdesk.engines.types import GenerationRequest, SamplingParams
 
-    engine = TorchEngine(target, device="cpu", dtype="float32")
     try:
         tokens = tuple(engine.tokenize(PROMPT))
         return [run_once(engine, GenerationRequest(tokens, max_tokens=40, sampling=SamplingParams(temperature=0.0),
                                                    spec=spec)) for spec in specs]
     finally:
         engine.close()
+
+
+def _greedy_torch(target: str, specs) -> list:
+    from specdesk.engines.torch.engine import TorchEngine
+
+    return _greedy(TorchEngine(target, device="cpu", dtype="float32"), specs)
 
 
 def _greedy_llama(target: str, specs) -> list:
-    from specdesk.app.runtime.compare import run_once
     from specdesk.engines.llama.engine import LlamaEngine
-    from specdesk.engines.types import GenerationRequest, SamplingParams
 
-    engine = LlamaEngine(target, n_ctx=256, n_threads=1)
-    try:
-        tokens = tuple(engine.tokenize(PROMPT))
-        return [run_once(engine, GenerationRequest(tokens, max_tokens=40, sampling=SamplingParams(temperature=0.0),
-                                                   spec=spec)) for spec in specs]
-    finally:
-        engine.close()
+    return _greedy(LlamaEngine(target, n_ctx=256, n_threads=1), specs)
 
 
 # --- pure pieces ---------------------------------------------------------------------------
