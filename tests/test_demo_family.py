@@ -212,11 +212,11 @@ def test_damaged_derived_files_are_rebuilt(demo_family: dict[str, str], demo_cac
 
 def _ship_small_family(demo_cache_dir: Path, assets: Path) -> Path:
     """An assets/ folder holding the shipped small family in the full family's place."""
-    from specdesk.app.demo.install import TRAINED_FILES, shipped_folder
+    from specdesk.app.demo.install import shipped_folder, trained_files, verify_trained
 
     shipped = assets / "demo"
     shipped.mkdir(parents=True)
-    for name in ("card.json", *TRAINED_FILES):
+    for name in ("card.json", *trained_files(verify_trained(shipped_folder(small=True)))):
         shutil.copy(shipped_folder(small=True) / name, shipped / name)
     return shipped
 

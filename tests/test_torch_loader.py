@@ -287,7 +287,7 @@ def test_dflash_drafter_errors_name_the_problem(demo_family, target, tmp_path):
 
     with pytest.raises(SpecDeskError, match="tensor fc.weight has shape"):
         DFlashDrafter.from_folder(write_checkpoint(source, tmp_path / "fc", edit=widen_fc), model, 64)
-    with pytest.raises(SpecDeskError, match="needs block_size, dflash_config.mask_token_id and dflash_config.target_layer_ids"):
+    with pytest.raises(SpecDeskError, match="needs block_size, mask_token_id and target_layer_ids"):
         DFlashDrafter.from_folder(write_checkpoint(source, tmp_path / "no-ids",
                                                    config_edit=lambda c: c["dflash_config"].pop("target_layer_ids")),
                                   model, 64)

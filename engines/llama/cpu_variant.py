@@ -44,16 +44,18 @@ def ranked(folder: Path) -> list[tuple[int, Path]]:
     return sorted(found, key=lambda item: -item[0])
 
 
-def _cpu_key() -> str:
+def _cpu_key(order: list[tuple[int, Path]]) -> str:
+    """What this CPU reports, as ggml reads it: every module's score (CPUID, so an emulated CPU
+    gets its own key where /proc/cpuinfo would still describe the host), and the CPU's name."""
     try:
         text = Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace")
-        flags = next((line for line in text.splitlines() if line.startswith(("flags", "Features"))), "")
         model = next((line for line in text.splitlines() if line.startswith("model name")), "")
     except OSError:
         import platform
 
-        flags, model = platform.processor(), platform.machine()
-    return hashlib.sha256(f"{model}\n{flags}".encode()).hexdigest()[:16]
+        model = platform.processor()
+    scores = ",".join(f"{path.name}={score}" for score, path in order)
+    return hashlib.sha256(f"{model}\n{scores}".encode()).hexdigest()[:16]
 
 
 def _verdicts_path() -> Path:
@@ -63,19 +65,20 @@ def _verdicts_path() -> Path:
     return Path(base) / "llama-cpu-modules.json"
 
 
-def _module_key(path: Path) -> str:
+def _module_key(path: Path, cpu: str) -> str:
     st = path.stat()
-    return f"{path.resolve()}:{st.st_size}:{int(st.st_mtime)}:{_cpu_key()}"
+    return f"{path.resolve()}:{st.st_size}:{int(st.st_mtime)}:{cpu}"
 
 
-def runs_here(path: Path) -> tuple[bool, str]:
-    """Whether the CPU module at `path` decodes on this machine (cached); the reason when not."""
+def runs_here(path: Path, cpu: str) -> tuple[bool, str]:
+    """Whether the CPU module at `path` decodes on this machine (cached under the CPU's key); the
+    reason when not."""
     store = _verdicts_path()
     try:
         verdicts = json.loads(store.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         verdicts = {}
-    key = _module_key(path)
+    key = _module_key(path, cpu)
     if key in verdicts:
         return verdicts[key]["runs"], verdicts[key]["why"]
     runs, why = probe(path)
@@ -121,11 +124,12 @@ def choose(folder: Path) -> tuple[Optional[Path], Optional[Path], list[str]]:
     if not order:
         return None, None, []
     best = order[0][1]
-    if forced:
+    if forced and any(str(path) == forced for _, path in order):  # named by a parent on this CPU, or a user
         return best, (None if Path(forced) == best else Path(forced)), []
+    cpu = _cpu_key(order)
     skipped = []
     for _, path in order:
-        runs, why = runs_here(path)
+        runs, why = runs_here(path, cpu)
         if runs:
             os.environ[ENV] = str(path)  # child processes (the engine process, servers) skip the probe
             return best, (None if path == best else path), skipped

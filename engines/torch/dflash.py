@@ -99,7 +99,8 @@ def read_dflash_config(checkpoint: Checkpoint) -> DFlashConfig:
             rope_scaling=raw.get("rope_scaling") or None, architecture=ARCHITECTURE)
         block_size = int(raw.get("block_size") or extra["block_size"])
         mask_token_id = int(extra.get("mask_token_id", raw.get("mask_token_id")))
-        layer_ids = tuple(int(i) for i in extra.get("target_layer_ids", raw.get("target_layer_ids")))
+        layer_ids = tuple(int(i) for i in (extra["target_layer_ids"] if "target_layer_ids" in extra
+                                           else raw["target_layer_ids"]))
     except (KeyError, TypeError, ValueError) as e:
         raise SpecDeskError(f"{source}: not a valid DFlash config ({type(e).__name__}: {e}); it needs block_size, "
                             "mask_token_id and target_layer_ids (under dflash_config, or at the top level)") from e
