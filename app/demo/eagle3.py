@@ -167,6 +167,7 @@ def export_eagle3_hf(trained_dir, card: dict, target_hf, out_dir) -> None:
     """The widened head as an EAGLE-3 folder for the demo target (its lm_head the target's)."""
     import shutil
 
+    from safetensors import safe_open
     from safetensors.numpy import load_file, save_file
 
     from .export_hf import atomic_path, write_json_atomic
@@ -176,8 +177,8 @@ def export_eagle3_hf(trained_dir, card: dict, target_hf, out_dir) -> None:
     wide_hidden = card["wide"]["hidden_size"]
     state = {name: t.astype(np.float32) for name, t in load_file(str(trained_dir / FILE)).items()}
     wide = widen_eagle3(state, core, wide_hidden, seed=card["eagle3"]["settings"]["widen_seed"])
-    target = load_file(str(target_hf / "model.safetensors"))
-    wide["lm_head.weight"] = target["lm_head.weight"].astype(np.float32)
+    with safe_open(str(target_hf / "model.safetensors"), framework="numpy") as target:  # its head only
+        wide["lm_head.weight"] = target.get_tensor("lm_head.weight").astype(np.float32)
     if out_dir.is_dir():
         shutil.rmtree(out_dir)
     write_json_atomic(out_dir / "config.json", hf_config(core, card["eagle3"]["taps"], wide_hidden))
