@@ -128,15 +128,17 @@ def _replace_cpu_module(lib: ctypes.CDLL, folder: Path) -> None:
     chosen, instead, skipped = cpu_variant.choose(folder)
     if instead is None:
         if skipped:
-            raise SpecDeskError(f"none of llama.cpp's CPU modules in {folder} runs on this machine: "
-                                + "; ".join(skipped))
+            raise SpecDeskError(f"none of llama.cpp's CPU modules in {folder} runs on this machine ("
+                                + "; ".join(skipped) + "): build one fixed level with SPECDESK_LLAMA_CPU=x86-64-v2 "
+                                "and the README's set-up command")
         return
     by_name = ggml_function("ggml_backend_reg_by_name", ctypes.c_void_p, [ctypes.c_char_p], lib)
     reg = by_name(b"CPU")
     if reg:
         ggml_function("ggml_backend_unload", None, [ctypes.c_void_p], lib)(reg)
     if not ggml_function("ggml_backend_load", ctypes.c_void_p, [ctypes.c_char_p], lib)(os.fsencode(instead)):
-        raise SpecDeskError(f"llama.cpp could not load its CPU module {instead}")
+        raise SpecDeskError(f"llama.cpp could not load its CPU module {instead}: install again with the README's "
+                            "set-up command")
     if skipped:
         logging.getLogger(__name__).info("llama.cpp's CPU module %s instead of %s: %s", instead.name, chosen.name,
                                          "; ".join(skipped))
