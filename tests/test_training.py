@@ -442,6 +442,19 @@ def test_a_drafter_trained_for_one_step_is_kept_but_not_adopted(method, demo_fam
     print(method, runs[1].stats.acceptance_rate, native[1].stats.acceptance_rate)
 
 
+def test_runs_reading_the_same_layers_share_one_recording_in_a_cache_folder(demo_family, small_prompts, tmp_path,
+                                                                           capsys):
+    """--cache: DFlash and DSpark read the same target layers, so the second run records nothing."""
+    cache = tmp_path / "recordings"
+    for method in ("dflash", "dspark"):
+        assert _run_cli(_common(demo_family, small_prompts, tmp_path / method) +
+                        ["--method", method, "--steps", "1", "--cache", str(cache)]) == 0
+        err = capsys.readouterr().err
+        assert f"into {cache}{os.sep}" in err
+        assert ("recorded " in err) == (method == "dflash"), err
+    assert len(list(cache.iterdir())) == 1 and not (tmp_path / "dspark" / "cache").exists()
+
+
 def test_an_existing_run_is_not_overwritten_without_resume(demo_family, small_prompts, tmp_path, capsys):
     out = tmp_path / "run"
     out.mkdir()

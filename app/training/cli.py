@@ -38,6 +38,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-prompts", type=int, help="answer only the first N training prompts")
     parser.add_argument("--max-tokens", type=int, default=96, help="answer length per prompt (default 96)")
     parser.add_argument("--cache-mb", type=float, default=2048, help="bound of the recorded data (default 2048 MiB)")
+    parser.add_argument("--cache", type=Path,
+                        help="where recordings are kept (default: OUT/cache); runs for the same target file, "
+                             "prompts and recorded layers share one recording here")
     parser.add_argument("--steps", type=int, help="stop after this many training steps even with time left")
     parser.add_argument("--eval-every", type=int, default=200,
                         help="evaluate on held-out data and checkpoint every N steps (also every 30 s; default 200)")
@@ -212,7 +215,8 @@ def _run(args: argparse.Namespace, progress, should_stop, say=None) -> int:
     if from_gguf:
         pass_over = LlamaPass(engine, taps, settings.top_k, RECORD_CONTEXT)
     key = cache_key(target, prompts, settings)  # the whole set: a larger --max-prompts reuses what is recorded
-    cache = out / "cache" / key
+    cache = (args.cache or out / "cache") / key
+    out.mkdir(parents=True, exist_ok=True)
     size = estimate_bytes(len(train_prompts) + len(held_prompts), TYPICAL_PROMPT_TOKENS, settings, config.hidden_size)
     say(f"recording {len(train_prompts)} training and {len(held_prompts)} held-out prompts from {prompts_path} "
         f"into {cache}: about {size / 2**20:.1f} MiB "
