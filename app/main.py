@@ -268,10 +268,13 @@ def cmd_demo(args) -> int:
     paths = build_family(small=args.small, retrain=args.retrain, out=Path(args.out) if args.out else None,
                          progress=progress)
     # llama.cpp's native drafters for the same target: the target with its MTP layer and the
-    # DFlash drafter and EAGLE-3 head as GGUFs; a family without a trained head gets a seeded one, labelled so.
+    # DFlash drafter, EAGLE-3 head and DSpark drafter as GGUFs; a family without a trained head gets a seeded
+    # one, labelled so.
     native = build_native(paths)
     eagle3_role = "eagle3_gguf" if native["eagle3_source"] == "trained" else "eagle3_gguf_seeded"
     paths.update({"mtp_gguf": native["mtp_gguf"], "dflash_gguf": native["dflash_gguf"], eagle3_role: native["eagle3_gguf"]})
+    if native.get("dspark_gguf"):
+        paths["dspark_gguf"] = native["dspark_gguf"]
     print(json.dumps(paths))
     return 0
 

@@ -26,9 +26,10 @@ done
 case "$flavour" in gguf|full) ;; *) echo "build_linux: --flavour is gguf or full, not $flavour" >&2; exit 2 ;; esac
 
 PYTHON="${PYTHON:-.venv/bin/python}"
-# The GGUF-only bundle must stay under 265 MB unpacked: 250 MB, plus 15 MB for llama.cpp's CPU
-# code as fourteen run-time variants (19 MB, where one fixed level took 1.3 MB; libllama ships once).
-GGUF_LIMIT_BYTES=$((265 * 1000 * 1000))
+# The GGUF-only bundle must stay under 270 MB unpacked: 250 MB, plus 15 MB for llama.cpp's CPU
+# code as fourteen run-time variants (19 MB, where one fixed level took 1.3 MB; libllama ships once),
+# plus 5 MB for the demo's DSpark drafter (6.2 MB, its Markov head 4 MB of it).
+GGUF_LIMIT_BYTES=$((270 * 1000 * 1000))
 version="$("$PYTHON" -c 'import tomllib; print(tomllib.load(open("pyproject.toml", "rb"))["project"]["version"])')"
 arch="$(uname -m)"
 bundle="dist/$flavour/specdesk"

@@ -98,8 +98,10 @@ def test_the_whole_recipe_still_runs_end_to_end(tmp_path, monkeypatch):
     assert card["recipe_key"] == spec.key() != SMALL.key()
     assert install.verify_trained(trained) == json.loads(json.dumps(card))  # as card.json holds it
     assert set(install.trained_files(card)) == set(install.TRAINED_FILES)
-    # the EAGLE-3 head came from the product's trainer, run as a user runs it
-    assert card["eagle3"]["trainer"].startswith("specdesk train-drafter") and card["eagle3"]["steps"] == 4
+    # the EAGLE-3 head and the DSpark drafter came from the product's trainer, run as a user runs it
+    for method in ("eagle3", "dspark"):
+        assert card[method]["trainer"] == f"specdesk train-drafter --method {method}" and card[method]["steps"] == 4
+    assert card["dspark"]["markov_rank"] > 0 and card["dspark"]["spec"]["block_size"] >= 2
 
     out = tmp_path / "family"
     install._derive(trained, card, out, progress=lambda message: None)
@@ -113,3 +115,8 @@ def test_the_whole_recipe_still_runs_end_to_end(tmp_path, monkeypatch):
 
     assert supported_methods(out / install.UNIT_PATHS["target_hf"],
                              eagle3_folder=out / install.UNIT_PATHS["eagle3_hf"])["eagle3"] is None
+    from specdesk.engines.torch.dflash import dflash_problem
+    from specdesk.engines.torch.loader import open_checkpoint
+
+    assert dflash_problem(out / install.UNIT_PATHS["dspark_hf"],
+                          open_checkpoint(out / install.UNIT_PATHS["target_hf"])) is None

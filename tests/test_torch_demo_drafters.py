@@ -5,6 +5,7 @@ what the engine's loaders read."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -115,3 +116,71 @@ def test_widened_eagle3_head_computes_what_it_did_on_the_core(demo_family, tmp_p
     core_logits, wide_logits = results
     np.testing.assert_allclose(wide_logits, core_logits, rtol=0, atol=5e-3 * np.abs(core_logits).max())
     assert wide_logits.argmax() == core_logits.argmax()
+
+
+@pytest.mark.parametrize("method", ["dflash", "dspark"])
+def test_the_trainers_block_drafter_widened_drafts_what_it_did_on_the_core(method, demo_family, tmp_path):
+    """Any drafter the product's trainer makes for the core (here a seeded one with perturbed norms
+    and, for DSpark, a Markov head that biases), taken into the family as the recipe does, drafts
+    the same on the widened target as on the core: the backbone widened as DFlash's, the Markov
+    head kept."""
+    from specdesk.app.demo import dflash as demo_dflash, dspark as demo_dspark
+    from specdesk.app.training import dflash as dflash_training, dspark as dspark_training
+
+    demo, training = {"dflash": (demo_dflash, dflash_training), "dspark": (demo_dspark, dspark_training)}[method]
+    card = json.loads(Path(demo_family["card"]).read_text())
+    core = from_card(card["core"]["config"])
+    network = TorchModel(demo_family["core_hf"], "cpu", torch.float32).network
+    spec = dflash_training.spec_for(network.config)
+    drafter = training.new_drafter(network, spec)
+    generator = torch.Generator().manual_seed(5)
+    with torch.no_grad():
+        for name, param in drafter.named_parameters():
+            if name.endswith("norm.weight"):
+                param.mul_(1 + 0.2 * torch.rand(param.shape, generator=generator))
+            elif name.endswith("markov_w2.weight"):
+                param.copy_(torch.randn(param.shape, generator=generator))
+    core_folder = training.export_drafter(drafter, spec, network.config, tmp_path / f"{method}-core")
+    state, fields = demo.take(core_folder)
+    assert tuple(fields["spec"]["target_layer_ids"]) == spec.target_layer_ids
+    if method == "dspark":
+        assert fields["markov_rank"] == min(256, core.hidden_size)
+    trained = tmp_path / "trained"
+    trained.mkdir()
+    save_file({k: v.astype(np.float16) for k, v in state.items()}, str(trained / demo.FILE))
+    wide_folder = tmp_path / f"{method}-wide"
+    entry = {**fields, "settings": {"widen_seed": 0}}
+    (demo_dflash.export_dflash_hf if method == "dflash" else demo_dspark.export_dspark_hf)(
+        trained, {**card, method: entry}, wide_folder)
+    if method == "dspark":
+        config = json.loads((wide_folder / "config.json").read_text())
+        assert config == json.loads(json.dumps(demo_dspark.dspark_hf_config(
+            spec, core, card["wide"]["hidden_size"], config["rms_norm_eps"], fields["markov_rank"])))
+    results = []
+    for target, folder in ((demo_family["core_hf"], core_folder), (demo_family["target_hf"], wide_folder)):
+        model = TorchModel(target, "cpu", torch.float32)
+        loaded = DFlashDrafter.from_folder(folder, model, 128)
+        tokens = _tokens(model)
+        out = TorchContext(model, 128).decode(tokens[:-1], taps=loaded.taps)
+        features = torch.cat([out.taps[t] for t in loaded.taps], dim=-1)
+        drafts, logits = loaded.draft(loaded.draft_logits(features, 0, tokens[-1]), tokens[-1])
+        results.append((drafts.numpy(), logits.numpy()))
+    (core_drafts, core_logits), (wide_drafts, wide_logits) = results
+    np.testing.assert_allclose(wide_logits, core_logits, rtol=0, atol=5e-3 * np.abs(core_logits).max())
+    assert (wide_drafts == core_drafts).mean() >= 0.8
+
+
+def test_the_trainers_mtp_layer_is_taken_under_the_names_the_family_widens(demo_family, tmp_path):
+    from specdesk.app.demo.mtp import PREFIX, take, widen_mtp
+    from specdesk.app.training import mtp as mtp_training
+
+    card = json.loads(Path(demo_family["card"]).read_text())
+    core = from_card(card["core"]["config"])
+    network = TorchModel(demo_family["core_hf"], "cpu", torch.float32).network
+    folder = mtp_training.export_layer(mtp_training.new_layer(network), network.config, tmp_path / "mtp")
+    state, fields = take(folder)
+    shipped = load_file(str(shipped_folder(small=True) / "mtp.safetensors"))
+    assert fields == {"style": "mimo"} and set(state) == set(shipped) and all(n.startswith(PREFIX) for n in state)
+    wide = replace(core, hidden_size=card["wide"]["hidden_size"], num_attention_heads=card["wide"]["num_attention_heads"],
+                   intermediate_size=card["wide"]["intermediate_size"])
+    assert set(widen_mtp(state, core, wide, seed=0)) == set(state)

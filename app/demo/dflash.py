@@ -14,12 +14,15 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
 
 import numpy as np
 
 from .config import DrafterTraining, ModelConfig, from_card
 from .widen import NEW_WEIGHT_STD
+
+FILE = "dflash.safetensors"
 
 
 @dataclass(frozen=True)
@@ -215,10 +218,35 @@ def dflash_hf_config(spec: DFlashSpec, core: ModelConfig, hidden_size: int, rms_
     }
 
 
+def spec_from_config(config: dict) -> DFlashSpec:
+    """The drafter's shape from its config.json: z-lab's (the DFlash keys under dflash_config) or
+    DeepSpec DSpark's (the same keys at the top level)."""
+    block = {**config, **(config.get("dflash_config") or {})}
+    return DFlashSpec(num_layers=config["num_hidden_layers"], num_heads=config["num_attention_heads"],
+                      head_dim=config["head_dim"], intermediate_size=config["intermediate_size"],
+                      block_size=config["block_size"], target_layer_ids=tuple(block["target_layer_ids"]),
+                      mask_token_id=block["mask_token_id"])
+
+
+def take(folder: Path) -> tuple[dict[str, np.ndarray], dict]:
+    """What the demo keeps of the trainer's DFlash folder (trainer_run.py): every tensor, and its shape."""
+    import json
+
+    from safetensors.numpy import load_file
+
+    config = json.loads((Path(folder) / "config.json").read_text(encoding="utf-8"))
+    state = {name: t.astype(np.float32) for name, t in load_file(str(Path(folder) / "model.safetensors")).items()}
+    return state, {"spec": asdict(spec_from_config(config))}
+
+
+def widen_seed(entry: dict) -> int:
+    """The widening seed of a card entry: the recipe's own drafters name it, the trainer's carry it in settings."""
+    return int(entry.get("widen_seed", entry.get("settings", {}).get("widen_seed", 0)))
+
+
 def export_dflash_hf(trained_dir, card: dict, out_dir) -> None:
     """The widened drafter as a z-lab DFlashDraftModel folder (config.json, model.safetensors)."""
     import shutil
-    from pathlib import Path
 
     from safetensors.numpy import load_file, save_file
 
@@ -229,7 +257,7 @@ def export_dflash_hf(trained_dir, card: dict, out_dir) -> None:
     spec = DFlashSpec(**{**card["dflash"]["spec"], "target_layer_ids": tuple(card["dflash"]["spec"]["target_layer_ids"])})
     wide_hidden = card["wide"]["hidden_size"]
     state = {name: t.astype(np.float32) for name, t in load_file(str(trained_dir / "dflash.safetensors")).items()}
-    wide_state = widen_dflash(state, core, spec, wide_hidden, seed=card["dflash"].get("widen_seed", 0))
+    wide_state = widen_dflash(state, core, spec, wide_hidden, seed=widen_seed(card["dflash"]))
     if out_dir.is_dir():
         shutil.rmtree(out_dir)
     write_json_atomic(out_dir / "config.json", dflash_hf_config(spec, core, wide_hidden, wide_eps(core, wide_hidden)))

@@ -627,17 +627,20 @@ def _digest(paths: list[Path], extra: str) -> str:
 
 
 def build_native(family: Mapping[str, str], out_dir: Optional[Path] = None, seed: int = 0) -> dict[str, str]:
-    """mtp_gguf, dflash_gguf and eagle3_gguf for a demo family (roles from build_family), cached under
-    out_dir/<fingerprint of the inputs>. The DFlash drafter and the EAGLE-3 head are the family's
-    `dflash_hf` and `eagle3_hf` folders when it has them, else seeded ones."""
+    """mtp_gguf, dflash_gguf and eagle3_gguf for a demo family (roles from build_family), and
+    dspark_gguf where it has a DSpark drafter, cached under out_dir/<fingerprint of the inputs>.
+    The DFlash drafter and the EAGLE-3 head are the family's `dflash_hf` and `eagle3_hf` folders
+    when it has them, else seeded ones."""
     target_hf, target_gguf = Path(family["target_hf"]), Path(family["target_gguf"])
     dflash_hf = Path(family["dflash_hf"]) if family.get("dflash_hf") else None
     eagle3_hf = Path(family["eagle3_hf"]) if family.get("eagle3_hf") else None
-    inputs = [target_hf, target_gguf] + [p for p in (dflash_hf, eagle3_hf) if p is not None]
+    dspark_hf = Path(family["dspark_hf"]) if family.get("dspark_hf") else None
+    inputs = [target_hf, target_gguf] + [p for p in (dflash_hf, eagle3_hf, dspark_hf) if p is not None]
     key = _digest(inputs, f"seed={seed}")
     out_dir = (Path(out_dir) if out_dir is not None else target_gguf.parent / "native") / key
     mtp_path = out_dir / "specdesk-demo-target-mtp-F16.gguf"
     dflash_path = out_dir / "specdesk-demo-dflash-F16.gguf"
+    dspark_path = out_dir / "specdesk-demo-dspark-F16.gguf"
     with building(out_dir):
         if not mtp_path.is_file():
             export_mtp_target(target_hf, target_gguf, mtp_path, seed)
@@ -654,11 +657,18 @@ def build_native(family: Mapping[str, str], out_dir: Optional[Path] = None, seed
                 export_eagle3_folder(eagle3_hf, target_gguf, eagle3_path)
             else:
                 export_eagle3_seeded(target_hf, target_gguf, eagle3_path, seed)
-    return {"mtp_gguf": str(mtp_path.resolve()), "dflash_gguf": str(dflash_path.resolve()),
-            "eagle3_gguf": str(eagle3_path.resolve()),
-            "mtp_source": "trained" if _has_mtp(target_hf) else "seeded (the checkpoint has no MTP layer)",
-            "dflash_source": "trained" if not unusable else f"seeded ({unusable})",
-            "eagle3_source": "trained" if eagle3_hf is not None else "seeded (the family has no trained EAGLE-3 head)"}
+        dspark_unusable = dflash_problem(dspark_hf, target_hf) if dspark_hf is not None else ""
+        if dspark_hf is not None and not dspark_unusable and not dspark_path.is_file():
+            export_dflash(_read_config(dspark_hf), _weights(dspark_hf), target_gguf, dspark_path,
+                          name="specdesk-demo-dspark")
+    native = {"mtp_gguf": str(mtp_path.resolve()), "dflash_gguf": str(dflash_path.resolve()),
+              "eagle3_gguf": str(eagle3_path.resolve()),
+              "mtp_source": "trained" if _has_mtp(target_hf) else "seeded (the checkpoint has no MTP layer)",
+              "dflash_source": "trained" if not unusable else f"seeded ({unusable})",
+              "eagle3_source": "trained" if eagle3_hf is not None else "seeded (the family has no trained EAGLE-3 head)"}
+    if dspark_hf is not None and not dspark_unusable:
+        native["dspark_gguf"] = str(dspark_path.resolve())
+    return native
 
 
 def _has_mtp(target_hf: Path) -> bool:

@@ -10,8 +10,9 @@ import hashlib
 from pathlib import Path
 
 TRAINED_FILES = ("tokenizer.json", "core.safetensors", "draft.safetensors", "mtp.safetensors", "dflash.safetensors",
-                 "eagle3.safetensors")
-NATIVE_DRAFTER_FILES = {"mtp": "mtp.safetensors", "dflash": "dflash.safetensors", "eagle3": "eagle3.safetensors"}  # present when the card has them
+                 "eagle3.safetensors", "dspark.safetensors")
+NATIVE_DRAFTER_FILES = {"mtp": "mtp.safetensors", "dflash": "dflash.safetensors", "eagle3": "eagle3.safetensors",
+                        "dspark": "dspark.safetensors"}  # present when the card has them
 
 
 def sha256_file(path: Path) -> str:

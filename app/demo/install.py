@@ -39,6 +39,7 @@ UNITS: dict[str, tuple[str, ...]] = {
     "draft_gguf": ("draft_hf",),
     "dflash_hf": (),
     "eagle3_hf": ("target_hf",),  # its lm_head is the widened target's
+    "dspark_hf": (),
 }
 UNIT_PATHS = {
     "card": "card.json",
@@ -49,6 +50,7 @@ UNIT_PATHS = {
     "draft_gguf": "specdesk-demo-draft-F16.gguf",
     "dflash_hf": "dflash-hf",
     "eagle3_hf": "eagle3-hf",
+    "dspark_hf": "dspark-hf",
 }
 
 Progress = Callable[[str], None]
@@ -98,7 +100,7 @@ def trained_files(card: dict) -> tuple[str, ...]:
 
 
 def units_for(card: dict) -> list[str]:
-    drafters = {"dflash_hf": "dflash", "eagle3_hf": "eagle3"}  # present when the card has them
+    drafters = {"dflash_hf": "dflash", "eagle3_hf": "eagle3", "dspark_hf": "dspark"}  # present when the card has them
     return [u for u in UNITS if u not in drafters or card.get(drafters[u])]
 
 
@@ -211,6 +213,10 @@ def _build_unit(unit: str, trained: Path, card: dict, out: Path) -> None:
         from .eagle3 import export_eagle3_hf
 
         export_eagle3_hf(trained, card, out / UNIT_PATHS["target_hf"], target)
+    elif unit == "dspark_hf":
+        from .dspark import export_dspark_hf
+
+        export_dspark_hf(trained, card, target)
     elif unit.endswith("_gguf"):
         role = unit.removesuffix("_gguf")
         export_gguf(out / UNIT_PATHS[f"{role}_hf"], target, f"SpecDesk demo {role} ({card['family']})")
@@ -239,7 +245,8 @@ def build_family(
 ) -> dict[str, str]:
     """Make the demo family usable; returns role -> absolute path.
 
-    Roles: target_gguf, draft_gguf, target_hf (with an MTP layer), draft_hf, core_hf, dflash_hf, eagle3_hf (HF folders),
+    Roles: target_gguf, draft_gguf, target_hf (with an MTP layer), draft_hf, core_hf, dflash_hf, eagle3_hf, dspark_hf
+    (HF folders; the last three where the family has them),
     tokenizer (tokenizer.json), card (card.json).
     Trained weights come from assets/ (the default, which takes seconds: the full family, or
     the small one the tests use) or from running the recipe here (`retrain`).

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
@@ -20,6 +21,7 @@ from .config import DrafterTraining, ModelConfig
 from .widen import NEW_WEIGHT_STD
 
 PREFIX = "model.mtp_layers.0."
+FILE = "mtp.safetensors"
 
 
 @dataclass(frozen=True)
@@ -120,6 +122,14 @@ def train_mtp(core_model, core: ModelConfig, settings: MtpTraining, train_tokens
     return state, info
 
 
+def take(folder: Path) -> tuple[dict[str, np.ndarray], dict]:
+    """What the demo keeps of the trainer's MTP folder (trainer_run.py): the layer, under MiMo's names."""
+    from safetensors.numpy import load_file
+
+    state = {name: t.astype(np.float32) for name, t in load_file(str(Path(folder) / "model-mtp.safetensors")).items()}
+    return state, {"style": "mimo"}
+
+
 def widen_mtp(state: dict[str, np.ndarray], core: ModelConfig, wide: ModelConfig, seed: int) -> dict[str, np.ndarray]:
     """The MTP layer for the widened target, computing exactly what it computed on the core.
 
@@ -161,7 +171,6 @@ def add_mtp_shard(target_dir, trained_dir, card: dict, core: ModelConfig, wide: 
     `num_nextn_predict_layers` in config.json: a sharded MiMo-format checkpoint.
     """
     import json
-    from pathlib import Path
 
     from safetensors import safe_open
     from safetensors.numpy import load_file, save_file

@@ -19,13 +19,14 @@ import numpy as np
 from .config import ModelConfig, TrainConfig, card_entry, llama_config, parameter_count
 from .corpus import iter_corpus, split_corpus
 from .dflash import DFlashSpec, DFlashTraining
-from .eagle3 import Eagle3Training
 from .files import TRAINED_FILES, sha256_file
 from .mtp import MtpTraining
 from .tokenizer import CHAT_TEMPLATE, special_ids, train_tokenizer
+from .trainer_run import TrainerRun
 from .train import log
 
-RECIPE_VERSION = 4  # 2: the target's MTP layer and a DFlash drafter; 3: trained on the engine's Transformer; 4: EAGLE-3
+RECIPE_VERSION = 5  # 2: the target's MTP layer and a DFlash drafter; 3: trained on the engine's Transformer; 4: EAGLE-3;
+# 5: DSpark
 
 
 @dataclass(frozen=True)
@@ -44,7 +45,9 @@ class FamilySpec:
     dflash: DFlashSpec | None = None  # the DFlash drafter (app/demo/dflash.py)
     dflash_training: DFlashTraining | None = None
     draft_from_core_layers: tuple[int, ...] | None = None  # start the draft as these core layers
-    eagle3_training: Eagle3Training | None = None  # the EAGLE-3 head, by the product's trainer (app/demo/eagle3.py)
+    # Drafters the product's own trainer makes on the core (app/demo/trainer_run.py), by method:
+    # eagle3, dspark, and mtp or dflash, which then replace the recipe's own (mtp_training, dflash_training)
+    trainer_drafters: tuple[tuple[str, TrainerRun], ...] = ()
 
     def key(self) -> str:
         """Identifies the recipe: a cached build is reused only under the same key."""
@@ -52,6 +55,9 @@ class FamilySpec:
                            "python": sys.version_info[:2]}, sort_keys=True, default=str)
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
+
+DFLASH_STEPS = 6000  # the DFlash drafter from the same recording as DSpark's (the same layers): about 12 minutes
+DSPARK_STEPS = 12000  # about 20 minutes on 2 cores (a step is one layer over 16 blocks of 8 rows for 8 answers)
 
 FULL = FamilySpec(
     name="full",
@@ -71,12 +77,9 @@ FULL = FamilySpec(
     wide_heads=12,
     wide_intermediate_size=2064,
     mtp_training=MtpTraining(steps=1000),
-    # Layers 1, 4, 6 of 8: like z-lab's drafters, never the last one, whose output llama.cpp's
-    # graph cannot hand out (it exposes layer inputs), so the same drafter serves both engines.
-    dflash=DFlashSpec(num_layers=2, num_heads=4, head_dim=64, intermediate_size=688, block_size=8,
-                      target_layer_ids=(1, 4, 6), mask_token_id=0),
-    dflash_training=DFlashTraining(steps=1500, blocks_per_sequence=24, peak_lr=3e-3),
-    eagle3_training=Eagle3Training(steps=3000, prompts="corpus", max_prompts=500),
+    trainer_drafters=(("eagle3", TrainerRun(steps=3000, prompts="corpus", max_prompts=500)),
+                      ("dspark", TrainerRun(steps=DSPARK_STEPS, prompts="corpus", corpus_prompts=4000)),
+                      ("dflash", TrainerRun(steps=DFLASH_STEPS, prompts="corpus", corpus_prompts=4000))),
 )
 
 SMALL = FamilySpec(
@@ -99,7 +102,8 @@ SMALL = FamilySpec(
                       target_layer_ids=(0, 1), mask_token_id=0),
     dflash_training=DFlashTraining(steps=120, batch_size=16, seq_len=128, blocks_per_sequence=8, peak_lr=4e-3,
                                    warmup_steps=10),
-    eagle3_training=Eagle3Training(steps=4, max_prompts=8, max_tokens=16, batch_size=4, eval_every=2),
+    trainer_drafters=tuple((method, TrainerRun(steps=4, max_prompts=8, max_tokens=16, batch_size=4, eval_every=2))
+                           for method in ("eagle3", "dspark")),
 )
 
 FAMILIES = {"full": FULL, "small": SMALL}
@@ -175,16 +179,15 @@ def train_family(spec: FamilySpec, workdir: Path, progress=None) -> dict:
         draft_info["held_out_loss"] = round(validation_loss(draft, held_out_tokens, spec.draft_training.seq_len), 4)
 
     native = train_native_drafters(spec, core, workdir, train_tokens, held_out_tokens, stage_progress)
-    if spec.eagle3_training is not None:  # the product's trainer, on the core as a GGUF (written here)
-        from safetensors.numpy import save_file as save_arrays
+    if spec.trainer_drafters:  # the product's trainer, on the core as a GGUF (written here)
+        from .trainer_run import core_gguf, run_trainer, save_drafter
 
-        from .eagle3 import FILE as EAGLE3_FILE, core_gguf, train_eagle3
-
-        log({"event": "stage", "stage": "eagle3", "family": spec.name})
         interim = {"core": {"config": card_entry(spec.core)}, "chat_template": CHAT_TEMPLATE, "family": spec.name}
-        head, native["eagle3"] = train_eagle3(core_gguf(workdir, interim, workdir), workdir, spec.eagle3_training)
-        save_arrays({k: np.ascontiguousarray(v.astype(np.float16)) for k, v in sorted(head.items())},
-                    str(workdir / EAGLE3_FILE))
+        for method, settings in spec.trainer_drafters:
+            log({"event": "stage", "stage": method, "family": spec.name})
+            file, take = trainer_drafter(method)
+            state, native[method] = run_trainer(method, core_gguf(workdir, interim, workdir), workdir, settings, take)
+            save_drafter(state, workdir / file)
 
     card = {
         "family": spec.name,
@@ -209,7 +212,8 @@ def train_family(spec: FamilySpec, workdir: Path, progress=None) -> dict:
 
 
 def train_native_drafters(spec: FamilySpec, core, workdir: Path, train_tokens, held_out_tokens, stage_progress) -> dict:
-    """The target's MTP layer and the DFlash drafter, trained on the core; card entries."""
+    """The target's MTP layer and the DFlash drafter, trained on the core by the recipe (unless the
+    product's trainer makes them, spec.trainer_drafters); card entries."""
     from dataclasses import asdict
 
     from safetensors.numpy import save_file
@@ -217,24 +221,41 @@ def train_native_drafters(spec: FamilySpec, core, workdir: Path, train_tokens, h
     from .dflash import train_dflash
     from .mtp import train_mtp
 
-    log({"event": "stage", "stage": "mtp", "family": spec.name})
-    mtp, mtp_info = train_mtp(core, spec.core, spec.mtp_training, train_tokens, held_out_tokens, stage_progress("mtp"))
-    save_file({k: v.astype(np.float16) for k, v in mtp.items()}, str(workdir / "mtp.safetensors"))
-    log({"event": "stage", "stage": "dflash", "family": spec.name})
-    dflash, dflash_info = train_dflash(core, spec.core, spec.dflash, spec.dflash_training, spec.wide_hidden_size,
-                                       train_tokens, held_out_tokens, stage_progress("dflash"))
-    save_file({k: v.astype(np.float16) for k, v in dflash.items()}, str(workdir / "dflash.safetensors"))
-    return {"mtp": mtp_info, "dflash": {"spec": asdict(spec.dflash), **dflash_info}}
+    by_trainer = dict(spec.trainer_drafters)
+    native = {}
+    if "mtp" not in by_trainer:
+        log({"event": "stage", "stage": "mtp", "family": spec.name})
+        mtp, native["mtp"] = train_mtp(core, spec.core, spec.mtp_training, train_tokens, held_out_tokens,
+                                       stage_progress("mtp"))
+        save_file({k: v.astype(np.float16) for k, v in mtp.items()}, str(workdir / "mtp.safetensors"))
+    if "dflash" not in by_trainer:
+        log({"event": "stage", "stage": "dflash", "family": spec.name})
+        dflash, dflash_info = train_dflash(core, spec.core, spec.dflash, spec.dflash_training, spec.wide_hidden_size,
+                                           train_tokens, held_out_tokens, stage_progress("dflash"))
+        save_file({k: v.astype(np.float16) for k, v in dflash.items()}, str(workdir / "dflash.safetensors"))
+        native["dflash"] = {"spec": asdict(spec.dflash), **dflash_info}
+    return native
+
+
+def trainer_drafter(method: str):
+    """(file, take) of a drafter the product's trainer makes for the family."""
+    from . import dflash, dspark, eagle3, mtp
+
+    modules = {"eagle3": eagle3, "dspark": dspark, "mtp": mtp, "dflash": dflash}
+    if method not in modules:
+        raise ValueError(f"the recipe trains no {method!r} drafter with the product's trainer")
+    return modules[method].FILE, modules[method].take
 
 
 if __name__ == "__main__":
-    # recipe.py FAMILY OUT: the whole recipe; recipe.py eagle3 FAMILY FOLDER WORKDIR: the EAGLE-3 head
-    # alone, added to the trained family in FOLDER
-    if sys.argv[1] == "eagle3":
-        from .eagle3 import add_to_family
+    # recipe.py FAMILY OUT: the whole recipe; recipe.py METHOD FAMILY FOLDER WORKDIR: the drafter the
+    # product's trainer makes for METHOD (eagle3, dspark, ...), alone, into the trained family in FOLDER
+    if sys.argv[1] not in FAMILIES:
+        from .trainer_run import add_to_family
 
-        family = FAMILIES[sys.argv[2]]
-        card = add_to_family(Path(sys.argv[3]), family.eagle3_training, Path(sys.argv[4]), recipe_key=family.key())
-        print(json.dumps(card["eagle3"], indent=2))
+        method, family = sys.argv[1], FAMILIES[sys.argv[2]]
+        card = add_to_family(method, *trainer_drafter(method), Path(sys.argv[3]), dict(family.trainer_drafters)[method],
+                             Path(sys.argv[4]), recipe_key=family.key())
+        print(json.dumps({k: v for k, v in card[method].items() if k != "history"}, indent=2))
     else:
         print(json.dumps(train_family(FAMILIES[sys.argv[1]], Path(sys.argv[2])), indent=2))

@@ -21,8 +21,9 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from specdesk.app.demo.dflash import DFlashSpec, dflash_hf_config
-from specdesk.engines.torch.dflash import DSPARK_ARCHITECTURES, DFlashDraftModel
+from specdesk.app.demo.dflash import DFlashSpec
+from specdesk.app.demo.dspark import dspark_hf_config
+from specdesk.engines.torch.dflash import DFlashDraftModel
 from specdesk.engines.torch.model import ModelConfig
 
 from . import dflash
@@ -77,10 +78,7 @@ def acceptance(drafter: DFlashDraftModel, target_network, spec: DFlashSpec, held
 
 def hf_config(spec: DFlashSpec, target: ModelConfig, rank: int) -> dict:
     """config.json in DeepSpec's format: z-lab's Qwen3 keys, the DFlash keys at the top level."""
-    config = dflash_hf_config(spec, target, target.hidden_size, target.rms_norm_eps)
-    block = config.pop("dflash_config")
-    return {**config, **block, "architectures": [DSPARK_ARCHITECTURES[0]], "markov_rank": rank,
-            "markov_head_type": "vanilla", "enable_confidence_head": False}
+    return dspark_hf_config(spec, target, target.hidden_size, target.rms_norm_eps, rank)
 
 
 def export_drafter(drafter: DFlashDraftModel, spec: DFlashSpec, target: ModelConfig, folder: Path) -> Path:
