@@ -34,7 +34,7 @@ import json
 import os
 import sys
 import zlib
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 from importlib import metadata
 from pathlib import Path
 from typing import Iterator, Optional
