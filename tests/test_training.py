@@ -714,6 +714,24 @@ def test_a_drafter_is_trained_from_a_gguf_target_alone(method, demo_family, smal
     assert provenance["adopted"] is False and f"kept, not adopted: trained {label}" in capsys.readouterr().err
 
 
+def test_a_block_drafter_trains_with_the_layers_asked_for_and_runs_in_llama_cpp(demo_family, small_prompts,
+                                                                                 tmp_path, capsys):
+    import shutil
+
+    target = tmp_path / "model.gguf"
+    shutil.copyfile(demo_family["target_gguf"], target)
+    assert _run_cli(_gguf_args(target, small_prompts) + ["--method", "dflash", "--steps", "1",
+                                                         "--draft-layers", "2"]) == 0
+    out = tmp_path / "model-dflash-trained"
+    assert json.loads((out / "dflash" / "config.json").read_text())["num_hidden_layers"] == 2
+    assert json.loads((out / "provenance.json").read_text())["measured"]["trained"]["identical_outputs"] is True
+    capsys.readouterr()
+    assert _run_cli(_gguf_args(target, small_prompts) + ["--method", "dspark", "--draft-layers", "9",
+                                                         "--out", str(tmp_path / "r")]) == 2
+    err = capsys.readouterr().err
+    assert "--draft-layers 9 is out of range for a block drafter: use 1 to 8" in err and "recording" not in err
+
+
 def _gguf_args(target: Path, prompts: Path) -> list[str]:
     return ["--target", str(target), "--prompts", str(prompts), "--device", "cpu", "--threads", "1",
             "--max-tokens", "16", "--compare-prompts", "2", "--compare-tokens", "16", "--batch-size", "4",

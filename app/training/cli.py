@@ -53,7 +53,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--threads", type=int, help="CPU threads for torch")
     parser.add_argument("--draft-layers", type=int,
                         help="--method draft: the draft model's layers, the target's first ones and its last "
-                             "(default: a quarter of the target's, at least 1)")
+                             "(default: a quarter of the target's, at least 1); --method dflash or dspark: the "
+                             "block drafter's layers (default 1)")
     parser.add_argument("--reference", type=Path,
                         help="an EAGLE-3 head for the same target (a folder): print the share of its held-out "
                              "acceptance the trained head reaches")
@@ -211,6 +212,10 @@ def _run(args: argparse.Namespace, progress, should_stop, say=None) -> int:
         from .draft import layer_ids
 
         layer_ids(config.num_hidden_layers, args.draft_layers)
+    elif args.method in ("dflash", "dspark"):
+        from .dflash import spec_for
+
+        spec_for(config, args.draft_layers)
     settings = RecordSettings(taps=taps, max_new_tokens=args.max_tokens, limit_bytes=int(args.cache_mb * 2**20))
     if from_gguf:
         pass_over = LlamaPass(engine, taps, settings.top_k, RECORD_CONTEXT)

@@ -21,6 +21,7 @@ import torch
 from specdesk.app.demo.dflash import DFlashSpec, copy_core_layers, dflash_hf_config, drafter_config
 from specdesk.engines.torch.dflash import DFlashDraftModel
 from specdesk.engines.torch.model import ModelConfig, rope_tables
+from specdesk.engines.types import SpecDeskError
 
 from .eagle3 import Batch
 
@@ -35,8 +36,17 @@ def layer_ids(num_layers: int) -> tuple[int, ...]:
     return tuple(sorted({min(i, last_usable) for i in (1, num_layers // 2, num_layers - 2)}))
 
 
-def spec_for(target: ModelConfig) -> DFlashSpec:
-    return DFlashSpec(num_layers=1, num_heads=target.num_attention_heads, head_dim=target.head_dim,
+MAX_LAYERS = 8
+
+
+def spec_for(target: ModelConfig, layers: Optional[int] = None) -> DFlashSpec:
+    """The drafter trained for `target`: `layers` layers (default 1) of the target's shape over
+    8-row blocks. A second layer lets the mask rows learn the anchor token from the first layer's
+    attention before they read the context, which one layer must do at once."""
+    layers = 1 if layers is None else layers
+    if not 1 <= layers <= MAX_LAYERS:
+        raise SpecDeskError(f"--draft-layers {layers} is out of range for a block drafter: use 1 to {MAX_LAYERS}")
+    return DFlashSpec(num_layers=layers, num_heads=target.num_attention_heads, head_dim=target.head_dim,
                       intermediate_size=target.intermediate_size, block_size=BLOCK_SIZE,
                       target_layer_ids=layer_ids(target.num_hidden_layers), mask_token_id=0)
 

@@ -103,7 +103,7 @@ def plan(method: str, network, train: Sequence[Recorded], held: Sequence[Recorde
         return Plan(method, taps, model, draft_step, draft_evaluate,
                     lambda folder: draft.export_draft(model, target, layers, folder))
 
-    spec = dflash.spec_for(config)
+    spec = dflash.spec_for(config, draft_layers)
     block = dspark if method == "dspark" else dflash  # DSpark: the DFlash backbone with a Markov head
     drafter = block.new_drafter(network, spec).to(device)
     held_batches = [eagle3.make_batch([s], max_len, device) for s in held]
