@@ -40,6 +40,7 @@ class TrainerRun:
     batch_size: int = 8
     eval_every: int = 100
     widen_seed: int = 0
+    layers: int | None = None  # a DFlash or DSpark drafter's layers (the trainer's --draft-layers; None: its default)
 
 
 # What a method keeps of the trainer's exported folder: (tensors at the core's width, card fields)
@@ -61,6 +62,8 @@ def run_trainer(method: str, core_gguf: Path, workdir: Path, settings: TrainerRu
         argv += ["--max-prompts", str(settings.max_prompts)]
     if settings.prompts == "corpus":
         argv += ["--prompts", str(write_corpus_prompts(workdir / "corpus-prompts.jsonl", settings.corpus_prompts))]
+    if settings.layers:
+        argv += ["--draft-layers", str(settings.layers)]
     if threads:
         argv += ["--threads", str(threads)]
     if (out / "checkpoint.pt").is_file():
