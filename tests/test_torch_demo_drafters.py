@@ -34,6 +34,16 @@ def _tokens(model: TorchModel) -> list[int]:
     return model.tokenize("def read_config(path):\n    options = {}\n    with open(path) as f:\n")
 
 
+def _on_core_and_target(demo_family, core_folder: Path, wide_folder: Path, run) -> list:
+    """run(model, drafter folder, tokens) on the core with its drafter, then on the widened
+    target with the widened drafter."""
+    results = []
+    for target, folder in ((demo_family["core_hf"], core_folder), (demo_family["target_hf"], wide_folder)):
+        model = TorchModel(target, "cpu", torch.float32)
+        results.append(run(model, folder, _tokens(model)))
+    return results
+
+
 def test_card_reports_the_native_drafters(demo_family):
     card = json.loads(Path(demo_family["card"]).read_text())
     assert card["mtp"]["style"] == "mimo" and 0 < card["mtp"]["held_out_top1_agreement"] <= 1
@@ -105,15 +115,14 @@ def test_widened_eagle3_head_computes_what_it_did_on_the_core(demo_family, tmp_p
     wide_head = tmp_path / "eagle3-wide"
     export_eagle3_hf(trained, {**card, "eagle3": {"taps": list(taps), "settings": {"widen_seed": 0}}},
                      demo_family["target_hf"], wide_head)
-    results = []
-    for target, folder in ((demo_family["core_hf"], core_head), (demo_family["target_hf"], wide_head)):
-        model = TorchModel(target, "cpu", torch.float32)
+
+    def head_logits(model, folder, tokens):
         drafter = Eagle3Drafter.from_folder(folder, model, 128)
-        tokens = _tokens(model)
         out = TorchContext(model, 128).decode(tokens[:-1], taps=drafter.taps)
         _, logits = drafter.step(drafter.rows_from(out, len(tokens) - 1), tokens[1:], 0)
-        results.append(logits.numpy())
-    core_logits, wide_logits = results
+        return logits.numpy()
+
+    core_logits, wide_logits = _on_core_and_target(demo_family, core_head, wide_head, head_logits)
     np.testing.assert_allclose(wide_logits, core_logits, rtol=0, atol=5e-3 * np.abs(core_logits).max())
     assert wide_logits.argmax() == core_logits.argmax()
 
@@ -131,7 +140,7 @@ def test_the_trainers_block_drafter_widened_drafts_what_it_did_on_the_core(metho
     card = json.loads(Path(demo_family["card"]).read_text())
     core = from_card(card["core"]["config"])
     network = TorchModel(demo_family["core_hf"], "cpu", torch.float32).network
-    spec = dflash_training.spec_for(network.config)
+    spec = dflash_training.spec_for(network.config, 2 if method == "dflash" else None)  # the shipped layer counts
     drafter = training.new_drafter(network, spec)
     generator = torch.Generator().manual_seed(5)
     with torch.no_grad():
@@ -156,16 +165,16 @@ def test_the_trainers_block_drafter_widened_drafts_what_it_did_on_the_core(metho
         config = json.loads((wide_folder / "config.json").read_text())
         assert config == json.loads(json.dumps(demo_dspark.dspark_hf_config(
             spec, core, card["wide"]["hidden_size"], config["rms_norm_eps"], fields["markov_rank"])))
-    results = []
-    for target, folder in ((demo_family["core_hf"], core_folder), (demo_family["target_hf"], wide_folder)):
-        model = TorchModel(target, "cpu", torch.float32)
+
+    def block_drafts(model, folder, tokens):
         loaded = DFlashDrafter.from_folder(folder, model, 128)
-        tokens = _tokens(model)
         out = TorchContext(model, 128).decode(tokens[:-1], taps=loaded.taps)
         features = torch.cat([out.taps[t] for t in loaded.taps], dim=-1)
         drafts, logits = loaded.draft(loaded.draft_logits(features, 0, tokens[-1]), tokens[-1])
-        results.append((drafts.numpy(), logits.numpy()))
-    (core_drafts, core_logits), (wide_drafts, wide_logits) = results
+        return drafts.numpy(), logits.numpy()
+
+    (core_drafts, core_logits), (wide_drafts, wide_logits) = _on_core_and_target(demo_family, core_folder,
+                                                                                 wide_folder, block_drafts)
     np.testing.assert_allclose(wide_logits, core_logits, rtol=0, atol=5e-3 * np.abs(core_logits).max())
     assert (wide_drafts == core_drafts).mean() >= 0.8
 
