@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from .config import DrafterTraining, ModelConfig, from_card
+from .files import load_float32
 from .widen import NEW_WEIGHT_STD
 
 FILE = "dflash.safetensors"
@@ -232,10 +233,8 @@ def take(folder: Path) -> tuple[dict[str, np.ndarray], dict]:
     """What the demo keeps of the trainer's DFlash folder (trainer_run.py): every tensor, and its shape."""
     import json
 
-    from safetensors.numpy import load_file
-
     config = json.loads((Path(folder) / "config.json").read_text(encoding="utf-8"))
-    state = {name: t.astype(np.float32) for name, t in load_file(str(Path(folder) / "model.safetensors")).items()}
+    state = load_float32(Path(folder) / "model.safetensors")
     return state, {"spec": asdict(spec_from_config(config))}
 
 
@@ -248,7 +247,7 @@ def export_dflash_hf(trained_dir, card: dict, out_dir) -> None:
     """The widened drafter as a z-lab DFlashDraftModel folder (config.json, model.safetensors)."""
     import shutil
 
-    from safetensors.numpy import load_file, save_file
+    from safetensors.numpy import save_file
 
     from .export_hf import atomic_path, write_json_atomic
 
@@ -256,7 +255,7 @@ def export_dflash_hf(trained_dir, card: dict, out_dir) -> None:
     core = from_card(card["core"]["config"])
     spec = DFlashSpec(**{**card["dflash"]["spec"], "target_layer_ids": tuple(card["dflash"]["spec"]["target_layer_ids"])})
     wide_hidden = card["wide"]["hidden_size"]
-    state = {name: t.astype(np.float32) for name, t in load_file(str(trained_dir / "dflash.safetensors")).items()}
+    state = load_float32(trained_dir / "dflash.safetensors")
     wide_state = widen_dflash(state, core, spec, wide_hidden, seed=widen_seed(card["dflash"]))
     if out_dir.is_dir():
         shutil.rmtree(out_dir)

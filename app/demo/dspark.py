@@ -20,6 +20,7 @@ import numpy as np
 
 from .config import ModelConfig, from_card
 from .dflash import DFlashSpec, dflash_hf_config, spec_from_config, wide_eps, widen_dflash, widen_seed
+from .files import load_float32
 
 FILE = "dspark.safetensors"
 ARCHITECTURE = "Qwen3DSparkModel"  # DeepSpec's (engines/torch/dflash.py reads it)
@@ -37,10 +38,8 @@ def dspark_hf_config(spec: DFlashSpec, core: ModelConfig, hidden_size: int, rms_
 
 def take(folder: Path) -> tuple[dict[str, np.ndarray], dict]:
     """The trainer's DSpark folder: every tensor, and the shape the card records."""
-    from safetensors.numpy import load_file
-
     config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
-    state = {name: t.astype(np.float32) for name, t in load_file(str(folder / "model.safetensors")).items()}
+    state = load_float32(folder / "model.safetensors")
     return state, {"spec": asdict(spec_from_config(config)), "markov_rank": int(config["markov_rank"])}
 
 
@@ -61,7 +60,7 @@ def export_dspark_hf(trained_dir, card: dict, out_dir) -> None:
     """The widened drafter as a DeepSpec Qwen3DSparkModel folder (config.json, model.safetensors)."""
     import shutil
 
-    from safetensors.numpy import load_file, save_file
+    from safetensors.numpy import save_file
 
     from .export_hf import atomic_path, write_json_atomic
 
@@ -69,7 +68,7 @@ def export_dspark_hf(trained_dir, card: dict, out_dir) -> None:
     core = from_card(card["core"]["config"])
     spec = card_spec(card)
     wide_hidden = card["wide"]["hidden_size"]
-    state = {name: t.astype(np.float32) for name, t in load_file(str(trained_dir / FILE)).items()}
+    state = load_float32(trained_dir / FILE)
     wide = widen_dspark(state, core, spec, wide_hidden, seed=widen_seed(card["dspark"]))
     if out_dir.is_dir():
         shutil.rmtree(out_dir)

@@ -16,6 +16,7 @@ import numpy as np
 
 from .config import ModelConfig, from_card
 from .dflash import wide_eps
+from .files import load_float32
 from .widen import NEW_WEIGHT_STD
 
 FILE = "eagle3.safetensors"
@@ -24,9 +25,7 @@ FILE = "eagle3.safetensors"
 def take(folder: Path) -> tuple[dict[str, np.ndarray], dict]:
     """What the demo keeps of the trainer's EAGLE-3 folder: the head without the target's lm_head
     (frozen; installing takes the widened target's) and without d2t (the full vocabulary)."""
-    from safetensors.numpy import load_file
-
-    state = {name: t.astype(np.float32) for name, t in load_file(str(folder / "model.safetensors")).items()}
+    state = load_float32(folder / "model.safetensors")
     state.pop("lm_head.weight", None)
     state.pop("d2t", None)
     return state, {}
@@ -90,14 +89,14 @@ def export_eagle3_hf(trained_dir, card: dict, target_hf, out_dir) -> None:
     import shutil
 
     from safetensors import safe_open
-    from safetensors.numpy import load_file, save_file
+    from safetensors.numpy import save_file
 
     from .export_hf import atomic_path, write_json_atomic
 
     trained_dir, target_hf, out_dir = Path(trained_dir), Path(target_hf), Path(out_dir)
     core = from_card(card["core"]["config"])
     wide_hidden = card["wide"]["hidden_size"]
-    state = {name: t.astype(np.float32) for name, t in load_file(str(trained_dir / FILE)).items()}
+    state = load_float32(trained_dir / FILE)
     wide = widen_eagle3(state, core, wide_hidden, seed=card["eagle3"]["settings"]["widen_seed"])
     with safe_open(str(target_hf / "model.safetensors"), framework="numpy") as target:  # its head only
         wide["lm_head.weight"] = target.get_tensor("lm_head.weight").astype(np.float32)

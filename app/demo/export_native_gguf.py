@@ -657,8 +657,8 @@ def build_native(family: Mapping[str, str], out_dir: Optional[Path] = None, seed
                 export_eagle3_folder(eagle3_hf, target_gguf, eagle3_path)
             else:
                 export_eagle3_seeded(target_hf, target_gguf, eagle3_path, seed)
-        dspark_unusable = dflash_problem(dspark_hf, target_hf) if dspark_hf is not None else ""
-        if dspark_hf is not None and not dspark_unusable and not dspark_path.is_file():
+        has_dspark = dspark_hf is not None and not dflash_problem(dspark_hf, target_hf)
+        if has_dspark and not dspark_path.is_file():
             export_dflash(_read_config(dspark_hf), _weights(dspark_hf), target_gguf, dspark_path,
                           name="specdesk-demo-dspark")
     native = {"mtp_gguf": str(mtp_path.resolve()), "dflash_gguf": str(dflash_path.resolve()),
@@ -666,7 +666,7 @@ def build_native(family: Mapping[str, str], out_dir: Optional[Path] = None, seed
               "mtp_source": "trained" if _has_mtp(target_hf) else "seeded (the checkpoint has no MTP layer)",
               "dflash_source": "trained" if not unusable else f"seeded ({unusable})",
               "eagle3_source": "trained" if eagle3_hf is not None else "seeded (the family has no trained EAGLE-3 head)"}
-    if dspark_hf is not None and not dspark_unusable:
+    if has_dspark:
         native["dspark_gguf"] = str(dspark_path.resolve())
     return native
 

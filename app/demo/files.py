@@ -21,3 +21,11 @@ def sha256_file(path: Path) -> str:
         for chunk in iter(lambda: f.read(1 << 20), b""):
             digest.update(chunk)
     return digest.hexdigest()
+
+
+def load_float32(path: Path) -> dict:
+    """Every tensor of a safetensors file, as float32 numpy arrays (the recipe's working precision)."""
+    import numpy as np
+    from safetensors.numpy import load_file
+
+    return {name: t.astype(np.float32) for name, t in load_file(str(path)).items()}

@@ -22,7 +22,7 @@ from specdesk.engines.types import SpecDeskError
 
 from ..storage.paths import assets_dir, building, cache_dir
 from .export_hf import require_torch, write_json_atomic, write_text_atomic
-from .files import NATIVE_DRAFTER_FILES, TRAINED_FILES, sha256_file
+from .files import NATIVE_DRAFTER_FILES, TRAINED_FILES, load_float32, sha256_file
 
 EXPORT_VERSION = 2  # bump when derived files change for the same trained weights (2: numpy widening)
 WIDEN_SEED = 0
@@ -194,9 +194,6 @@ def _derive(trained: Path, card: dict, out: Path, progress: Progress) -> None:
 
 
 def _build_unit(unit: str, trained: Path, card: dict, out: Path) -> None:
-    import numpy as np
-    from safetensors.numpy import load_file
-
     from .config import from_card
     from .export_gguf import export_gguf
     from .export_hf import export_hf
@@ -223,7 +220,7 @@ def _build_unit(unit: str, trained: Path, card: dict, out: Path) -> None:
     else:
         role = "draft" if unit == "draft_hf" else "core"
         config = core_config = from_card(card[role]["config"])
-        state = {name: t.astype(np.float32) for name, t in load_file(str(trained / f"{role}.safetensors")).items()}
+        state = load_float32(trained / f"{role}.safetensors")
         if unit == "target_hf":
             wide = card["wide"]
             config, state = widen(config, state, wide["hidden_size"], wide["num_attention_heads"],

@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from .config import DrafterTraining, ModelConfig
+from .files import load_float32
 from .widen import NEW_WEIGHT_STD
 
 PREFIX = "model.mtp_layers.0."
@@ -124,9 +125,7 @@ def train_mtp(core_model, core: ModelConfig, settings: MtpTraining, train_tokens
 
 def take(folder: Path) -> tuple[dict[str, np.ndarray], dict]:
     """What the demo keeps of the trainer's MTP folder (trainer_run.py): the layer, under MiMo's names."""
-    from safetensors.numpy import load_file
-
-    state = {name: t.astype(np.float32) for name, t in load_file(str(Path(folder) / "model-mtp.safetensors")).items()}
+    state = load_float32(Path(folder) / "model-mtp.safetensors")
     return state, {"style": "mimo"}
 
 
@@ -173,12 +172,12 @@ def add_mtp_shard(target_dir, trained_dir, card: dict, core: ModelConfig, wide: 
     import json
 
     from safetensors import safe_open
-    from safetensors.numpy import load_file, save_file
+    from safetensors.numpy import save_file
 
     from .export_hf import atomic_path, write_json_atomic
 
     target_dir, trained_dir = Path(target_dir), Path(trained_dir)
-    state = {name: t.astype(np.float32) for name, t in load_file(str(trained_dir / "mtp.safetensors")).items()}
+    state = load_float32(trained_dir / "mtp.safetensors")
     wide_state = widen_mtp(state, core, wide, seed)
     weights = {name: np.ascontiguousarray(t.astype(np.float16)) for name, t in sorted(wide_state.items())}
     with atomic_path(target_dir / "model-mtp.safetensors") as tmp:

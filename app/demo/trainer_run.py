@@ -26,6 +26,7 @@ from typing import Callable
 import numpy as np
 
 from .config import from_card
+from .files import load_float32
 
 
 @dataclass(frozen=True)
@@ -114,15 +115,13 @@ def write_corpus_prompts(path: Path, count: int, seed: int = 3) -> Path:
 
 def core_gguf(trained_dir: Path, card: dict, out_dir: Path) -> Path:
     """The core as an F16 GGUF (through its Hugging Face folder) that the trainer records from."""
-    from safetensors.numpy import load_file
-
     from .export_gguf import export_gguf
     from .export_hf import export_hf
 
     path = out_dir / "core-F16.gguf"
     if path.is_file():
         return path
-    state = {name: t.astype(np.float32) for name, t in load_file(str(trained_dir / "core.safetensors")).items()}
+    state = load_float32(trained_dir / "core.safetensors")
     export_hf(from_card(card["core"]["config"]), state, trained_dir / "tokenizer.json", card["chat_template"],
               out_dir / "core-hf")
     return export_gguf(out_dir / "core-hf", path, f"SpecDesk demo core ({card.get('family', 'interim')})")
