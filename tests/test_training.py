@@ -455,6 +455,15 @@ def test_runs_reading_the_same_layers_share_one_recording_in_a_cache_folder(demo
     assert len(list(cache.iterdir())) == 1 and not (tmp_path / "dspark" / "cache").exists()
 
 
+def test_a_cache_folder_that_cannot_be_made_is_named_with_what_to_do(demo_family, small_prompts, tmp_path, capsys):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder")
+    assert _run_cli(_common(demo_family, small_prompts, tmp_path / "run") +
+                    ["--method", "dflash", "--steps", "1", "--cache", str(blocker)]) == 2
+    err = capsys.readouterr().err
+    assert f"error: {blocker}{os.sep}" in err and "give --cache a folder you can write to" in err
+
+
 def test_an_existing_run_is_not_overwritten_without_resume(demo_family, small_prompts, tmp_path, capsys):
     out = tmp_path / "run"
     out.mkdir()

@@ -221,7 +221,12 @@ def _run(args: argparse.Namespace, progress, should_stop, say=None) -> int:
         pass_over = LlamaPass(engine, taps, settings.top_k, RECORD_CONTEXT)
     key = cache_key(target, prompts, settings)  # the whole set: a larger --max-prompts reuses what is recorded
     cache = (args.cache or out / "cache") / key
-    out.mkdir(parents=True, exist_ok=True)
+    for folder, option in ((out, "--out"), (cache, "--cache")):
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise SpecDeskError(f"{folder}: cannot create this folder ({e.strerror or e}); "
+                                f"give {option} a folder you can write to") from None
     size = estimate_bytes(len(train_prompts) + len(held_prompts), TYPICAL_PROMPT_TOKENS, settings, config.hidden_size)
     say(f"recording {len(train_prompts)} training and {len(held_prompts)} held-out prompts from {prompts_path} "
         f"into {cache}: about {size / 2**20:.1f} MiB "
