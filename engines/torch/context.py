@@ -29,6 +29,7 @@ class TorchModel:
         check_module(network, self.checkpoint)  # shapes from the headers, before memory is allocated
         network = network.to(dtype=dtype).to_empty(device=device)
         load_module(network, self.checkpoint, dtype=dtype, device=device)
+        self.packed_linears = network.pack_for_cpu()  # batched rows read the weights once (cpu_linear.py)
         self.network = network.eval()
         self.tokenizer = HfTokenizer(self.path, self.config.vocab_size)
         self.vocab = self.tokenizer.vocab

@@ -37,6 +37,7 @@ import torch.nn as nn
 from ..speculation.drafting import confident_rows
 from ..speculation.stats import ProposerCounters
 from ..types import Draft, SamplingParams, SpecDeskError
+from .cpu_linear import pack_linears
 from .loader import Checkpoint, load_module, open_checkpoint
 from .model import Attention, FeedForward, KVCache, ModelConfig, RMSNorm, apply_rope, attend, rope_tables
 
@@ -256,12 +257,15 @@ class DFlashDrafter:
             network = DFlashDraftModel(config)
         network = network.to(dtype=target.dtype).to_empty(device=target.device)
         load_module(network, checkpoint, dtype=target.dtype, device=target.device)
+        pack_linears(network)  # a block's rows read the weights once (cpu_linear.py)
         return cls(network.eval(), config, target, n_ctx, Path(folder))
 
     @torch.inference_mode()
-    def draft_logits(self, features: torch.Tensor, context_start: int, last_token: int) -> torch.Tensor:
+    def draft_logits(self, features: torch.Tensor, context_start: int, last_token: int,
+                     rows: Optional[int] = None) -> torch.Tensor:
         """New context rows (C, n*d) at context_start.., then the block after them -> the drafting
-        rows' logits, before any Markov bias: (B-1, V) for DFlash, (B, V) for anchor-first DSpark."""
+        rows' logits, before any Markov bias: (B-1, V) for DFlash, (B, V) for anchor-first DSpark;
+        only the first `rows` of them when given (the head is most of a drafting row's cost)."""
         B = self.config.block_size
         C = features.shape[0]
         block_start = context_start + C
@@ -270,8 +274,9 @@ class DFlashDrafter:
         block = self.target.network.model.embed_tokens(ids)[None]  # (1, B, d)
         rope = (self.rope_cos[block_start:block_start + B], self.rope_sin[block_start:block_start + B],
                 self.rope_cos[context_start:block_start], self.rope_sin[context_start:block_start])
-        rows = self.network(block, features[None], rope, context_start)[0]  # (B, d)
-        return self.target.network.logits(rows[self.config.first_draft_row:])  # (B - first row, V)
+        hidden = self.network(block, features[None], rope, context_start)[0]  # (B, d)
+        drafting = hidden[self.config.first_draft_row:]  # (B - first row, d)
+        return self.target.network.logits(drafting if rows is None else drafting[:rows])
 
     @torch.inference_mode()
     def draft(self, logits: torch.Tensor, last_token: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -312,8 +317,8 @@ class DFlashProposer:
         if start + features.shape[0] != len(context) - 1:
             raise RuntimeError(f"DFlash context rows end at {start + features.shape[0]}, "
                                f"the block starts at {len(context) - 1}")
-        logits = self.drafter.draft_logits(features, start, int(context[-1]))  # (rows, V)
-        drafted, logits = self.drafter.draft(logits[:min(k, logits.shape[0])], int(context[-1]))
+        logits = self.drafter.draft_logits(features, start, int(context[-1]), rows=k)  # (at most k, V)
+        drafted, logits = self.drafter.draft(logits, int(context[-1]))
         n = len(drafted)
         if self.p_min > 0:
             n = confident_rows(logits.float().cpu().numpy(), self.p_min)

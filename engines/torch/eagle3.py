@@ -22,6 +22,7 @@ import torch
 import torch.nn as nn
 
 from ..types import SpecDeskError
+from .cpu_linear import pack_linears
 from .loader import Checkpoint, load_module, open_checkpoint
 from .model import Attention, FeedForward, KVCache, ModelConfig, RMSNorm, config_from_hf, rope_tables
 from .mtp import MtpProposer
@@ -118,6 +119,7 @@ class Eagle3Drafter:
             model = Eagle3Model(config, draft_vocab, target.config.hidden_size)
         model = model.to(dtype=target.dtype).to_empty(device=target.device)
         load_module(model, checkpoint, dtype=target.dtype, device=target.device)
+        pack_linears(model)  # the accepted rows of a step read the weights once (cpu_linear.py)
         if not checkpoint.has("d2t"):
             if draft_vocab != target.config.vocab_size:
                 raise SpecDeskError(f"{checkpoint.folder}: tensor d2t is missing (needed for a draft vocabulary of "

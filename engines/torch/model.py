@@ -18,6 +18,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from ..types import SpecDeskError
+from .cpu_linear import linear, pack_linears, reorder
 from .config import ModelConfig, config_from_hf  # noqa: F401  (re-exported: the engine's modules import them from here)
 
 
@@ -173,10 +174,20 @@ class Transformer(nn.Module):
         if not config.tie_word_embeddings:
             self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         self.max_len = 0
+        self.tied_head_packed: Optional[torch.Tensor] = None  # see pack_for_cpu
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        weight = self.model.embed_tokens.weight if self.config.tie_word_embeddings else self.lm_head.weight
-        return F.linear(hidden, weight).float()
+        if not self.config.tie_word_embeddings:
+            return self.lm_head(hidden).float()
+        return linear(hidden, self.model.embed_tokens.weight, None, self.tied_head_packed).float()
+
+    def pack_for_cpu(self) -> bool:
+        """The reordered weight copies for batched rows on a CPU (cpu_linear.py), tied head included."""
+        if not pack_linears(self):
+            return False
+        if self.config.tie_word_embeddings:
+            self.tied_head_packed = reorder(self.model.embed_tokens.weight)
+        return True
 
     def setup_cache(self, max_len: int) -> None:
         """Allocate keys and values for max_len positions once; rope tables to match."""

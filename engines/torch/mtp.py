@@ -27,6 +27,7 @@ import torch.nn as nn
 from ..speculation.drafting import below_p_min
 from ..speculation.stats import ProposerCounters
 from ..types import Draft, SamplingParams, SpecDeskError
+from .cpu_linear import pack_linears
 from .loader import Checkpoint, load_module
 from .model import DecoderLayer, KVCache, ModelConfig, RMSNorm, causal_mask, config_from_hf, rope_tables
 
@@ -141,6 +142,7 @@ class MtpDrafter:
             layer = MtpLayer(config, style)
         layer = layer.to(dtype=target.dtype).to_empty(device=target.device)
         load_module(layer, checkpoint, prefix=prefix, dtype=target.dtype, device=target.device)
+        pack_linears(layer)  # the accepted rows of a step read the weights once (cpu_linear.py)
         return cls(layer.eval(), target, n_ctx)
 
     def rows_from(self, output, rows: int) -> torch.Tensor:
