@@ -11,7 +11,7 @@ eight rows, but costs a fifth more than MKL for a single row.
 So on a CPU, in float32, each linear keeps its weight for F.linear (one to three rows: decode,
 k = 2 verification) and also holds the reordered copy for four rows and more (longer
 verifications, DFlash blocks, prompts). The copy doubles the linears' memory, so it is made
-only for models whose linears fit in a quarter of the machine's memory (and 4 GiB), and only
+only where the linears take at most a quarter of the free memory (and 4 GiB), and only
 where a timing of the two kernels at four rows, once per process, finds the copy faster: MKL
 and oneDNN differ by CPU. SPECDESK_PACKED_LINEARS=0 turns it off, =1 skips the timing.
 Both kernels compute the same float32 product (they differ in summation order only).
@@ -27,6 +27,8 @@ from typing import Optional
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+
+from ..memory import ram_available
 
 PACKED_MIN_ROWS = 4  # MKL reads the weights once for up to 3 rows
 MAX_PACKED_BYTES = 4 << 30
@@ -66,13 +68,6 @@ class PackedLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return linear(x, self.weight, self.bias, self.packed)
-
-
-def _physical_memory() -> Optional[int]:
-    try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (AttributeError, ValueError, OSError):
-        return None
 
 
 def _linears(module: nn.Module) -> list[tuple[nn.Module, str, nn.Linear]]:
@@ -127,8 +122,7 @@ def pack_linears(module: nn.Module) -> bool:
     if any(w.device.type != "cpu" or w.dtype != torch.float32 for w in weights):
         return False
     size = sum(w.numel() * w.element_size() for w in weights)
-    memory = _physical_memory()
-    if size > MAX_PACKED_BYTES or (memory and size > memory // 4):
+    if size > MAX_PACKED_BYTES or size > ram_available() // 4:  # the copy must leave the machine room
         return False
     if setting != "1" and not _copy_pays(weights):
         return False
