@@ -17,6 +17,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from ..memory import ram_available
 from ..types import SpecDeskError
 from .cpu_linear import linear, pack_linears, reorder
 from .config import ModelConfig, config_from_hf  # noqa: F401  (re-exported: the engine's modules import them from here)
@@ -185,8 +186,9 @@ class Transformer(nn.Module):
         """The reordered weight copies for batched rows on a CPU (cpu_linear.py), tied head included."""
         if not pack_linears(self):
             return False
-        if self.config.tie_word_embeddings:
-            self.tied_head_packed = reorder(self.model.embed_tokens.weight)
+        head = self.model.embed_tokens.weight
+        if self.config.tie_word_embeddings and head.numel() * head.element_size() <= ram_available() // 4:
+            self.tied_head_packed = reorder(head)
         return True
 
     def setup_cache(self, max_len: int) -> None:
