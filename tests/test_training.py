@@ -402,6 +402,8 @@ def test_a_drafter_trained_for_one_step_is_kept_but_not_adopted(method, demo_fam
     assert time.perf_counter() - started < 60
     provenance = json.loads((out / "provenance.json").read_text())
     assert provenance["trained_here"] and provenance["training"]["steps"] == 1
+    assert provenance["training"]["cooldown"] == 0.2  # the default, recorded with the arithmetic trained in
+    assert provenance["training"]["precision"] in ("float32", "bfloat16 autocast")
     assert provenance["adopted"] is False
     label = {"eagle3": "EAGLE-3", "dflash": "DFlash", "dspark": "DSpark"}[method]
     runs_as = cli.RUNS_AS.get(method, method)  # a DSpark drafter runs as dflash
@@ -475,6 +477,8 @@ def test_an_existing_run_is_not_overwritten_without_resume(demo_family, small_pr
 def test_bad_numbers_are_refused_with_a_message(demo_family, small_prompts, tmp_path, capsys):
     assert _run_cli(_common(demo_family, small_prompts, tmp_path / "r") + ["--minutes", "0"]) == 2
     assert "--minutes 0.0 is out of range" in capsys.readouterr().err
+    assert _run_cli(_common(demo_family, small_prompts, tmp_path / "r") + ["--cooldown", "1"]) == 2
+    assert "--cooldown 1: give a share of the budget from 0 up to (not including) 1" in capsys.readouterr().err
 
 
 def _checkpoint_step(path: Path) -> int:

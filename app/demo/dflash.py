@@ -231,11 +231,17 @@ def spec_from_config(config: dict) -> DFlashSpec:
 
 def take(folder: Path) -> tuple[dict[str, np.ndarray], dict]:
     """What the demo keeps of the trainer's DFlash folder (trainer_run.py): every tensor, and its shape."""
+    state, _, fields = read_trained(folder)
+    return state, fields
+
+
+def read_trained(folder: Path) -> tuple[dict[str, np.ndarray], dict, dict]:
+    """A trainer's block-drafter folder (DFlash or DSpark): (tensors, config.json, the card's shape fields)."""
     import json
 
     config = json.loads((Path(folder) / "config.json").read_text(encoding="utf-8"))
     state = load_float32(Path(folder) / "model.safetensors")
-    return state, {"spec": asdict(spec_from_config(config))}
+    return state, config, {"spec": asdict(spec_from_config(config))}
 
 
 def widen_seed(entry: dict) -> int:

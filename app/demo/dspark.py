@@ -12,14 +12,12 @@ tensors that llama.cpp runs as draft-dspark.
 
 from __future__ import annotations
 
-import json
-from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
 
 from .config import ModelConfig, from_card
-from .dflash import DFlashSpec, dflash_hf_config, spec_from_config, wide_eps, widen_dflash, widen_seed
+from .dflash import DFlashSpec, dflash_hf_config, read_trained, wide_eps, widen_dflash, widen_seed
 from .files import load_float32
 
 FILE = "dspark.safetensors"
@@ -37,10 +35,9 @@ def dspark_hf_config(spec: DFlashSpec, core: ModelConfig, hidden_size: int, rms_
 
 
 def take(folder: Path) -> tuple[dict[str, np.ndarray], dict]:
-    """The trainer's DSpark folder: every tensor, and the shape the card records."""
-    config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
-    state = load_float32(folder / "model.safetensors")
-    return state, {"spec": asdict(spec_from_config(config)), "markov_rank": int(config["markov_rank"])}
+    """The trainer's DSpark folder: every tensor, and the shape the card records (DFlash's, and the Markov rank)."""
+    state, config, fields = read_trained(folder)
+    return state, {**fields, "markov_rank": int(config["markov_rank"])}
 
 
 def card_spec(card: dict) -> DFlashSpec:

@@ -56,7 +56,7 @@ class FamilySpec:
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
-DFLASH_STEPS = 5000  # the DFlash drafter, two layers, from the same recording as DSpark's (the same target layers)
+DFLASH_STEPS = 15000  # the DFlash drafter, two layers, from the same recording as DSpark's (the same target layers)
 EAGLE3_STEPS = 4000  # about 30 minutes on 2 cores: four passes over the 3,797 answers of the corpus prompts
 DSPARK_STEPS = 12000  # about 20 minutes on 2 cores (a step is one layer over 16 blocks of 8 rows for 8 answers)
 
@@ -80,7 +80,8 @@ FULL = FamilySpec(
     mtp_training=MtpTraining(steps=1000),
     trainer_drafters=(("eagle3", TrainerRun(steps=EAGLE3_STEPS, prompts="corpus", corpus_prompts=4000)),
                       ("dspark", TrainerRun(steps=DSPARK_STEPS, prompts="corpus", corpus_prompts=4000)),
-                      ("dflash", TrainerRun(steps=DFLASH_STEPS, prompts="corpus", corpus_prompts=4000, layers=2))),
+                      ("dflash", TrainerRun(steps=DFLASH_STEPS, prompts="corpus", corpus_prompts=4000, layers=2,
+                                           cooldown=0.2, precision="auto"))),
 )
 
 SMALL = FamilySpec(

@@ -42,6 +42,8 @@ class TrainerRun:
     eval_every: int = 100
     widen_seed: int = 0
     layers: int | None = None  # a DFlash or DSpark drafter's layers (the trainer's --draft-layers; None: its default)
+    cooldown: float = 0.0  # the trainer's --cooldown: the last share of the steps over which the rate falls to zero
+    precision: str = "float32"  # the trainer's --precision (float32, bfloat16 or auto)
 
 
 # What a method keeps of the trainer's exported folder: (tensors at the core's width, card fields)
@@ -57,6 +59,7 @@ def run_trainer(method: str, core_gguf: Path, workdir: Path, settings: TrainerRu
             "--minutes", "1000", "--steps", str(settings.steps), "--max-tokens", str(settings.max_tokens),
             "--batch-size", str(settings.batch_size), "--eval-every", str(settings.eval_every),
             "--compare-prompts", "2", "--compare-tokens", "32",
+            "--cooldown", f"{settings.cooldown:g}", "--precision", settings.precision,
             # one recording for the methods that read the same layers (DFlash and DSpark)
             "--cache", str(workdir / "recordings")]
     if settings.max_prompts:

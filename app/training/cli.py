@@ -14,6 +14,7 @@ from specdesk.engines.types import SpecDeskError
 METHODS = ("eagle3", "mtp", "dflash", "dspark", "draft")
 RUNS_AS = {"dspark": "dflash"}  # the engines' method that runs a drafter, where it is not the trainer's name
 DEVICES = ("auto", "cpu", "cuda", "mps")
+PRECISIONS = ("auto", "float32", "bfloat16")  # precision.py's, named here without importing torch
 TYPICAL_PROMPT_TOKENS = 64  # for the cache size said before recording
 RECORD_CONTEXT = 2048  # a GGUF target's context while recording: prompt and answer (longer prompts are skipped)
 
@@ -33,6 +34,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "nothing leaves this machine)")
     parser.add_argument("--minutes", type=float, default=20.0, help="training time budget (default 20)")
     parser.add_argument("--device", choices=DEVICES, default="auto", help="where to train and measure")
+    parser.add_argument("--precision", choices=PRECISIONS, default="auto",
+                        help="the training steps' arithmetic: bfloat16 autocast (weights and optimizer stay float32) "
+                             "or float32; auto: bfloat16 on GPUs that support it and on CPUs where it is at least "
+                             "twice as fast (AMX, AVX-512 BF16), float32 elsewhere")
+    parser.add_argument("--cooldown", type=float, default=0.2,
+                        help="the last share of the budget (minutes or --steps) over which the learning rate falls "
+                             "to zero (default 0.2; 0 keeps it constant)")
     parser.add_argument("--out", type=Path, help="output folder (default: <target>-<method>-trained beside the target)")
     parser.add_argument("--resume", action="store_true", help="continue the run whose checkpoint is in --out")
     parser.add_argument("--max-prompts", type=int, help="answer only the first N training prompts")
@@ -139,11 +147,14 @@ def _run(args: argparse.Namespace, progress, should_stop, say=None) -> int:
     for name in ("minutes", "max_prompts", "max_tokens", "cache_mb", "steps", "batch_size", "eval_every",
                  "compare_prompts", "compare_tokens", "threads"):
         _positive(getattr(args, name), "--" + name.replace("_", "-"))
+    if not 0 <= args.cooldown < 1:
+        raise SpecDeskError(f"--cooldown {args.cooldown:g}: give a share of the budget from 0 up to (not including) 1")
     from specdesk.engines.torch.engine import TorchEngine
 
     from .adopt import METHOD_LABELS, decide, existing_methods, measure, write_provenance
     from .loop import CHECKPOINT, LoopSettings, terminal_live, train_loop
     from .methods import DEPTH, method_taps, plan
+    from .precision import autocast, choose_precision, precision_name
     from .prompts import default_prompts_path, split_prompts, training_prompts
     from .gguf_target import is_gguf_target
     from .record import RecordSettings, cache_key, estimate_bytes, load_sequence, prompt_tokens, record
@@ -247,11 +258,15 @@ def _run(args: argparse.Namespace, progress, should_stop, say=None) -> int:
     tokens_recorded = sum(len(s.tokens) for s in train_seqs)
     trainer = plan(args.method, network, train_seqs, held_seqs, args.batch_size,
                    min(config.max_position_embeddings, 1024), target, draft_layers=args.draft_layers)
-    loop = LoopSettings(minutes=args.minutes, max_steps=args.steps, eval_every=args.eval_every)
+    step_device = str(network.model.embed_tokens.weight.device.type)
+    precision = choose_precision(step_device, args.precision)
+    loop = LoopSettings(minutes=args.minutes, max_steps=args.steps, eval_every=args.eval_every,
+                        cooldown=args.cooldown, device=step_device, precision=precision)
     what = {"eagle3": "an EAGLE-3 head", "mtp": "an MTP layer", "dflash": "a DFlash drafter",
             "dspark": "a DSpark drafter", "draft": "a draft model"}[args.method]
     say(f"training {what} on {len(train_seqs)} sequences ({tokens_recorded} tokens) for at most "
-        f"{args.minutes:g} minutes" + (f" or {args.steps} steps" if args.steps else ""))
+        f"{args.minutes:g} minutes" + (f" or {args.steps} steps" if args.steps else "")
+        + f", in {precision_name(precision)} on {training_device}")
     state = train_loop(trainer.module, trainer.step, trainer.evaluate, loop, out, args.resume, say, terminal_live(),
                        progress, should_stop)
     if state.paused:
@@ -264,7 +279,8 @@ def _run(args: argparse.Namespace, progress, should_stop, say=None) -> int:
     if args.reference is not None:
         if trainer.evaluate_reference is None:
             raise SpecDeskError(f"--reference compares EAGLE-3 heads; this run trains {args.method}")
-        reference_mean, reference_figures = trainer.evaluate_reference(args.reference)
+        with autocast(step_device, precision):  # the precision the trained head was evaluated in
+            reference_mean, reference_figures = trainer.evaluate_reference(args.reference)
         share = sum(acceptance) / reference_mean if reference_mean > 0 else float("inf")
         at_90 = next((h for h in state.history if sum(h["acceptance"]) >= 0.9 * reference_mean), None)
         reference = {"folder": str(Path(args.reference).resolve()), "held_out_acceptance_per_position":
@@ -332,6 +348,7 @@ def _run(args: argparse.Namespace, progress, should_stop, say=None) -> int:
                  "cache": str(cache), "record_seconds": round(record_seconds, 1)},
         "training": {"steps": state.step, "best_step": state.best_step, "seconds": round(state.elapsed, 1),
                      "budget_minutes": args.minutes, "device": training_device, "taps": list(taps),
+                     "precision": precision_name(precision), "cooldown": args.cooldown,
                      "history": state.history},
         "held_out_acceptance_per_position": acceptance,
         "held_out_mean_accepted": round(sum(acceptance), 4),

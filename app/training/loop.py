@@ -1,5 +1,9 @@
-"""The time-budgeted training loop: AdamW with warmup, held-out evaluation, the best state kept,
-and checkpoints that a killed run resumes from.
+"""The time-budgeted training loop: AdamW with warmup and a cooldown, held-out evaluation, the
+best state kept, and checkpoints that a killed run resumes from.
+
+The learning rate warms up over the first steps, holds, and with a cooldown falls linearly to
+zero over the last share of the budget (time or steps, whichever runs out first): a run of any
+length ends annealed, which a constant rate never does (warmup-stable-decay).
 
 The budget counts training steps and held-out evaluations (recording data before and
 measuring after come on top of it); it is carried in the checkpoint, so a resumed run
@@ -22,6 +26,8 @@ from typing import Callable, Optional
 import numpy as np
 import torch
 
+from .precision import autocast
+
 CHECKPOINT = "checkpoint.pt"
 
 
@@ -35,6 +41,20 @@ class LoopSettings:
     eval_every: int = 200  # ... and at least every this many steps
     grad_clip: float = 1.0
     seed: int = 0
+    cooldown: float = 0.0  # the last share of the budget over which the rate falls to zero (0: none)
+    device: str = "cpu"  # where the steps run: the autocast context's device type
+    precision: Optional[torch.dtype] = None  # the steps' forward under this autocast dtype (precision.py); None: float32
+
+
+def learning_rate(settings: LoopSettings, step: int, elapsed: float) -> float:
+    """The rate of step `step` (0-based), begun after `elapsed` seconds of the budget."""
+    rate = settings.peak_lr * min(1.0, (step + 1) / max(1, settings.warmup_steps))
+    if settings.cooldown <= 0:
+        return rate
+    spent = elapsed / (settings.minutes * 60.0) if settings.minutes > 0 else 0.0
+    if settings.max_steps:
+        spent = max(spent, step / settings.max_steps)
+    return rate * min(1.0, max(0.0, 1.0 - spent) / settings.cooldown)
 
 
 @dataclass
@@ -116,7 +136,7 @@ def train_loop(module: torch.nn.Module, step_fn: StepFn, eval_fn: EvalFn, settin
         """Returns the seconds it took (counted in the budget, as training steps are)."""
         started = time.perf_counter()
         module.eval()
-        with torch.no_grad():
+        with torch.no_grad(), autocast(settings.device, settings.precision):
             score, figures = eval_fn()
         module.train()
         state.history.append({"step": state.step, "loss": None if math.isnan(loss) else round(loss, 5),
@@ -148,10 +168,11 @@ def train_loop(module: torch.nn.Module, step_fn: StepFn, eval_fn: EvalFn, settin
                    "run it again with --resume to continue")
             return state
         started = time.perf_counter()
-        lr = settings.peak_lr * min(1.0, (state.step + 1) / max(1, settings.warmup_steps))
+        lr = learning_rate(settings, state.step, state.elapsed)
         for group in optimizer.param_groups:
             group["lr"] = lr
-        loss, figures = step_fn(rng)
+        with autocast(settings.device, settings.precision):
+            loss, figures = step_fn(rng)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(trainable, settings.grad_clip)
@@ -162,8 +183,8 @@ def train_loop(module: torch.nn.Module, step_fn: StepFn, eval_fn: EvalFn, settin
         live(f"step {state.step} · loss {loss_value:.4f} · {format_left(budget - state.elapsed)} left")
         progress({"phase": "train", "step": state.step, "loss": loss_value, "elapsed_s": state.elapsed,
                   "budget_s": budget})
-        # Evaluations take at most about a fifth of the budget, however slow they are here.
-        interval = max(settings.eval_seconds, 4 * eval_cost)
+        # Evaluations take at most about a tenth of the budget, however slow they are here.
+        interval = max(settings.eval_seconds, 9 * eval_cost)
         if state.elapsed - last_eval_time >= interval or state.step - last_eval_step >= settings.eval_every or done():
             eval_cost = evaluate_and_save(loss_value)
             last_eval_time, last_eval_step = state.elapsed, state.step
