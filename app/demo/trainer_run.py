@@ -87,6 +87,7 @@ def run_trainer(method: str, core_gguf: Path, workdir: Path, settings: TrainerRu
             "held_out_mean_accepted": provenance["held_out_mean_accepted"],
             "history": [{"step": h["step"], "seconds": h["seconds"], "acceptance": h["acceptance"]}
                         for h in provenance["training"]["history"]],
+            "precision": provenance["training"].get("precision", "float32"),
             "train_seconds": provenance["training"]["seconds"], "run_seconds": round(time.time() - started, 1),
             **fields}
     return state, info
