@@ -8,6 +8,12 @@ target batch). Catch-up: after each verified target pass the tokens it kept go t
 context, paired with the previous rows' h. Drafting: from (x_last, h_{last-1}) the MTP block
 gives logits for the next token and its own h, which feeds the next draft step. Drafts are
 the top-1 token (engines/speculation/drafting.py, the rule of both engines).
+
+The first draft row rides with the catch-up: it is the row right after the kept ones, and
+everything it reads (x_last, the target's h before it) is known once the target has verified,
+so the catch-up batch computes it too, with its logits and h kept for the draft that follows.
+That saves one MTP decode per step (a decode of one row costs about what a batch of three
+does on a CPU). A draft that does not follow, or starts elsewhere, drops the primed row.
 """
 
 from __future__ import annotations
@@ -54,10 +60,15 @@ class MtpDrafter(CachedPositions):
         self.context = NativeContext(target, target_ctx.n_ctx, n_threads, target_ctx.n_batch,
                                      ctx_type=LLAMA_CONTEXT_TYPE_MTP, ctx_other=target_ctx._ctx,
                                      n_outputs_max=1, n_outputs_max_per_seq=1)
-        self.ext.llama_set_embeddings_nextn(self.context.handle, True, True)
+        # Unmasked: the block's h of every row of a batch, by batch index (masked, llama.cpp copies the
+        # first n_outputs rows of a batch, which is the output row only when the batch is one row).
+        self.ext.llama_set_embeddings_nextn(self.context.handle, True, False)
         # h_hist[p]: the target's h at position p, to pair with x_{p+1} after a rollback.
         self.h_hist = np.zeros((target_ctx.n_ctx + 1, self.n_embd), dtype=np.float32)
         self.cached: list[int] = []  # tokens whose MTP rows are in the MTP context
+        # the first draft row computed with the catch-up: (position, token, logits, the block's h), its
+        # row in the MTP context beyond `cached`
+        self.primed: tuple[int, int, np.ndarray, np.ndarray] | None = None
 
     # --- hooks the engine calls -------------------------------------------------------------
     taps: tuple[int, ...] = ()  # reads the target's final-normed rows
@@ -73,24 +84,49 @@ class MtpDrafter(CachedPositions):
             h_prev = (self.h_hist[start - 1] if start > 0 else self.h_hist[-1]) if j == 0 else h[j - 1]
             entries.append(Entry(pos=start + j, token=int(tokens[j]), embd=np.array(h_prev, copy=True)))
         self.h_hist[start:start + n] = h
+        pos0 = start + n  # the first draft row: the last token, paired with the h before it
+        h_last = self.h_hist[pos0 - 1] if pos0 > 0 else self.h_hist[-1]
+        entries.append(Entry(pos=pos0, token=int(tokens[n]), embd=np.array(h_last, copy=True), output=True))
         self.feed(entries)
         self.cached.extend(int(t) for t in tokens[:n])
+        last = (len(entries) - 1) % self.context.n_batch  # the primed row's index in the last batch fed
+        self.primed = (pos0, int(tokens[n]), self.context.logits(last, self.n_vocab).copy(),
+                       rows(self.ext.llama_get_embeddings_nextn_ith(self.context.handle, last), 1, self.n_embd)[0].copy())
+
+    def rollback(self, n_keep: int) -> None:
+        self._drop_primed()
+        super().rollback(n_keep)
+
+    def _drop_primed(self) -> None:
+        if self.primed is not None:
+            self.context.remove_from(self.primed[0])
+            self.primed = None
 
     def draft(self, context: Sequence[int], k: int, p_min: float = 0.0) -> list[int]:
         pos0 = len(context) - 1
-        self.rollback_to(pos0, "drafting starts at")
-        h = self.h_hist[pos0 - 1] if pos0 > 0 else self.h_hist[-1]
         token = int(context[-1])
+        primed = self.primed if self.primed is not None and self.primed[:2] == (pos0, token) else None
+        if primed is None:
+            self.rollback_to(pos0, "drafting starts at")  # drops a primed row for another position
+        elif len(self.cached) != pos0:
+            raise SpecDeskError(f"MTP context out of step: it holds {len(self.cached)} positions, "
+                                f"drafting starts at {pos0}")
+        self.primed = None
+        h = self.h_hist[pos0 - 1] if pos0 > 0 else self.h_hist[-1]
         out: list[int] = []
         for i in range(k):
-            self.context.process([Entry(pos=pos0 + i, token=token, embd=np.array(h, copy=True), output=True)])
-            logits = self.context.logits(0, self.n_vocab)
+            if i == 0 and primed is not None:  # computed with the catch-up
+                logits, h_next = primed[2], primed[3]
+            else:
+                self.context.process([Entry(pos=pos0 + i, token=token, embd=np.array(h, copy=True), output=True)])
+                logits, h_next = self.context.logits(0, self.n_vocab), None
             token = int(np.argmax(logits))
             if below_p_min(logits, p_min):
                 break
             out.append(token)
             if i + 1 < k:
-                h = rows(self.ext.llama_get_embeddings_nextn_ith(self.context.handle, 0), 1, self.n_embd)[0].copy()
+                h = h_next if h_next is not None else \
+                    rows(self.ext.llama_get_embeddings_nextn_ith(self.context.handle, 0), 1, self.n_embd)[0].copy()
         self.context.remove_from(pos0)  # the draft region; catch-up rewrites it from the target
         return out
 
