@@ -156,6 +156,42 @@ def test_a_prompt_prefilled_in_chunks_drafts_what_one_chunk_drafts(mtp_engine, d
         chunked.close()
 
 
+def test_the_mtp_draft_primed_in_the_catch_up_is_the_one_drafted_alone(mtp_engine, native, monkeypatch):
+    """The MTP drafter computes its first draft row inside the catch-up decode; every draft, token
+    for token, is the one it gives when that row is dropped and drafted in a decode of its own."""
+    from specdesk.engines.llama.ext import HiddenStateProposer
+    from specdesk.engines.llama.mtp import MtpDrafter
+
+    drafts: list[tuple[int, ...]] = []
+    propose, draft = HiddenStateProposer.propose, MtpDrafter.draft
+
+    def recorded(self, context, k):
+        result = propose(self, context, k)
+        drafts.append(result.tokens)
+        return result
+
+    primed_used = []
+
+    def alone(self, context, k, p_min=0.0):
+        primed_used.append(self.primed is not None)
+        self._drop_primed()
+        return draft(self, context, k, p_min)
+
+    monkeypatch.setattr(HiddenStateProposer, "propose", recorded)
+    prompt = mtp_engine.tokenize(PROMPTS[1] + PROMPTS[4])
+    runs = []
+    for primed in (True, False):
+        if not primed:
+            monkeypatch.setattr(MtpDrafter, "draft", alone)
+        drafts.clear()
+        tokens = generate_tokens(mtp_engine, prompt, _spec("mtp", native, 3), max_tokens=40)
+        runs.append((tokens, list(drafts)))
+    assert runs[0] == runs[1]
+    assert sum(len(d) for d in runs[0][1]) > 0
+    # every draft after a target pass had been primed (the first follows a prompt already cached, so no catch-up)
+    assert len(primed_used) > 3 and all(primed_used[1:])
+
+
 @pytest.mark.parametrize("method", METHODS)
 def test_chat_turns_and_method_switches_stay_identical(mtp_engine, dflash_engine, native, method):
     """The drafter's cache follows the target's prefix reuse, also after turns without it."""
