@@ -166,7 +166,8 @@ def terminal_chat(backend: ChatBackend, settings: ChatSettings, system: Optional
     """Read turns until an empty line or the end of input; each is answered by chat_turn. Ctrl-C
     stops the reply in progress (the chat goes on); an error that leaves the backend usable
     (a message too long for the context, a server that dropped the stream) is one line, and
-    the chat goes on. Returns the conversation."""
+    the chat goes on; one that every next message would meet again (an engine process that
+    died, a server that redirects elsewhere) ends it. Returns the conversation."""
     from specdesk.app.runtime.engine_client import EngineHostDied
 
     messages = start_conversation(system)
@@ -200,6 +201,8 @@ def terminal_chat(backend: ChatBackend, settings: ChatSettings, system: Optional
             raise  # the engine process ended: nothing left to chat with
         except SpecDeskError as e:
             print()
+            if getattr(e, "ends_chat", False):  # nothing a next message could change (a redirect elsewhere)
+                raise
             if len(messages) == before + 1:  # what came before the failure stays as the reply
                 print(f"[partial reply, {len(messages[-1]['content'])} characters]", file=sys.stderr)
             print(f"specdesk: {e}", file=sys.stderr)

@@ -6,6 +6,7 @@ servers that need GPUs. The real llama-server is in tests/test_llama_server.py.
 from __future__ import annotations
 
 import json
+import re
 import socket
 import sys
 import threading
@@ -21,6 +22,7 @@ from served_replay import Replay, load  # noqa: E402
 from specdesk.app.serving.endpoint import (Endpoint, EndpointError, StreamReader, base_url, parse_metrics,  # noqa: E402
                                    served_stats)
 from specdesk.app.serving.served import compare_served  # noqa: E402
+from specdesk.app.serving.transport import ServerRedirected  # noqa: E402
 from specdesk.engines.types import SamplingParams  # noqa: E402
 
 CHAT = [{"role": "user", "content": "Write a function that parses command line arguments."}]
@@ -235,8 +237,10 @@ class Hostile:
     chat completions with whatever `chat(conn)` writes on the raw socket. It keeps each
     request's headers and counts the bytes it managed to send."""
 
-    def __init__(self, chat=None, models: dict = MODELS, redirect_to: str | None = None):
+    def __init__(self, chat=None, models: dict = MODELS, redirect_to: str | None = None,
+                 moved: dict[str, str] | None = None):
         self.chat, self.models, self.redirect_to = chat, models, redirect_to
+        self.moved = moved or {}  # path -> where a 302 sends it
         self.requests: list[tuple[str, dict]] = []
         self.sent = 0
         self.server = socket.create_server(("127.0.0.1", 0))
@@ -268,10 +272,11 @@ class Hostile:
                 body += conn.recv(65536)
             self.requests.append((path, headers))
             try:
-                if self.redirect_to is not None:
-                    self.send(conn, f"HTTP/1.1 302 Found\r\nLocation: {self.redirect_to}{path}\r\n"
+                if self.redirect_to is not None or path in self.moved:
+                    location = self.moved.get(path) or f"{self.redirect_to}{path}"
+                    self.send(conn, f"HTTP/1.1 302 Found\r\nLocation: {location}\r\n"
                                     "Content-Length: 0\r\nConnection: close\r\n\r\n".encode())
-                elif path == "/v1/models":
+                elif path.rstrip("/") == "/v1/models":
                     self.send_json(conn, self.models)
                 elif path == "/metrics" or self.chat is None:
                     self.send(conn, b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
@@ -308,19 +313,66 @@ def test_the_api_key_never_reaches_another_host_and_https_never_falls_back_to_ht
     import httpx2
 
     with Hostile() as elsewhere, Hostile(redirect_to=None) as origin:
-        origin.redirect_to = elsewhere.url  # another port is another origin
+        origin.redirect_to = elsewhere.url  # another port is another server
         endpoint = Endpoint(origin.url, api_key="sk-secret")
-        assert endpoint.list_models()[0]["id"] == "m"
+        with pytest.raises(ServerRedirected, match=r"redirected /v1/models to another server, "
+                                                   rf"{re.escape(elsewhere.url)}: the redirect was not followed"):
+            endpoint.list_models()
         assert origin.requests[0][1]["authorization"] == "Bearer sk-secret"
-        assert elsewhere.requests and all("authorization" not in headers for _, headers in elsewhere.requests)
+        assert elsewhere.requests == []  # neither the request nor the key went there
+    with Hostile(moved={"/v1/models": "/v1/models/"}) as origin:  # the same server: followed, with the key
+        assert Endpoint(origin.url, api_key="sk-secret").list_models()[0]["id"] == "m"
+        assert [(path, headers["authorization"]) for path, headers in origin.requests] == \
+            [("/v1/models", "Bearer sk-secret"), ("/v1/models/", "Bearer sk-secret")]
     endpoint = Endpoint("https://gpu-box.example", api_key="sk-secret")
     downgrade = httpx2.Response(302, headers={"location": "http://gpu-box.example/v1/models"},
                                request=httpx2.Request("GET", "https://gpu-box.example/v1/models"))
     with pytest.raises(EndpointError, match="from https to http is refused"):
-        endpoint._refuse_downgrade(downgrade)
+        endpoint._check_redirect(downgrade)
     upgrade = httpx2.Response(302, headers={"location": "https://gpu-box.example/v2"},
                              request=httpx2.Request("GET", "https://gpu-box.example/v1/models"))
-    endpoint._refuse_downgrade(upgrade)  # https to https is fine
+    endpoint._check_redirect(upgrade)  # https to https on the same server is fine
+    to_https = httpx2.Response(301, headers={"location": "https://gpu-box.example/v1/models"},
+                              request=httpx2.Request("GET", "http://gpu-box.example/v1/models"))
+    Endpoint("http://gpu-box.example")._check_redirect(to_https)  # and so is http to https on the same host
+
+
+def test_a_redirect_to_another_server_ends_chat_and_compare_with_status_2(capsys, monkeypatch):
+    """Issue 48, 3: the POST was sent on as a GET to another host, whose answer read as an empty
+    reply: "[0 tokens]" and exit status 0 in chat, "runs": 0 in compare's JSON."""
+    from specdesk.app.main import main
+
+    def anything(server, conn):  # what the other host answers to whatever comes
+        server.send_json(conn, {"object": "list", "data": []})
+
+    with Hostile(anything) as elsewhere, \
+            Hostile(moved={"/v1/chat/completions": f"{elsewhere.url}/v1/chat/completions"}) as origin:
+        expected = (f"specdesk: error: {origin.url} redirected /v1/chat/completions to another server, "
+                    f"{elsewhere.url}: the redirect was not followed")
+        monkeypatch.setattr("sys.stdin", __import__("io").StringIO("hello\nand again\n\n"))
+        assert main(["chat", "--endpoint", origin.url, "--max-tokens", "16"]) == 2
+        errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("specdesk:")]
+        assert len(errors) == 1 and errors[0].startswith(expected), errors
+        assert main(["compare", "--endpoint", origin.url, "--baseline-endpoint", origin.url, "--prompt", "def f(",
+                     "--max-tokens", "8", "--json", "-"]) == 2
+        out = capsys.readouterr()
+        assert out.out == "" and out.err.startswith(expected) and out.err.count("\n") == 1, out
+        assert elsewhere.requests == []
+    # on the same server, a 302 would turn the POST into a GET without its body: not followed either
+    with Hostile(anything, moved={"/v1/chat/completions": "/v1/chat/completions/"}) as origin:
+        with pytest.raises(ServerRedirected, match="answered POST /v1/chat/completions with HTTP 302 to "
+                                                   "/v1/chat/completions/: the redirect was not followed"):
+            Endpoint(origin.url).chat(CHAT, max_tokens=8)
+        assert [path for path, _ in origin.requests] == ["/v1/models", "/metrics", "/v1/chat/completions"]
+
+
+def test_a_json_answer_that_is_not_a_chat_completion_is_an_error_not_an_empty_reply():
+    def not_a_completion(server, conn):
+        server.send_json(conn, {"object": "list", "data": []})
+
+    with Hostile(not_a_completion) as server:
+        with pytest.raises(EndpointError, match="answered with JSON that is not a chat completion .no choices."):
+            Endpoint(server.url).chat(CHAT, max_tokens=8)
 
 
 def test_a_line_without_end_is_refused_at_its_limit():
@@ -386,6 +438,74 @@ def test_slow_or_silent_servers_end_in_one_line_within_their_timeouts():
     with Hostile(never_answers) as server:
         with pytest.raises(EndpointError, match=r"did not answer within 1 s"):
             Endpoint(server.url, timeout=1).chat(CHAT, max_tokens=4)
+
+
+def test_a_stream_without_text_ends_at_the_idle_limit_not_the_total_deadline():
+    """Issue 48, 1: `data: {}` forever used to run to the total deadline (120 s + 2 s a token):
+    events without text restart no clock, as bytes without a line do not."""
+    from specdesk.app.serving.transport import IDLE_TIMEOUT_S
+
+    def events_without_text(server, conn):
+        server.stream_head(conn)
+        while True:
+            server.send(conn, b"data: {}\n\n")
+            time.sleep(0.02)
+
+    with Hostile(events_without_text) as server:
+        endpoint = Endpoint(server.url, timeout=5)
+        endpoint.idle_timeout = 1
+        started = time.monotonic()
+        with pytest.raises(EndpointError) as caught:
+            endpoint.chat(CHAT, max_tokens=16)  # the total deadline: 5 s + 16 x 2 s
+        elapsed = time.monotonic() - started
+    message = str(caught.value)
+    assert re.fullmatch(rf"{re.escape(server.url)} sent [\d,]+ lines \([\d,]+ bytes\) but no text for 1 s \(the "
+                        r"limit for a reply that brings no text\), after 0 characters", message), message
+    assert elapsed < 5, elapsed
+    assert IDLE_TIMEOUT_S + 1 < 30  # with the defaults, such a stream ends within 30 s
+
+
+def test_thinking_and_tool_calls_keep_a_reply_alive():
+    """What a reasoning model streams before its answer (reasoning_content) is output too: a
+    reply that thinks for longer than the idle limit is not ended for it."""
+    def thinks_then_answers(server, conn):
+        server.stream_head(conn)
+        for _ in range(12):  # 2.4 s of thinking, over the 1 s limit
+            server.send(conn, f"data: {json.dumps({'choices': [{'delta': {'reasoning_content': 'hm'}}]})}\n\n"
+                        .encode())
+            time.sleep(0.2)
+        server.send(conn, chunk("done") + b"data: [DONE]\n\n")
+
+    with Hostile(thinks_then_answers) as server:
+        endpoint = Endpoint(server.url)
+        endpoint.idle_timeout = 1
+        assert endpoint.chat(CHAT, max_tokens=16).result.text == "done"
+
+
+def test_a_trickling_server_is_ended_in_one_line_naming_the_limit_and_what_it_did():
+    """Issue 48, 2: a chunk sent a byte at a time ended at the total deadline as "a chunk that
+    is not JSON ('{')", the part of a line the cut left."""
+    def trickle_a_chunk(server, conn):
+        server.stream_head(conn)
+        for byte in chunk("hello") * 100:
+            server.send(conn, bytes([byte]))
+            time.sleep(0.1)
+
+    with Hostile(trickle_a_chunk) as server:
+        endpoint = Endpoint(server.url, timeout=2)  # the total deadline: 2 s + 4 x 2 s
+        endpoint.idle_timeout = 1
+        started = time.monotonic()
+        with pytest.raises(EndpointError) as caught:
+            endpoint.chat(CHAT, max_tokens=4)
+        assert time.monotonic() - started < 5
+        assert re.fullmatch(rf"{re.escape(server.url)} trickled [\d,]+ bytes in 1 s without ending one line \(the "
+                            r"limit for a reply that brings no text is 1 s\), after 0 characters", str(caught.value))
+        endpoint = Endpoint(server.url, timeout=2)  # the total deadline first: still its own reason
+        endpoint.seconds_per_token = 0.25
+        with pytest.raises(EndpointError) as caught:
+            endpoint.chat(CHAT, max_tokens=4)
+        assert str(caught.value) == f"{server.url} did not finish the reply within its deadline of 3 s, after 0 " \
+                                    "characters"
 
 
 def test_terminal_escapes_from_a_server_are_never_printed(capsys, monkeypatch):

@@ -188,57 +188,12 @@ class Endpoint(HttpTransport):
         before = self._scrape_quietly() if info.metrics else None
         sent = time.perf_counter()
         reader = StreamReader(self.url, self.count_tokens)
-        first_at = last_at = None
-        over = False  # the server sent more tokens than max_tokens: the rest is not read
-        watchdog = Watchdog(self.timeout, self.idle_timeout, self.timeout + max_tokens * self.seconds_per_token)
-        try:
-            with self._open("/v1/chat/completions", body) as response:
-                watchdog.watch(response)
-                # a server that does not stream answers with one JSON reply
-                whole = response.headers.get("content-type", "").split(";")[0].strip() == "application/json"
-                try:
-                    chunks = watched(response.iter_raw(), watchdog)
-                    lines = json_reply_lines(bounded(chunks, MAX_REPLY_BYTES, self.url, reader)) if whole \
-                        else iter_lines(chunks, cancel, self.url, reader)
-                    for line in lines:
-                        kept = reader.tokens_seen
-                        chunk = reader.feed(line)
-                        if chunk is None:
-                            continue
-                        if reader.tokens_seen > max_tokens:  # more than was asked for: not shown, not kept
-                            reader.cut(kept)
-                            over = True
-                            break
-                        text, count, drafted, accepted = chunk
-                        now = time.perf_counter()
-                        if first_at is None:
-                            first_at = now
-                        last_at = now
-                        yield StepEvent(tokens=(UNKNOWN_TOKEN,) * count, text=text, drafted=drafted,
-                                        accepted=accepted, position_accepted=(), from_draft=(False,) * count,
-                                        draft_s=0.0, verify_s=0.0)
-                except httpx2.HTTPError as e:
-                    if watchdog.reason is not None:
-                        raise EndpointError(f"{self.url} {watchdog.reason}, after {len(reader.text)} characters",
-                                            reader.text) from None
-                    reason = "timed out" if isinstance(e, httpx2.TimeoutException) else "dropped the connection"
-                    raise EndpointError(f"{self.url} {reason} mid-reply after {len(reader.text)} characters",
-                                        reader.text) from None
-                if watchdog.reason is not None and not reader.done:
-                    raise EndpointError(f"{self.url} {watchdog.reason}, after {len(reader.text)} characters",
-                                        reader.text)
-                if reader.error is not None:
-                    raise EndpointError(f"{self.url} ended the reply with an error: {reader.error}", reader.text)
-                if not cancel.is_set() and not reader.done and not over:
-                    raise EndpointError(f"{self.url} closed the stream mid-reply after {len(reader.text)} "
-                                        "characters", reader.text)
-        finally:
-            watchdog.stop()
+        times, over = yield from self._read_reply(body, reader, max_tokens, cancel)
         if over:
             reader.finish_reason = "length"
         finish = "cancelled" if cancel.is_set() else reader.finish_reason
         tokens = reader.completion_tokens()
-        seconds = decode_seconds(sent, first_at, last_at, tokens)
+        seconds = decode_seconds(sent, times[0], times[1], tokens)
         note = f"{self.url} sent more than the {max_tokens} tokens asked for: the reply was cut there" if over \
             else None
         numbers = reader.per_request_numbers()
@@ -249,6 +204,68 @@ class Endpoint(HttpTransport):
                 note = str(e)
         result = RunResult((), reader.text, served_stats(tokens, seconds, numbers), finish)
         return ServedRun(result, numbers, note, reader.unit)
+
+    def _read_reply(self, body: dict, reader: StreamReader, max_tokens: int, cancel: threading.Event):
+        """POST `body` and fold its reply into `reader`, yielding a StepEvent per chunk with text;
+        returns ((first, last) chunk times, whether the server sent more than max_tokens). When a
+        bound of the watchdog ended the reply, its reason is the error, whatever the cut left."""
+        watchdog = Watchdog(self.timeout, self.idle_timeout, self.timeout + max_tokens * self.seconds_per_token)
+        try:
+            with self._open("/v1/chat/completions", body) as response:
+                # a server that does not stream answers with one JSON reply
+                whole = response.headers.get("content-type", "").split(";")[0].strip() == "application/json"
+                watchdog.whole = whole
+                watchdog.watch(response)
+                try:
+                    result = yield from self._fold(response, whole, reader, watchdog, max_tokens, cancel)
+                except (httpx2.HTTPError, EndpointError) as e:
+                    if watchdog.reason is not None:
+                        raise EndpointError(f"{self.url} {watchdog.reason}, after {len(reader.text)} characters",
+                                            reader.text) from None
+                    if isinstance(e, EndpointError):
+                        raise
+                    reason = "timed out" if isinstance(e, httpx2.TimeoutException) else "dropped the connection"
+                    raise EndpointError(f"{self.url} {reason} mid-reply after {len(reader.text)} characters",
+                                        reader.text) from None
+                over = result[1]
+                if watchdog.reason is not None and not reader.done:
+                    raise EndpointError(f"{self.url} {watchdog.reason}, after {len(reader.text)} characters",
+                                        reader.text)
+                if reader.error is not None:
+                    raise EndpointError(f"{self.url} ended the reply with an error: {reader.error}", reader.text)
+                if not cancel.is_set() and not reader.done and not over:
+                    raise EndpointError(f"{self.url} closed the stream mid-reply after {len(reader.text)} "
+                                        "characters", reader.text)
+                return result
+        finally:
+            watchdog.stop()
+
+    def _fold(self, response, whole: bool, reader: StreamReader, watchdog: Watchdog, max_tokens: int,
+              cancel: threading.Event):
+        """The reply's lines into `reader`; a StepEvent per chunk with text (see _read_reply)."""
+        first_at = last_at = None
+        chunks = watched(response.iter_raw(), watchdog)
+        lines = json_reply_lines(bounded(chunks, MAX_REPLY_BYTES, self.url, reader), self.url) if whole \
+            else iter_lines(chunks, cancel, self.url, reader)
+        for line in lines:
+            watchdog.line()
+            kept, moved = reader.tokens_seen, reader.moved
+            chunk = reader.feed(line)
+            if reader.moved != moved:
+                watchdog.moved()
+            if chunk is None:
+                continue
+            if reader.tokens_seen > max_tokens:  # more than was asked for: not shown, not kept
+                reader.cut(kept)
+                return (first_at, last_at), True
+            text, count, drafted, accepted = chunk
+            now = time.perf_counter()
+            if first_at is None:
+                first_at = now
+            last_at = now
+            yield StepEvent(tokens=(UNKNOWN_TOKEN,) * count, text=text, drafted=drafted, accepted=accepted,
+                            position_accepted=(), from_draft=(False,) * count, draft_s=0.0, verify_s=0.0)
+        return (first_at, last_at), False
 
     def chat(self, messages: list[dict], sampling: SamplingParams = SamplingParams(), max_tokens: int = 128,
              cancel: Optional[threading.Event] = None, on_event: Optional[Callable[[StepEvent], None]] = None,

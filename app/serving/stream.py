@@ -31,6 +31,9 @@ UNKNOWN_TOKEN = -1  # a streamed token whose id the server did not send
 UNIT_TOKENS = "tokens"
 UNIT_TOKENIZER = "tokens (counted with the target's tokenizer)"
 UNIT_CHARACTERS = "characters (the server sends no token counts while streaming)"
+# Delta fields that carry what the model generated: a chunk with any of them moves the reply on
+# (a reasoning model's thinking and a tool call are output too, though not shown as text)
+GENERATED_FIELDS = ("content", "reasoning_content", "reasoning", "tool_calls")
 
 
 class StreamReader:
@@ -44,6 +47,7 @@ class StreamReader:
         self.finish_reason: Optional[str] = None
         self.error: Optional[str] = None
         self.chunks = 0  # chunks that carried text
+        self.moved = 0  # chunks that carried anything generated (GENERATED_FIELDS)
         self.usage_tokens: Optional[int] = None
         self.timings: Optional[dict] = None
         self.payloads: dict[str, dict] = {}  # each server's per-request numbers, by dialect kind
@@ -94,13 +98,18 @@ class StreamReader:
             payload = dialect.payload(chunk)
             if payload is not None:
                 self.payloads[kind] = payload
-        text = ""
-        for choice in chunk.get("choices") or ():
+        text, moved = "", False
+        choices = chunk.get("choices")
+        for choice in choices if isinstance(choices, list) else ():
             if isinstance(choice, dict):
                 delta = choice.get("delta") or {}
-                text += (delta.get("content") or "") if isinstance(delta, dict) else ""
-                if choice.get("finish_reason"):
+                if isinstance(delta, dict):
+                    content = delta.get("content")
+                    text += content if isinstance(content, str) else ""
+                    moved = moved or any(delta.get(name) for name in GENERATED_FIELDS)
+                if choice.get("finish_reason") and isinstance(choice["finish_reason"], str):
                     self.finish_reason = {"stop": "eos"}.get(choice["finish_reason"], choice["finish_reason"])
+        self.moved += moved
         if not text:
             return None
         self.pieces.append(text)

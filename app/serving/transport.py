@@ -2,10 +2,12 @@
 
 One HTTP client (httpx2, the httpx line that huggingface_hub and openai already bring) speaks
 to the server (docs/security.md): connect, first-byte and idle timeouts and a total deadline
-from max_tokens (`Watchdog`); server-sent-event lines of at most MAX_LINE_BYTES and replies of
-at most MAX_REPLY_BYTES (`iter_lines`, `bounded`); the API key dropped on a redirect to
-another host, port or scheme, and no redirect from https to http. Every failure is an
-EndpointError of one line that keeps the text received so far in `partial`.
+from max_tokens, and an idle timeout on the reply's text, not its bytes (`Watchdog`: a server that
+trickles bytes or streams events without text is as stuck as a silent one); server-sent-event
+lines of at most MAX_LINE_BYTES and replies of at most MAX_REPLY_BYTES (`iter_lines`,
+`bounded`); redirects followed only on the same server and never where they would turn a POST
+into a GET, so the API key and the request go nowhere else. Every failure is an EndpointError
+of one line that keeps the text received so far in `partial`.
 """
 
 from __future__ import annotations
@@ -29,7 +31,10 @@ MAX_ERROR_BYTES = 64 * 1024  # the body of an HTTP error answer
 MAX_LINE_BYTES = 2**20  # one server-sent-events line
 MAX_REPLY_BYTES = 64 * 2**20  # a whole reply (streamed, or one JSON answer)
 CONNECT_TIMEOUT_S = 10.0
-IDLE_TIMEOUT_S = 60.0  # silence allowed mid-reply
+# A reply that brings no new text for this long is ended, whatever bytes came meanwhile: a
+# silent server, one trickling a byte at a time, one streaming events without text. Real servers
+# send a token's text every few tens of milliseconds once the first has come.
+IDLE_TIMEOUT_S = 20.0
 SECONDS_PER_TOKEN = 2.0  # the total deadline: the first-byte timeout plus this per max token
 MAX_REDIRECTS = 5
 
@@ -41,6 +46,13 @@ class EndpointError(SpecDeskError):
     def __init__(self, message: str, partial: str = ""):
         super().__init__(printable(message, one_line=True))
         self.partial = partial
+
+
+class ServerRedirected(EndpointError):
+    """A redirect that was not followed: every next request would meet it again, so a terminal
+    chat ends on it (exit status 2) instead of going on to the next message."""
+
+    ends_chat = True
 
 
 def base_url(url: str) -> str:
@@ -57,14 +69,21 @@ def base_url(url: str) -> str:
 
 
 class Watchdog:
-    """Ends a reply whose server goes quiet or runs past its deadline. A read blocked on the
-    socket cannot be interrupted from another thread by closing it, so the socket is shut
-    down, which ends the read at once; `reason` then says which bound it was."""
+    """Ends a reply whose server goes quiet, stops bringing text, or runs past its deadline. A
+    read blocked on the socket cannot be interrupted from another thread by closing it, so the
+    socket is shut down, which ends the read at once; `reason` then says which bound it was and
+    what the server did meanwhile.
 
-    def __init__(self, first_byte_s: float, idle_s: float, total_s: float):
+    The idle clock starts at the reply's first byte and restarts at each piece of text
+    (`moved`): bytes alone (`received`) and events alone (`line`) do not restart it."""
+
+    def __init__(self, first_byte_s: float, idle_s: float, total_s: float, whole: bool = False):
         self.first_byte_s, self.idle_s, self.total_s = first_byte_s, idle_s, total_s
+        self.whole = whole  # one JSON reply, not a stream of lines
         self.started = time.monotonic()
-        self.last: Optional[float] = None
+        self.last: Optional[float] = None  # the last byte
+        self.last_text: Optional[float] = None  # the last text, or the first byte before any text
+        self.bytes_since = self.lines_since = 0  # what came since the last text
         self.reason: Optional[str] = None
         self._socket: Optional[socket.socket] = None
         self._done = threading.Event()
@@ -76,19 +95,44 @@ class Watchdog:
         self._thread.start()
         return self
 
-    def progress(self) -> None:
-        self.last = time.monotonic()
+    def received(self, n_bytes: int) -> None:
+        now = time.monotonic()
+        if self.last_text is None:
+            self.last_text = now
+        self.last = now
+        self.bytes_since += n_bytes
+
+    def line(self) -> None:
+        self.lines_since += 1
+
+    def moved(self) -> None:
+        self.last_text = time.monotonic()
+        self.bytes_since = self.lines_since = 0
 
     def stop(self) -> None:
         self._done.set()
+
+    def stalled(self) -> str:
+        """What the server did in the idle time that ended the reply."""
+        limit = f"{self.idle_s:g} s"
+        if self.bytes_since == 0:
+            return f"sent nothing for {limit} mid-reply"
+        if self.whole:
+            return f"sent {self.bytes_since:,} bytes in {limit} and not the whole reply (the limit for a reply " \
+                   f"that brings nothing new is {limit})"
+        if self.lines_since == 0:
+            return f"trickled {self.bytes_since:,} bytes in {limit} without ending one line (the limit for a " \
+                   f"reply that brings no text is {limit})"
+        return f"sent {self.lines_since:,} lines ({self.bytes_since:,} bytes) but no text for {limit} (the limit " \
+               f"for a reply that brings no text)"
 
     def _watch(self) -> None:
         while not self._done.wait(min(0.25, self.idle_s / 4)):
             now = time.monotonic()
             if self.last is None and now - self.started > self.first_byte_s:
                 self.reason = f"sent nothing within {self.first_byte_s:g} s"
-            elif self.last is not None and now - self.last > self.idle_s:
-                self.reason = f"sent nothing for {self.idle_s:g} s mid-reply"
+            elif self.last_text is not None and now - self.last_text > self.idle_s:
+                self.reason = self.stalled()
             elif now - self.started > self.total_s:
                 self.reason = f"did not finish the reply within its deadline of {self.total_s:g} s"
             if self.reason is not None:
@@ -113,19 +157,36 @@ class HttpTransport:
         self.seconds_per_token = SECONDS_PER_TOKEN
         # trust_env: proxies and CA bundles from the environment, as urllib used them
         self._client = httpx2.Client(follow_redirects=True, max_redirects=MAX_REDIRECTS, trust_env=True,
-                                    event_hooks={"response": [self._refuse_downgrade]})
+                                    event_hooks={"response": [self._check_redirect]})
 
     def close(self) -> None:
         self._client.close()
 
-    def _refuse_downgrade(self, response: httpx2.Response) -> None:
-        """httpx2 drops the Authorization header on a redirect to another origin; a redirect
-        from https to http is refused outright (the request and its reply would travel in the clear)."""
-        if response.has_redirect_location and response.url.scheme == "https":
-            target = response.url.join(response.headers["location"])
-            if target.scheme != "https":
-                raise EndpointError(f"{self.url} redirected to {target.scheme}://{target.host}: a redirect from "
-                                    "https to http is refused; give the server's https address")
+    def _check_redirect(self, response: httpx2.Response) -> None:
+        """A redirect is followed only on the same server (the same scheme, host and port, or http
+        to https on the same host) and only where the request stays what it was: a 301, 302 or
+        303 answer to a POST would have it sent again as a GET, without its body. Anything else
+        is refused here, in one line, before httpx2 follows it."""
+        if not response.has_redirect_location:
+            return
+        source = response.url
+        target = source.join(response.headers["location"])
+        where = f"{target.scheme}://{target.netloc.decode('ascii', 'replace')}"
+        if source.scheme == "https" and target.scheme != "https":
+            raise ServerRedirected(f"{self.url} redirected to {where}: a redirect from https to http is refused; "
+                                "give the server's https address")
+        upgrade = source.scheme == "http" and target.scheme == "https" and source.port in (None, 80) \
+            and target.port in (None, 443)
+        same = (source.scheme, source.port) == (target.scheme, target.port) or upgrade
+        if source.host.lower() != target.host.lower() or not same:
+            raise ServerRedirected(f"{self.url} redirected {source.path} to another server, {where}: the redirect was "
+                                "not followed (the request and the API key go only where you said); give that "
+                                "address if it is the server to use")
+        method = response.request.method
+        if method == "POST" and response.status_code in (301, 302, 303):
+            raise ServerRedirected(f"{self.url} answered POST {source.path} with HTTP {response.status_code} to "
+                                f"{target.path}: the redirect was not followed (it would send the request again "
+                                "as a GET, without its body); give the address the server expects")
 
     @contextmanager
     def _open(self, path: str, body: Optional[dict] = None, timeout: Optional[float] = None):
@@ -208,7 +269,7 @@ class HttpTransport:
 
 def watched(chunks: Iterator[bytes], watchdog: Watchdog) -> Iterator[bytes]:
     for chunk in chunks:
-        watchdog.progress()
+        watchdog.received(len(chunk))
         yield chunk
 
 
@@ -251,14 +312,22 @@ def iter_lines(chunks: Iterator[bytes], cancel: threading.Event, url: str, reade
         yield buffer.decode("utf-8", "replace").rstrip("\r")
 
 
-def json_reply_lines(data: bytes) -> Iterator[str]:
-    """A whole (not streamed) chat completion as the stream lines it stands for."""
+def json_reply_lines(data: bytes, url: str) -> Iterator[str]:
+    """A whole (not streamed) chat completion as the stream lines it stands for; a reply that
+    is not one (no list of choices, and no error) is an EndpointError, never an empty reply."""
     try:
         reply = json.loads(data)
     except (ValueError, RecursionError):
         reply = None
     if not isinstance(reply, dict):
+        raise EndpointError(f"{url} answered with a reply that is not a JSON object ({len(data):,} bytes): is this an "
+                            "OpenAI-compatible server?")
+    if "error" in reply:
+        yield "data: " + json.dumps({"error": reply["error"]})
         return
+    if not isinstance(reply.get("choices"), list):
+        raise EndpointError(f"{url} answered with JSON that is not a chat completion (no choices): is this an "
+                            "OpenAI-compatible server?")
     chunk = dict(reply)
     chunk["choices"] = [{"index": c.get("index", 0), "finish_reason": c.get("finish_reason"),
                          "delta": c.get("message") or {}} for c in reply.get("choices") or () if isinstance(c, dict)]
