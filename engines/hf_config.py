@@ -19,6 +19,12 @@ from .files import require_regular_file
 from .types import SpecDeskError
 
 MAX_CONFIG_BYTES = 16 * 1024 * 1024  # real configs are a few KB
+# tokenizer.json is parsed twice (by the PyTorch engine and by the tokenizers library), each taking
+# several times its size. The largest real one we know is Gemma 3's, 33 MB (262,144 tokens,
+# indented); Gemma 2's is 17.5 MB, Llama 3's 9 MB, Qwen 2.5's 7 MB, and llama.cpp's vocabulary
+# files are at most 16 MB. Twice Gemma 3's admits a larger vocabulary yet and refuses, before
+# anything reads it, a file whose parse would take gigabytes. The library applies it too.
+MAX_TOKENIZER_BYTES = 64 * 2**20
 # key -> (smallest, largest): far above any released model, far below what would exhaust memory
 INT_LIMITS = {
     "num_hidden_layers": (1, 1024),
@@ -39,14 +45,21 @@ def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def read_config(path: str | os.PathLike, what: str = "config.json file", max_bytes: int = MAX_CONFIG_BYTES) -> dict:
-    """A JSON config file (config.json, an index) as a dict: a regular file, of at most
-    max_bytes (checked before it is read), nested within Python's limits, an object; else a
-    one-line SpecDeskError naming the file."""
+def sized_file(path: str | os.PathLike, what: str, max_bytes: int) -> Path:
+    """`path` when it is a regular file of at most max_bytes (from stat: nothing is read), else
+    a one-line SpecDeskError naming the file."""
     p = require_regular_file(path, what)
     size = p.stat().st_size
     if size > max_bytes:
         raise SpecDeskError(f"{p}: {size} bytes is not a plausible {what} (the limit is {max_bytes})")
+    return p
+
+
+def read_config(path: str | os.PathLike, what: str = "config.json file", max_bytes: int = MAX_CONFIG_BYTES) -> dict:
+    """A JSON config file (config.json, an index) as a dict: a regular file, of at most
+    max_bytes (checked before it is read), nested within Python's limits, an object; else a
+    one-line SpecDeskError naming the file."""
+    p = sized_file(path, what, max_bytes)
     try:
         data = json.loads(p.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, ValueError) as e:

@@ -9,6 +9,7 @@ import shutil
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from specdesk.app.models.library import (LibraryConfig, demo_family_paths, expand_location, load_sources, read_model,
                                   scan_library, source_locations)
@@ -237,3 +238,35 @@ def test_a_missing_sources_table_still_lists_the_rest(demo_family, tmp_path, mon
     entries = scan_library(LibraryConfig(include_hf_cache=False, include_demo=False,
                                          user_paths=[demo_family["draft_gguf"]], env=no_apps(tmp_path)))
     assert [e.path for e in entries] == [demo_family["draft_gguf"]]
+
+
+@pytest.mark.parametrize("size", [218 * 10**6, 2 * 2**30], ids=["218MB", "2GB"])
+def test_a_tokenizer_the_engine_refuses_is_listed_with_its_reason(tmp_path, monkeypatch, capsys, size):
+    """Issue 48, 4: folders whose tokenizer.json is 218 MB, or a 2 GB sparse file, were listed as
+    usable while compare refused them: the library applies the engine's limit, in its words."""
+    from specdesk.app.main import main
+    from specdesk.engines.torch.tokenizer import HfTokenizer
+    from specdesk.engines.types import SpecDeskError
+
+    config = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 32000}
+    fine = hf_folder(tmp_path / "fine", config)
+    (fine / "tokenizer.json").write_text('{"model": {"type": "BPE", "vocab": {}, "merges": []}}')
+    bomb = hf_folder(tmp_path / "bomb", config)
+    with open(bomb / "tokenizer.json", "wb") as f:
+        f.truncate(size)  # sparse: no disk used, and nothing of it may be read
+    with pytest.raises(SpecDeskError) as refused:
+        HfTokenizer(bomb)  # what compare and chat say of it
+    assert read_model(fine).ok
+    entry = read_model(bomb)
+    assert not entry.ok and entry.error == str(refused.value)
+    assert f"{size} bytes is not a plausible tokenizer.json file" in entry.error
+    assert entry.architecture == "LlamaForCausalLM" and entry.vocab_size == 32000  # the rest is still read
+
+    monkeypatch.setenv("SPECDESK_CONFIG_DIR", str(tmp_path / "config"))
+    monkeypatch.setenv("HOME", str(tmp_path / "empty-home"))
+    assert main(["models", "list", "--no-hf-cache", "--no-apps", "--path", str(bomb)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[-1].strip() == f"error: {refused.value}", lines
+    assert main(["models", "list", "--json", "--no-hf-cache", "--no-apps", "--path", str(bomb)]) == 0
+    [listed] = json.loads(capsys.readouterr().out)
+    assert listed["error"] == str(refused.value)

@@ -51,7 +51,7 @@ class Shape:
 class ModelEntry:
     path: str  # a GGUF file, or an HF checkpoint folder
     format: str  # "gguf" or "hf"
-    source: str  # "hf-cache", "demo", "user", or an app name from assets/model_sources.json
+    source: str  # "hf-cache", "demo", "specdesk" (models fetch), "user", or an app name from assets/model_sources.json
     name: str
     architecture: Optional[str] = None
     parameters: Optional[int] = None
@@ -168,7 +168,8 @@ def _safetensors_parameters(path: Path) -> tuple[int, int]:
 def read_hf_folder(folder: Path, source: str, name: Optional[str] = None,
                    repo_id: Optional[str] = None) -> ModelEntry:
     """Metadata of a checkpoint folder from config.json and the safetensors headers. A config
-    with bad keys (engines/hf_config.py) keeps what could be read and gets `error` naming them."""
+    with bad keys (engines/hf_config.py), or a tokenizer.json the engine would refuse unread,
+    keeps what could be read and gets `error` naming them."""
     from specdesk.engines.hf_config import config_problems, effective, read_config
 
     folder = Path(folder)
@@ -216,8 +217,25 @@ def read_hf_folder(folder: Path, source: str, name: Optional[str] = None,
                     n_head_kv=_whole(key("num_key_value_heads")) or n_head, key_length=head_dim,
                     value_length=head_dim),
         repo_id=repo_id,
-        error=f"{folder / 'config.json'}: {'; '.join(problems)}" if problems else None,
+        error="; ".join(e for e in (f"{folder / 'config.json'}: {'; '.join(problems)}" if problems else None,
+                                    tokenizer_problem(tokenizer)) if e) or None,
     )
+
+
+def tokenizer_problem(path: Path) -> Optional[str]:
+    """Why the PyTorch engine would refuse this tokenizer.json before reading it (not a regular
+    file, or over its size limit), in its own words; None when it would not, or there is none.
+    Only stat() is asked: a file of gigabytes is listed as quickly as any."""
+    from specdesk.engines.hf_config import MAX_TOKENIZER_BYTES, sized_file
+    from specdesk.engines.types import SpecDeskError
+
+    if not os.path.lexists(path):
+        return None
+    try:
+        sized_file(path, "tokenizer.json file", MAX_TOKENIZER_BYTES)
+    except SpecDeskError as e:
+        return str(e)
+    return None
 
 
 def _has_chat_template(folder: Path) -> bool:
@@ -321,6 +339,13 @@ def demo_family_paths(root: Optional[Path] = None) -> list[Path]:
             if unit.endswith(("_gguf", "_hf")) and unit != "core_hf" and (build / rel).exists():
                 found.append(build / rel)
     return found
+
+
+def fetched_models() -> list[tuple[str, Path]]:
+    """(label, path) of the real models `specdesk models fetch` put in the cache (known.py)."""
+    from .known import KNOWN, fetched_path, is_fetched
+
+    return [(m.label, fetched_path(m)) for m in KNOWN.values() if is_fetched(m)]
 
 
 def demo_name(path: Path) -> str:
@@ -503,6 +528,7 @@ def scan_library(config: Optional[LibraryConfig] = None,
         add(scan_hf_cache(config.hf_cache))
     if config.include_demo:
         add(read_model(p, "demo", demo_name(p)) for p in demo_family_paths(config.demo_root))
+        add(read_model(p, "specdesk", name) for name, p in fetched_models())
     for user_path in config.user_paths:
         say(f"scanning {user_path}")
         add(read_model(p, "user") for p in walk_models(Path(user_path)))

@@ -13,16 +13,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional, Sequence
 
-from ..hf_config import read_config
+from ..hf_config import MAX_TOKENIZER_BYTES, read_config  # the limit, and why, are there
 from ..types import SpecDeskError
 from .loader import read_json
 
-# tokenizer.json is parsed twice (here and by the tokenizers library), each taking several
-# times its size. The largest real one we know is Gemma 3's, 33 MB (262,144 tokens, indented);
-# Gemma 2's is 17.5 MB, Llama 3's 9 MB, Qwen 2.5's 7 MB, and llama.cpp's vocabulary files are
-# at most 16 MB. Twice Gemma 3's admits a larger vocabulary yet and refuses, before anything
-# reads it, a file whose parse would take gigabytes.
-MAX_TOKENIZER_BYTES = 64 * 2**20
 _BYTE_FALLBACK = re.compile(r"^<0x([0-9A-Fa-f]{2})>$")
 
 
