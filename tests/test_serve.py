@@ -368,17 +368,56 @@ def test_an_open_address_without_a_key_is_refused_unless_asked_for(demo_family):
     assert "--host 0.0.0.0 lets other machines reach the server" in run.stderr and "--insecure-no-key" in run.stderr
 
 
-def test_pure_body_checks():
-    from specdesk.app.serving.serve import RequestError, json_depth, parse_body
+def test_no_response_body_names_a_path_of_the_servers_files(server, demo_family):
+    """Issue 48, 5: a request for method mtp on a model without MTP layers got a 400 naming the
+    model file's absolute path. Every body the server sends here is checked for the folders its
+    files lie in, and every error for any absolute path at all."""
+    absolute = re.compile(r"(?<![\w.:/-])/(?!v1/)[\w.+~-]+/[\w./+~-]+")
+    folders = {str(Path(demo_family[role]).resolve().parent) for role in ("target_gguf", "draft_gguf")}
+    folders |= {str(Path(demo_family["target_gguf"]).parent), str(Path.cwd())}
+    bodies: list[tuple[int, str]] = []
 
-    assert json_depth(b'{"a": [1, {"b": "[[[[{{{"}], "c": "\\"]"}') == 3
-    assert json_depth(b"[]" * 1000) == 1 and json_depth(b"") == 0
-    assert parse_body(b'{"a": "\\ud83d\\ude00"}') == {"a": "\U0001F600"}  # a surrogate pair is text
-    for data, words in ((b'{"a": "\\udc00"}', "lone surrogate"), (b"[" * 65 + b"]" * 65, "64 levels"),
-                        (b'{"a": Infinity}', "not a JSON number"), (b'{"a": 1' + b"0" * 5000 + b"}", "not valid JSON"),
-                        (b"\xff\xfe{}", "not valid JSON")):
-        with pytest.raises(RequestError, match=words):
-            parse_body(data)
+    def post(path: str, body: dict, key: str | None = API_KEY) -> tuple[int, str]:
+        answer = raw_post(server, path, json.dumps({"model": MODEL, "max_tokens": 4, **body}).encode(), key)
+        bodies.append(answer)
+        return answer
+
+    mtp = {"speculative": {"method": "mtp"}}
+    for stream in (False, True):
+        status, text = post("/v1/chat/completions", {"messages": CHAT, "stream": stream, **mtp})
+        assert "this GGUF has no MTP (NextN) layers" in text and "specdesk-demo-target-F16.gguf" in text, text
+        assert status == (200 if stream else 400)  # streamed, the error is the stream's last event
+        assert post("/v1/completions", {"prompt": "import os\n", "stream": stream, **mtp})[0] == (200 if stream
+                                                                                                 else 400)
+    post("/v1/chat/completions", {"messages": CHAT, "stream": True})
+    post("/v1/completions", {"prompt": "import os\n"})
+    post("/v1/chat/completions", {"messages": CHAT}, key="wrong")
+    post("/v1/chat/completions", {"messages": CHAT, "model": "elsewhere"})
+    post("/v1/completions", {"prompt": list(range(100_000))})
+    bodies += [(status, json.dumps(body) if isinstance(body, dict) else body)
+               for status, body in (http(server, "/v1/models"), http(server, "/metrics"))]
+    for status, text in bodies:
+        assert not [folder for folder in folders if folder in text], text[:400]
+        if status >= 400 or '"error"' in text:
+            assert not absolute.findall(text), text[:400]
+
+
+@pytest.mark.parametrize("path, field, value", [
+    ("/v1/chat/completions", "logit_bias", {"50256": -100}), ("/v1/chat/completions", "logprobs", True),
+    ("/v1/chat/completions", "top_logprobs", 3), ("/v1/completions", "logprobs", 1), ("/v1/completions", "best_of", 3),
+])
+def test_fields_the_server_cannot_honour_are_refused_by_name(server, path, field, value):
+    """Issue 48, 5: logit_bias, logprobs and best_of were silently ignored."""
+    request = {"model": MODEL, "max_tokens": 2, field: value}
+    request.update({"messages": CHAT} if path.endswith("chat/completions") else {"prompt": "import os\n"})
+    if field == "top_logprobs":
+        request["logprobs"] = False  # top_logprobs alone asks for them too
+    status, text = raw_post(server, path, json.dumps(request).encode())
+    error = json.loads(text)["error"]
+    assert status == 400 and error["param"] == field and error["message"].startswith(f"'{field}' "), text
+    # values that ask for nothing pass, as OpenAI clients send them
+    harmless = {"logit_bias": {}, "logprobs": False, "top_logprobs": 0, "best_of": 1}[field]
+    assert raw_post(server, path, json.dumps({**request, field: harmless}).encode())[0] == 200
 
 
 def start_limited_server(target: str, *options: str, open_files: int | None = None):
