@@ -25,6 +25,29 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Mapping
+
+# Variables that tell a library which CPU code to run instead of letting it read CPUID: set for
+# the host (OpenBLAS's OPENBLAS_CORETYPE=Haswell on some processors), they would make numpy run
+# AVX2 kernels on an emulated SSE4.2 CPU. SPECDESK_LLAMA_CPU_MODULE names the host's module.
+CPU_OVERRIDES = ("OPENBLAS_CORETYPE", "MKL_DEBUG_CPU_TYPE", "MKL_ENABLE_INSTRUCTIONS", "NPY_ENABLE_CPU_FEATURES",
+                 "NPY_DISABLE_CPU_FEATURES", "ATEN_CPU_CAPABILITY", "GOTOBLAS_CORETYPE", "SPECDESK_LLAMA_CPU_MODULE")
+# OpenBLAS's core for a QEMU CPU model, by the model's family name (the part before "-v")
+OPENBLAS_CORES = {"Nehalem": "NEHALEM", "Westmere": "NEHALEM", "SandyBridge": "SANDYBRIDGE", "IvyBridge": "SANDYBRIDGE",
+                  "Haswell": "HASWELL", "Broadwell": "HASWELL", "Skylake-Client": "HASWELL",
+                  "Skylake-Server": "SKYLAKEX", "Cascadelake-Server": "SKYLAKEX", "Icelake-Server": "SKYLAKEX",
+                  "Cooperlake": "COOPERLAKE", "SapphireRapids": "SAPPHIRERAPIDS", "EPYC-Genoa": "ZEN"}
+
+
+def emulated_env(cpu: str, host: Mapping[str, str]) -> dict[str, str]:
+    """The environment for a process on the emulated `cpu`: the host's, without anything that
+    names the host's CPU code, and OpenBLAS told the emulated CPU's core (or left to CPUID, which
+    QEMU answers for the emulated CPU, where the model is not in the table)."""
+    env = {key: value for key, value in host.items() if key not in CPU_OVERRIDES}
+    family = cpu.split("-v")[0] if "-v" in cpu else cpu
+    if family in OPENBLAS_CORES:
+        env["OPENBLAS_CORETYPE"] = OPENBLAS_CORES[family]
+    return env
 
 
 def inner(target: str, draft: str, tokens: int) -> int:
@@ -73,7 +96,8 @@ def main(argv: list[str] | None = None) -> int:
         started = time.monotonic()
         done = subprocess.run([qemu, "-cpu", args.cpu, sys.executable, __file__, str(args.bundle), "--tokens",
                                str(args.tokens), "--inner", paths["target_gguf"], paths["draft_gguf"]],
-                              env={**os.environ, "LLAMA_CPP_LIB_PATH": str(libraries), "OMP_NUM_THREADS": "1"},
+                              env={**emulated_env(args.cpu, os.environ), "LLAMA_CPP_LIB_PATH": str(libraries),
+                                   "OMP_NUM_THREADS": "1"},
                               capture_output=True, text=True)
     seconds = round(time.monotonic() - started, 1)
     lines = [line for line in done.stdout.splitlines() if line.startswith("{")]

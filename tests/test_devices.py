@@ -7,9 +7,15 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
-from specdesk.engines.llama.devices import (cpu_features, cpu_modules, cpu_variant, describe_build, llama_build,
-                                           llama_devices, loaded_cpu_module)
+import ctypes
+
+import pytest
+
+from specdesk.engines.llama.binding import ggml_function
+from specdesk.engines.llama.devices import (cpu_features, cpu_modules, cpu_variant, describe_build, file_holding,
+                                           llama_build, llama_devices, module_file)
 
 SYSTEM_INFO = ("CPU : SSE3 = 1 | SSSE3 = 1 | AVX = 1 | AVX2 = 1 | F16C = 1 | FMA = 1 | BMI2 = 1 | AVX512 = 0 | "
                "LLAMAFILE = 1 | OPENMP = 1 | REPACK = 1 | ")
@@ -26,11 +32,11 @@ def test_cpu_code_is_named_from_the_features_it_was_compiled_for():
 
 
 def test_a_cpu_only_build_says_so_with_how_to_get_a_gpu_build():
-    build = {"llama_cpp_python": "0.3.36", "backend": "cpu", "backends": ["CPU", "RPC"], "gpu_offload": True,
+    build = {"llama_cpp_python": "0.3.36", "backend": "cpu", "backends": ["CPU", "RPC"], "gpu_offload": False,
              "rpc": True, "cpu_variant": "x86-64-v3", "cpu_features": []}
     line = describe_build(build)
     assert "backend cpu, CPU code x86-64-v3, RPC; GPU offload: no" in line and "scripts/setup.sh" in line
-    cuda = describe_build({**build, "backend": "cuda", "backends": ["CUDA", "CPU"]})
+    cuda = describe_build({**build, "backend": "cuda", "backends": ["CUDA", "CPU"], "gpu_offload": True})
     assert cuda.endswith("GPU offload: yes")
 
 
@@ -40,9 +46,8 @@ def test_the_cpu_variant_chosen_at_run_time_is_named(tmp_path):
                  "libggml-rpc.so", "ggml-cpu-sse42.dll"):
         (tmp_path / name).write_bytes(b"")
     assert cpu_modules(tmp_path) == ["haswell", "skylakex", "sse42", "x64"]
-    maps = ("7f00-7f10 r-xp 00000000 08:01 1 /opt/specdesk/_internal/llama_cpp/lib/libggml-base.so.0\n"
-            "7f10-7f20 r-xp 00000000 08:01 2 /opt/specdesk/_internal/llama_cpp/lib/libggml-cpu-haswell.so\n")
-    assert loaded_cpu_module(maps) == "haswell" and loaded_cpu_module("") is None
+    assert module_file("/opt/specdesk/_internal/llama_cpp/lib/libggml-cpu-haswell.so") == "haswell"
+    assert module_file("/opt/specdesk/_internal/llama_cpp/lib/libggml-base.so.0") is None and module_file(None) is None
     build = {"llama_cpp_python": "0.3.36", "backend": "cpu", "backends": ["RPC", "CPU"], "gpu_offload": False,
              "rpc": True, "cpu_variant": "x86-64-v3", "cpu_features": [], "cpu_modules": ["haswell", "sse42", "x64"],
              "cpu_module": "haswell"}
@@ -58,6 +63,27 @@ def test_this_install_lists_the_cpu_with_its_memory():
     assert build["cpu_variant"].startswith("x86-64") or build["cpu_variant"] == os.uname().machine
     if build["cpu_modules"]:  # run-time variants: the one loaded is one of those shipped
         assert build["cpu_module"] in build["cpu_modules"]
+
+
+def test_the_variant_named_is_the_module_whose_code_runs():
+    """Every module file is mapped into the process once cpu_variant has scored them, so the name
+    comes from the file that holds the registered CPU backend, and agrees with the module the
+    choice handed to child processes and with the features llama.cpp reports for its CPU code."""
+    from specdesk.engines.llama import cpu_variant
+
+    build = llama_build()
+    if not build["cpu_modules"]:
+        pytest.skip("a build with its CPU code linked in")
+    every_file = {module_file(line.rsplit("/", 1)[-1]) for line in open("/proc/self/maps")} - {None}
+    assert len(every_file) > 1  # the memory map alone could not tell which one runs
+    assert build["cpu_module"] == module_file(os.environ[cpu_variant.ENV])
+    assert build["cpu_module"] == module_file(file_holding(
+        ggml_function("ggml_backend_reg_by_name", ctypes.c_void_p, [ctypes.c_char_p])(b"CPU")))
+    if build["cpu_module"] in ("x64", "sse42"):
+        assert "AVX2" not in build["cpu_features"]
+    if build["cpu_module"] in ("skylakex", "icelake", "cooperlake", "cannonlake", "sapphirerapids", "zen4"):
+        assert build["cpu_variant"] == "x86-64-v4"
+    assert describe_build(build).count(f"({build['cpu_module']}, chosen at run time") == 1
 
 
 def _specdesk(*args: str) -> subprocess.CompletedProcess:
@@ -87,3 +113,24 @@ def test_the_about_box_names_the_backend_and_cpu_code(qtbot, tmp_path):
     text = window.about_text()
     assert "backend " in text and "CPU code " in text and "Qt (PySide6)" in text
     assert window.about_action.text() == "About SpecDesk…"
+
+
+def test_a_module_named_by_the_parent_is_the_one_reported(tmp_path):
+    """Whatever this CPU would pick: a process told to use the SSE4.2 module (which every x86-64
+    CPU of the last fifteen years runs) reports that module and its level, in --version's line."""
+    if os.uname().machine != "x86_64":
+        pytest.skip("x86-64 variants")
+    from specdesk.engines.llama import binding
+
+    folder = Path(binding.llama_lib().llama_cpp._lib._name).parent
+    if not (folder / "libggml-cpu-sse42.so").is_file():
+        pytest.skip("a build with its CPU code linked in")
+    code = ("import json; from specdesk.engines.llama.devices import llama_build, describe_build; "
+            "b = llama_build(); print(json.dumps([b['cpu_module'], b['cpu_variant'], b['cpu_features'], describe_build(b)]))")
+    env = {**os.environ, "SPECDESK_LLAMA_CPU_MODULE": str(folder / "libggml-cpu-sse42.so"),
+           "SPECDESK_CACHE_DIR": str(tmp_path)}
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    module, level, features, line = json.loads(done.stdout.strip().splitlines()[-1])
+    assert (module, level) == ("sse42", "x86-64-v2") and "AVX2" not in features
+    assert "CPU code x86-64-v2 (sse42, chosen at run time" in line

@@ -344,8 +344,23 @@ def test_linux_build_checks_the_instructions_of_what_it_ships():
 
 
 def _capped_run(bundle: Path, cpu: str, *expect: str) -> subprocess.CompletedProcess:
+    # As some hosts set it (the host's OpenBLAS core): the emulated CPU must not inherit it.
+    env = {**os.environ, "OPENBLAS_CORETYPE": "Haswell"}
     return subprocess.run([sys.executable, str(PACKAGING / "cpu_capped_check.py"), str(bundle), "--cpu", cpu, *expect],
-                          capture_output=True, text=True, timeout=600)
+                          capture_output=True, text=True, timeout=600, env=env)
+
+
+def test_the_emulated_cpu_gets_an_environment_for_itself_not_for_the_host():
+    sys.path.insert(0, str(PACKAGING))
+    try:
+        from cpu_capped_check import emulated_env
+    finally:
+        sys.path.remove(str(PACKAGING))
+    host = {"PATH": "/usr/bin", "OPENBLAS_CORETYPE": "Haswell", "NPY_ENABLE_CPU_FEATURES": "AVX512F",
+            "SPECDESK_LLAMA_CPU_MODULE": "/opt/lib/libggml-cpu-zen4.so"}
+    assert emulated_env("Nehalem", host) == {"PATH": "/usr/bin", "OPENBLAS_CORETYPE": "NEHALEM"}
+    assert emulated_env("Haswell-v4", host)["OPENBLAS_CORETYPE"] == "HASWELL"
+    assert emulated_env("qemu64", host) == {"PATH": "/usr/bin"}  # not in the table: OpenBLAS reads CPUID
 
 
 @pytest.mark.skipif(os.uname().machine != "x86_64" or not __import__("shutil").which("qemu-x86_64"),

@@ -96,7 +96,7 @@ def check_llama_build(state: dict) -> str:
     from specdesk.engines.llama.devices import llama_build
 
     build = llama_build()
-    offload = "yes" if build["gpu_offload"] and build["backend"] != "cpu" else "no"
+    offload = "yes" if build["gpu_offload"] else "no"
     variant = (f", variant {build['cpu_module']} of {len(build['cpu_modules'])} chosen for this CPU"
                if build.get("cpu_modules") else "")
     return (f"backend {build['backend']}, CPU code {build['cpu_variant']} ({' '.join(build['cpu_features'])}{variant}), "

@@ -1,11 +1,28 @@
 """The child process of cpu_variant.probe: llama.cpp's CPU backend from one module alone, and a
 small Q4_0 model written here that decodes a few tokens through it. It imports nothing of
-SpecDesk's binding, which runs the probe."""
+SpecDesk's binding, which runs the probe.
+
+The child is a plain subprocess, not a multiprocessing one: the probe runs inside whatever
+process loads llama.cpp first, and that may be a daemonic multiprocessing child (the engine
+host, a training job), which multiprocessing forbids to start children of its own. A frozen
+bundle has no `python -m`: its entry point (packaging/specdesk_main.py) runs `run` when its
+first argument is FLAG.
+"""
 
 from __future__ import annotations
 
+import sys
 import tempfile
 from pathlib import Path
+
+FLAG = "--specdesk-cpu-probe"  # the frozen bundle's entry point hands this argument to run()
+
+
+def command(module: str) -> list[str]:
+    """The command line of a child process that probes `module`, from this interpreter or bundle."""
+    if getattr(sys, "frozen", False):
+        return [sys.executable, FLAG, str(module)]
+    return [sys.executable, "-m", "specdesk.engines.llama.cpu_probe", str(module)]
 
 
 def write_probe_model(path: Path) -> Path:
@@ -78,3 +95,7 @@ def run(module: str) -> None:
                                 n_threads=2, verbose=False)
         model.eval(list(range(3, 35)))
         model.close()
+
+
+if __name__ == "__main__":
+    run(sys.argv[1])

@@ -95,26 +95,27 @@ def runs_here(path: Path, cpu: str) -> tuple[bool, str]:
 
 def probe(path: Path) -> tuple[bool, str]:
     """Load the module alone in a child process (cpu_probe.run) and decode through a small quantized model."""
-    import multiprocessing
+    import subprocess
 
-    child = multiprocessing.get_context("spawn").Process(target=cpu_probe.run, args=(str(path),), daemon=True)
-    child.start()
-    child.join(PROBE_TIMEOUT_S)
-    if child.is_alive():
-        child.kill()
-        child.join()
+    try:
+        done = subprocess.run(cpu_probe.command(str(path)), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                              stderr=subprocess.PIPE, timeout=PROBE_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
         return False, f"a decode did not finish in {PROBE_TIMEOUT_S} s"
-    if child.exitcode == 0:
+    except OSError as e:
+        return False, f"the probe of {path} could not start ({e.strerror or e})"
+    if done.returncode == 0:
         return True, ""
-    if child.exitcode < 0:
+    if done.returncode < 0:
         import signal
 
         try:
-            name = signal.Signals(-child.exitcode).name
+            name = signal.Signals(-done.returncode).name
         except ValueError:
-            name = f"signal {-child.exitcode}"
+            name = f"signal {-done.returncode}"
         return False, f"a decode ended with {name} (an instruction this machine does not run)"
-    return False, f"the probe of {path} failed (exit status {child.exitcode})"
+    last = done.stderr.decode("utf-8", "replace").strip().splitlines()[-1:] if done.stderr else []
+    return False, f"the probe of {path} failed (exit status {done.returncode}{': ' + last[0] if last else ''})"
 
 
 def choose(folder: Path) -> tuple[Optional[Path], Optional[Path], list[str]]:

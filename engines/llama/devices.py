@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import os
 import re
+import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -114,19 +116,40 @@ def cpu_modules(folder: Path) -> list[str]:
         return []
 
 
-def loaded_cpu_module(maps: str | None = None) -> str | None:
-    """The CPU variant ggml chose for this CPU, from the modules mapped into this process (Linux;
-    elsewhere the features it was compiled for name it)."""
-    if maps is None:
+def module_file(name: str | None) -> str | None:
+    """The CPU variant a module file's name says ("zen4" for libggml-cpu-zen4.so), or None."""
+    match = CPU_MODULE.match(Path(name).name) if name else None
+    return match.group(1) if match else None
+
+
+class _DlInfo(ctypes.Structure):
+    _fields_ = [("dli_fname", ctypes.c_char_p), ("dli_fbase", ctypes.c_void_p),
+                ("dli_sname", ctypes.c_char_p), ("dli_saddr", ctypes.c_void_p)]
+
+
+def file_holding(address: int) -> str | None:
+    """The shared library whose image holds `address` (dladdr), or None where it cannot be asked."""
+    if not address or sys.platform == "win32":
+        return None
+    for library in (None, "libdl.so.2"):
         try:
-            maps = Path("/proc/self/maps").read_text()
-        except OSError:
-            return None
-    for line in maps.splitlines():
-        match = CPU_MODULE.match(line.rsplit("/", 1)[-1])
-        if match:
-            return match.group(1)
+            dladdr = ctypes.CDLL(library).dladdr
+        except (OSError, AttributeError):
+            continue
+        dladdr.restype, dladdr.argtypes = ctypes.c_int, [ctypes.c_void_p, ctypes.POINTER(_DlInfo)]
+        info = _DlInfo()
+        if dladdr(ctypes.c_void_p(address), ctypes.byref(info)) and info.dli_fname:
+            return os.fsdecode(info.dli_fname)
+        return None
     return None
+
+
+def loaded_cpu_module() -> str | None:
+    """The CPU variant ggml's registered CPU backend comes from: the file holding its registry
+    entry. Every module file may be mapped into the process (cpu_variant.ranked scores each one),
+    so the process's memory map cannot say which one runs."""
+    reg = _ggml("ggml_backend_reg_by_name", ctypes.c_void_p, [ctypes.c_char_p])(b"CPU")
+    return module_file(file_holding(reg))
 
 
 @functools.lru_cache(maxsize=1)
@@ -143,7 +166,8 @@ def llama_build() -> dict:
         "llama_cpp_python": getattr(llama_cpp, "__version__", "unknown"),
         "backend": gpu[0] if gpu else "cpu",
         "backends": backends,
-        "gpu_offload": bool(llama_cpp.llama_supports_gpu_offload()),
+        # llama_supports_gpu_offload is also true for the RPC backend alone: offload to a GPU needs a GPU backend
+        "gpu_offload": bool(gpu) and bool(llama_cpp.llama_supports_gpu_offload()),
         "rpc": "RPC" in backends,
         "cpu_variant": cpu_variant(features, platform.machine()),
         "cpu_features": features,
@@ -155,7 +179,7 @@ def llama_build() -> dict:
 
 def describe_build(build: dict) -> str:
     """One line: "llama.cpp 0.3.36: CPU (x86-64-v3), RPC; GPU offload: no (...)"."""
-    offload = "yes" if build["gpu_offload"] and build["backend"] != "cpu" else "no"
+    offload = "yes" if build["gpu_offload"] else "no"
     code = build["cpu_variant"]
     if build.get("cpu_modules"):
         chosen = f"{build['cpu_module']}, " if build.get("cpu_module") else ""
