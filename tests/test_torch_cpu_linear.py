@@ -54,6 +54,25 @@ def test_packing_keeps_the_state_dict_and_the_outputs(monkeypatch):
     assert packed(x).requires_grad
 
 
+@pytest.mark.parametrize("precision", [None, torch.bfloat16])
+def test_packed_linears_agree_with_autocast_in_every_precision(monkeypatch, precision):
+    """A training step's evaluation runs the packed model under bfloat16 autocast where the CPU
+    multiplies bfloat16 fast: its inputs then arrive in bfloat16, which oneDNN's float32 copy
+    refuses. Both precisions are forced here, whatever this CPU would choose."""
+    monkeypatch.setenv(ENV, "1")
+    plain, packed = _module(), _module()
+    assert pack_linears(packed)
+    x = torch.randn(2, 6, 32)
+    context = torch.autocast("cpu", dtype=precision) if precision else torch.autocast("cpu", enabled=False)
+    with torch.inference_mode(), context:
+        ours, theirs = packed(x), plain(x)
+        bfloat16_input = packed(x.to(torch.bfloat16)) if precision else None  # what attention hands on
+    assert ours.dtype == theirs.dtype == (precision or torch.float32)
+    torch.testing.assert_close(ours.float(), theirs.float(), rtol=1e-2 if precision else 1e-5,
+                               atol=1e-2 if precision else 1e-5)
+    assert bfloat16_input is None or bfloat16_input.dtype == torch.bfloat16
+
+
 def test_packing_is_skipped_where_it_cannot_or_should_not_run(monkeypatch):
     monkeypatch.setenv(ENV, "0")
     module = _module()

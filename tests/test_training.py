@@ -342,8 +342,9 @@ def test_the_trained_mtp_layer_computes_in_the_engine_what_training_unrolled(dem
         previous = drafter.layer.feedback(out)
 
 
+@pytest.mark.parametrize("precision", ["float32", "bfloat16"])  # each, whatever `auto` picks on this CPU
 def test_an_mtp_layer_trained_for_one_step_is_kept_and_runs_in_both_engines(demo_family, small_prompts, tmp_path,
-                                                                             capsys):
+                                                                             capsys, precision):
     from specdesk.app.demo.export_gguf import export_gguf
     from specdesk.app.runtime.compare import run_once
     from specdesk.engines.llama.engine import LlamaEngine
@@ -352,11 +353,12 @@ def test_an_mtp_layer_trained_for_one_step_is_kept_and_runs_in_both_engines(demo
 
     core_gguf = export_gguf(Path(demo_family["core_hf"]), tmp_path / "core.gguf", "core")
     out = tmp_path / "run"
-    argv = _common(demo_family, small_prompts, out) + ["--method", "mtp", "--steps", "1", "--target-gguf",
-                                                        str(core_gguf)]
+    argv = _common(demo_family, small_prompts, out) + ["--method", "mtp", "--steps", "1", "--precision", precision,
+                                                        "--target-gguf", str(core_gguf)]
     argv[argv.index("--target") + 1] = demo_family["core_hf"]
     assert _run_cli(argv) == 0
     provenance = json.loads((out / "provenance.json").read_text())
+    assert provenance["training"]["precision"] == ("float32" if precision == "float32" else "bfloat16 autocast")
     assert provenance["adopted"] is False and provenance["reason"].startswith("trained MTP: ")
     assert provenance["measured"]["trained"]["identical_outputs"] is True
     prompt = "with open(path) as f:\n"

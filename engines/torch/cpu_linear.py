@@ -51,8 +51,11 @@ def reorder(weight: torch.Tensor) -> Optional[torch.Tensor]:
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
            packed: Optional[torch.Tensor]) -> torch.Tensor:
     """x @ weight.T + bias, through the reordered copy for PACKED_MIN_ROWS rows or more
-    (inference only: oneDNN's op has no gradient)."""
-    if packed is not None and x.numel() >= PACKED_MIN_ROWS * x.shape[-1] and not torch.is_grad_enabled():
+    (inference only: oneDNN's op has no gradient). Under autocast (a training step's bfloat16
+    evaluation) F.linear runs, so the product has the precision autocast gives every other
+    linear; oneDNN's op is not autocast's and refuses a bfloat16 input against the float32 copy."""
+    if (packed is not None and x.dtype == packed.dtype and x.numel() >= PACKED_MIN_ROWS * x.shape[-1]
+            and not torch.is_grad_enabled() and not torch.is_autocast_enabled(x.device.type)):
         return torch.ops.mkldnn._linear_pointwise(x.contiguous(), packed, bias, "none", [], "")
     return F.linear(x, weight, bias)
 
