@@ -23,23 +23,30 @@ from specdesk.engines.types import SpecConfig, SpecDeskError
 
 # --- compare ---------------------------------------------------------------
 def format_table(report) -> str:
+    """The compare as a table: each arm's median tok/s over the runs and their range, and a
+    headline that is the one median divided by the other (app/runtime/compare.CompareReport)."""
     base, spec = report.baseline, report.speculative
     identical = {True: "yes", False: "NO", None: "n/a (sampling)"}[report.identical_outputs]
+    if report.identical_outputs and report.too_short:  # one token alike says little
+        identical += f" ({base.tokens} token{'s' if base.tokens != 1 else ''})"
+    base_rate, spec_rate = report.baseline_rate, report.speculative_rate
     rows = [
         f"engine {report.engine} · target {Path(report.target).name}"
         + (f" · draft {Path(report.draft).name}" if report.draft else "")
         + f" · method {report.method} · k {report.k} · T {report.temperature} · {len(report.results)} prompt(s)",
         "",
-        f"{'':14}{'tokens':>8}{'seconds':>10}{'tok/s':>10}{'accept':>9}{'tok/pass':>10}",
-        f"{'baseline':14}{base.tokens:>8}{base.seconds:>10.2f}{base.tok_per_s:>10.1f}{'':>9}{base.mean_accepted_length:>10.2f}",
-        f"{'speculative':14}{spec.tokens:>8}{spec.seconds:>10.2f}{spec.tok_per_s:>10.1f}"
+        f"{'':14}{'tokens':>8}{'tok/s':>10}{'runs':>18}{'accept':>9}{'tok/pass':>10}",
+        f"{'baseline':14}{base.tokens:>8}{base_rate.median:>10.1f}{base_rate.span('', 1):>18}{'':>9}"
+        f"{base.mean_accepted_length:>10.2f}",
+        f"{'speculative':14}{spec.tokens:>8}{spec_rate.median:>10.1f}{spec_rate.span('', 1):>18}"
         f"{spec.acceptance_rate:>9.2f}{spec.mean_accepted_length:>10.2f}",
         "",
-        f"speedup {report.speedup_measure.describe()}"
-        + ("" if report.beyond_noise else " (within the noise of 1.0x)") + f" · identical outputs: {identical}",
+        f"speedup {report.headline()} · identical outputs: {identical}",
     ]
     if report.busy:
         rows.append(f"warning: {report.busy}; the figures may be off")
+    if report.too_short:
+        rows.append(f"warning: {report.too_short}")
     if spec.per_position_drafted:
         rows.append("acceptance per draft position: "
                     + " ".join(f"{a:.2f}" for a in spec.per_position_acceptance))
@@ -92,13 +99,19 @@ def cmd_compare(args) -> int:
 
     def show_progress(label, index, event):
         print(f"\r{label:12} prompt {index + 1}/{len(prompts)}", end="", file=sys.stderr, flush=True)
+    # a server's prompts are chat messages; local ones too where the model has a chat template
+    # (as the app's Compare tab does), unless --no-chat
+    chat = served or (args.chat if args.chat is not None else backend.info.chat_template)
+    if not served:
+        print("specdesk: prompts " + ("go through the model's chat template (--no-chat: raw text)" if chat else
+                                      "are raw text to continue" + ("" if args.chat is False else
+                                                                    " (the model has no chat template)")),
+              file=sys.stderr)
     try:
-        # a server's prompts are chat messages; local prompts are raw text unless --chat
-        report = backend.compare(prompts, settings, threading.Event(), show_progress if live else None,
-                                 chat=served or args.chat)
+        report = backend.compare(prompts, settings, threading.Event(), show_progress if live else None, chat=chat)
         if live:
             print("\r" + " " * 40 + "\r", end="", file=sys.stderr)
-        payload = backend.compare_json(report)
+        payload = {**backend.compare_json(report), "chat_template": chat}  # how the prompts were sent
     finally:
         backend.close()
     if args.json == "-":
@@ -315,9 +328,12 @@ def build_parser(add_more: Optional[Callable[[argparse.ArgumentParser, Any], Non
     p = sub.add_parser("compare", help="run baseline and speculative decoding on the same prompts")
     add_model_options(p)
     add_endpoint_options(p, compare=True)
-    p.add_argument("--prompt", help="one prompt (raw completion text)")
+    p.add_argument("--prompt", help="one prompt (a user message in the model's chat template, or raw text with "
+                                    "--no-chat)")
     p.add_argument("--prompts", help='a JSONL file, one {"prompt": "..."} per line')
-    p.add_argument("--chat", action="store_true", help="wrap prompts in the model's chat template")
+    p.add_argument("--chat", action=argparse.BooleanOptionalAction, default=None,
+                   help="wrap each prompt in the model's chat template as one user message (the default when the "
+                        "model has a template, as in the app's Compare tab); --no-chat: raw text to continue")
     p.add_argument("--json", help="write the JSON report to this path, or - for stdout only")
     p.set_defaults(func=cmd_compare)
 

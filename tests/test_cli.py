@@ -13,8 +13,8 @@ from specdesk.app.main import main
 from llama_helpers import rewrite_gguf
 
 REPORT_KEYS = {"engine", "target", "draft", "method", "k", "temperature", "prompts", "baseline", "speculative",
-               "speedup", "speedup_spread", "speedup_beyond_noise", "runs", "busy", "identical_outputs",
-               "divergences", "placement", "device"}
+               "speedup", "speedup_spread", "speedup_range", "speedup_of_medians", "speedup_beyond_noise", "runs",
+               "busy", "too_short", "identical_outputs", "divergences", "placement", "device", "chat_template"}
 
 
 def run_cli(capsys, *argv: str) -> tuple[int, str, str]:

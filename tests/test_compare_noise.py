@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import random
+import re
 import threading
 from pathlib import Path
 from types import SimpleNamespace
@@ -84,7 +85,7 @@ SPEC = SpecConfig(method="draft", k=4, draft_path="timed-draft.gguf")
 
 
 def run_compare(engine) -> object:
-    return compare(engine, ["prompt"], SPEC, SamplingParams(), 24, lambda text: [1, 2, 3])
+    return compare(engine, ["prompt"], SPEC, SamplingParams(), 48, lambda text: [1, 2, 3])
 
 
 def run_sweep(engine, points: list):
@@ -95,10 +96,13 @@ def test_measures_are_median_and_half_the_range():
     m = Measure.of([1.38, 1.54, 1.46])
     assert (m.median, m.runs) == (1.46, 3) and m.spread == pytest.approx(0.08)
     assert m.describe() == "1.46x ± 0.08, 3 runs" and Measure.of([0.59]).describe() == "0.59x, 1 run"
+    assert m.ranged() == "1.46x (1.38–1.54 over 3 runs)" and Measure.of([0.59]).ranged() == "0.59x (1 run)"
+    outlier = Measure.of([5.0, 5.4, 43.1])  # one run far off: half its range would exceed the median
+    assert outlier.spread > outlier.median and outlier.ranged(" tok/s", 1) == "5.4 tok/s (5.0–43.1 over 3 runs)"
     assert not beyond_noise(Measure.of([0.9, 1.0, 1.2])) and beyond_noise(Measure.of([1.3, 1.4, 1.5]))
     assert not beyond_noise(Measure.of([1.02]))  # one run that happens to agree with itself is not a gain
     assert busy_reason(Measure.of([100, 100]), (5.0, 2)) == "busy machine: load average 5.0 on 2 cores"
-    assert "varied by 40%" in busy_reason(Measure.of([80, 120]), (0.5, 2))
+    assert "ranged 80.0–120.0 tok/s" in busy_reason(Measure.of([80, 120]), (0.5, 2))
     assert busy_reason(Measure.of([98, 102]), (0.5, 2)) is None
 
 
@@ -187,4 +191,66 @@ def test_the_compare_verdict_says_noise_and_the_busy_machine(view, clock):
     report = run_compare(TimedEngine(clock, gain=3, noise=0.0))
     view._compare_job = 43
     worker.finished.emit(JobResult(43, "compare", report))
-    assert f"{report.speedup_measure.figure('×')} faster (3 runs)" in view.verdict.text()
+    assert "3.00× faster (runs 3.00–3.00×, 3 runs)" in view.verdict.text()
+
+
+def pane_figures(text: str) -> tuple[float, float, float]:
+    """(median, lowest run, highest run) from a pane's "N tokens · 43.1 tok/s (41.0–45.2 over 3 runs)"."""
+    found = re.search(r"([\d.]+) tok/s \(([\d.]+)–([\d.]+) over \d+ runs\)", text)
+    assert found, text
+    return float(found[1]), float(found[2]), float(found[3])
+
+
+def test_the_panes_the_summary_and_the_headline_agree_on_a_busy_machine(view, clock):
+    """Runs whose pace varies by up to 60% each way (another job taking the cores now and then):
+    each pane shows its median over the runs with their range, never a spread larger than the
+    figure, the summary the same medians, and the headline is the one divided by the other."""
+    from specdesk.app.main import format_table
+    from specdesk.ui.compare_view import rate_digits
+    from specdesk.ui.worker import JobResult
+
+    view, worker = view
+    report = run_compare(TimedEngine(clock, gain=2, noise=0.6, seed=3))
+    assert report.baseline_rate.runs >= 3 and report.baseline_rate.spread > 0
+    view._compare_job = 44
+    worker.finished.emit(JobResult(44, "compare", report))
+    base, base_low, base_high = pane_figures(view.baseline_pane.rate.text())
+    spec, spec_low, spec_high = pane_figures(view.speculative_pane.rate.text())
+    base_shown, spec_shown = (f"{m:.{rate_digits(m)}f}" for m in (report.baseline_rate.median,
+                                                                   report.speculative_rate.median))
+    assert (base, spec) == (float(base_shown), float(spec_shown))
+    assert 0 < base_low <= base <= base_high and 0 < spec_low <= spec <= spec_high
+    first_run = report.results[0].baseline.stats.tok_per_s  # what the pane used to show
+    assert first_run in report.baseline_rate.values
+    headline = float(re.search(r"([\d.]+)×", view.verdict.text())[1])
+    assert headline == pytest.approx(spec / base, abs=0.01)  # what a user gets dividing the panes' figures
+    details = view.details.text()
+    assert f"speculative {spec_shown} tok/s ÷ baseline {base_shown} tok/s" in details
+    assert "±" not in view.verdict.text() + details + view.baseline_pane.rate.text()
+    table = format_table(report)  # the terminal's table says the same
+    assert f"{report.baseline_rate.median:.1f}" in table and f"{report.speculative_rate.median:.1f}" in table
+    assert f"speedup {headline:.2f}x" in table
+
+
+def test_a_run_too_short_to_measure_is_said(view, clock):
+    from specdesk.app.main import format_table
+    from specdesk.ui.worker import JobResult
+
+    report = compare(TimedEngine(clock, gain=1, noise=0.0), ["prompt"], SPEC, SamplingParams(), 1, lambda text: [1])
+    assert report.too_short.startswith("each run generated 1 token: too few to measure")
+    table = format_table(report)
+    assert "identical outputs: yes (1 token)" in table and f"warning: {report.too_short}" in table
+    assert report.to_json()["too_short"] == report.too_short
+    view, worker = view
+    view._compare_job = 45
+    worker.finished.emit(JobResult(45, "compare", report))
+    assert "too few to measure" in view.verdict.text()
+    assert run_compare(TimedEngine(clock, gain=1, noise=0.0)).too_short is None  # 48 tokens a run
+
+
+def test_an_auto_pane_says_that_auto_chooses_k():
+    from specdesk.ui.compare_view import arm_titles
+
+    baseline, speculative = arm_titles(SpecConfig(method="auto", k=4), None)
+    assert baseline == "no speculation" and speculative == "auto: chooses the method and k ≤ 4 each step"
+    assert arm_titles(SPEC, None)[1] == "draft, k = 4"

@@ -21,7 +21,8 @@ from typing import Optional
 
 import numpy as np
 import pyqtgraph as pg
-from PySide6.QtCore import QRectF, Qt
+from PySide6.QtCore import QEvent, QObject, QRectF, Qt
+from PySide6.QtGui import QFont, QFontMetrics
 from PySide6.QtWidgets import QApplication, QGraphicsItem, QGridLayout, QLabel, QSizePolicy, QVBoxLayout, QWidget
 
 from specdesk.engines.speculation.stats import StatsAccumulator
@@ -54,12 +55,52 @@ def nice_ceiling(value: float, minimum: float = 1.0) -> float:
     return float(10 * scale)
 
 
-def make_plot(title: str, x_label: str, parent: Optional[QWidget] = None) -> pg.PlotWidget:
-    """A small, static plot styled after the current palette (no mouse panning)."""
+TITLE_POINTS = 9
+TITLE_MARGIN = 16  # pixels of a plot's width its title does not get (pyqtgraph's own margins)
+
+
+class TitleFit(QObject):
+    """A plot's title: the longest of its wordings that the plot's width shows whole, chosen
+    again when the plot is resized (a title wider than its plot is cut at both ends); the
+    longest wording is the plot's tooltip."""
+
+    def __init__(self, plot: pg.PlotWidget):
+        super().__init__(plot)
+        self.plot = plot
+        self.wordings: tuple[str, ...] = ()
+        self.shown = ""
+        font = QFont(QApplication.font())
+        font.setPointSizeF(TITLE_POINTS)
+        self.metrics = QFontMetrics(font)
+        plot.installEventFilter(self)
+
+    def set(self, *wordings: str) -> None:
+        self.wordings = tuple(w for w in wordings if w)
+        self.plot.setToolTip(self.wordings[0] if len(self.wordings) > 1 else "")
+        self.fit()
+
+    def fit(self) -> None:
+        room = self.plot.width() - TITLE_MARGIN
+        title = next((w for w in self.wordings if self.metrics.horizontalAdvance(w) <= room), self.wordings[-1])
+        if title != self.shown:
+            self.shown = title
+            palette = self.plot.palette()
+            self.plot.setTitle(title, color=palette.windowText().color().name(), size=f"{TITLE_POINTS}pt")
+
+    def eventFilter(self, watched, event) -> bool:  # noqa: N802
+        if event.type() == QEvent.Resize and self.wordings:
+            self.fit()
+        return False
+
+
+def make_plot(title: str, x_label: str, parent: Optional[QWidget] = None, *shorter: str) -> pg.PlotWidget:
+    """A small, static plot styled after the current palette (no mouse panning); its title is
+    the longest of `title` and the `shorter` wordings that its width shows whole."""
     palette = parent.palette() if parent is not None else QApplication.palette()
     plot = pg.PlotWidget(parent=parent, background=palette.base().color())
     text = theme.muted(palette).name()
-    plot.setTitle(title, color=palette.windowText().color().name(), size="9pt")
+    plot.title_fit = TitleFit(plot)
+    plot.title_fit.set(title, *shorter)
     plot.setLabel("bottom", x_label, color=text)
     for axis in ("left", "bottom"):
         plot.getAxis(axis).setTextPen(text)
@@ -131,8 +172,12 @@ class MethodBands:
 
 
 def integer_ticks(plot: pg.PlotWidget, values) -> None:
-    """Label a bar chart's x axis with its categories only (draft positions, counts)."""
-    plot.getAxis("bottom").setTicks([[(v, str(v)) for v in values]])
+    """Label a bar chart's x axis with its categories only (draft positions, counts); the
+    clipping check (ui/clipping.py) reads them back to find one the axis had no room for."""
+    ticks = [(v, str(v)) for v in values]
+    axis = plot.getAxis("bottom")
+    axis.setTicks([ticks])
+    axis.category_ticks = ticks
 
 
 def rate_title(unit: str) -> str:
@@ -180,11 +225,13 @@ class ChartPanel(QWidget):
         self.acceptance_plot = make_plot("acceptance rate", "seconds", self)
         self.acceptance_plot.setYRange(0, 1.05, padding=0)
         self.acceptance_curve = self.acceptance_plot.plot(pen=pg.mkPen(fill, width=2), connect="finite")
-        self.position_plot = make_plot("acceptance per draft position", "draft position", self)
+        self.position_plot = make_plot("acceptance per draft position", "draft position", self,
+                                       "acceptance per position", "per position")
         self.position_plot.setYRange(0, 1.05, padding=0)
         self.position_bars = pg.BarGraphItem(x=[], height=[], width=0.6, brush=fill, pen=None)
         self.position_plot.addItem(self.position_bars)
-        self.histogram_plot = make_plot("passes by accepted draft tokens", "accepted per pass", self)
+        self.histogram_plot = make_plot("passes by accepted draft tokens", "accepted per pass", self,
+                                        "passes by tokens accepted", "passes")
         self.histogram_bars = pg.BarGraphItem(x=[], height=[], width=0.6, brush=line, pen=None)
         self.histogram_plot.addItem(self.histogram_bars)
         for curve in (self.rate_curve, self.acceptance_curve):
@@ -248,7 +295,7 @@ class ChartPanel(QWidget):
     def set_unit(self, unit: str) -> None:
         """What the coming run's events count ("tokens", or a served stream's "characters ...")."""
         self.unit = unit
-        self._set_rate_title(rate_title(unit))
+        self._set_rate_title(rate_title(unit), rate_title(unit).split(" (")[0])
 
     def reset(self) -> None:
         """No run: empty curves and bars, the status line back to its start (a chat was switched)."""
@@ -360,8 +407,11 @@ class ChartPanel(QWidget):
             self.legend_methods.append(method)
         self._fit_legend()
         self.method_legend.setVisible(True)
-        title = f"tokens / s · auto now: {self.series.choice}" if self.series.choice else "tokens / s · auto"
-        self._set_rate_title(title)
+        if self.series.choice:
+            self._set_rate_title(f"tokens / s · auto now: {self.series.choice}", f"auto now: {self.series.choice}",
+                                 "tokens / s")
+        else:
+            self._set_rate_title("tokens / s · auto", "tokens / s")
 
     def _fit_legend(self) -> None:
         """As many legend entries per row as the chart's width holds, and room above the curve
@@ -386,12 +436,13 @@ class ChartPanel(QWidget):
             self.legend_methods = []
         self.legend_room, self._legend_fit = 1.1, None
         self.method_legend.setVisible(False)
-        self._set_rate_title(rate_title(self.unit))
+        self._set_rate_title(rate_title(self.unit), rate_title(self.unit).split(" (")[0])
 
-    def _set_rate_title(self, title: str) -> None:
+    def _set_rate_title(self, title: str, *shorter: str) -> None:
+        """The tokens/s chart's title, or a shorter wording where the chart is narrow."""
         if title != self.rate_title:
             self.rate_title = title
-            self.rate_plot.setTitle(title)
+            self.rate_plot.title_fit.set(title, *shorter)
 
     def _grown(self, key: str, value: float) -> float:
         """A range end that only grows during a run."""

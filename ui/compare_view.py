@@ -13,9 +13,9 @@ import numpy as np
 import pyqtgraph as pg
 from PySide6.QtCore import Qt, Signal
 from PySide6.QtGui import QFontDatabase, QTextCharFormat, QTextCursor
-from PySide6.QtWidgets import (QAbstractItemView, QCheckBox, QGroupBox, QHBoxLayout, QLabel, QPlainTextEdit,
-                               QPushButton, QSplitter, QTableWidget, QTableWidgetItem, QTextBrowser, QVBoxLayout,
-                               QWidget)
+from PySide6.QtWidgets import (QAbstractItemView, QCheckBox, QDoubleSpinBox, QGridLayout, QGroupBox, QHBoxLayout,
+                               QLabel, QPlainTextEdit, QPushButton, QSplitter, QTableWidget, QTableWidgetItem,
+                               QTextBrowser, QVBoxLayout, QWidget)
 
 from specdesk.engines.types import SamplingParams, SpecConfig, SpecDeskError
 
@@ -25,39 +25,40 @@ from .charts import integer_ticks, make_plot
 RequestSource = Callable[[], tuple[SpecConfig, SamplingParams, int]]
 SWEEP_KS = tuple(range(1, 9))
 PASS_COST_TITLE = "pass cost against k"
+PLOT_MIN_HEIGHT = 110  # pixels: a plot with room for its bars or points under its title and axis
+CODE_PROMPT = "def parse_args(argv):"  # the demo model continues code
+# A chat model's prompt: an answer of a few hundred tokens, long enough to time (a haiku is not)
+CHAT_PROMPT = "Explain in a short paragraph how a hash table works, then write a small Python example of one."
 
 
-def speedup_text(speedup, busy: Optional[str] = None) -> str:
-    """A measured speedup (app/runtime/compare.Measure) as the verdict says it: '1.46× ± 0.08
-    faster (3 runs)', or that it is within the noise of 1.0×; a busy machine is said beside it."""
-    from specdesk.app.runtime.compare import beyond_noise
+def speedup_text(report) -> str:
+    """A finished compare's headline (app/runtime/compare.CompareReport.headline): the panes'
+    medians divided, the runs' own speedups as a range, and a busy machine or too short a run beside it."""
+    warnings = [w for w in (report.busy, getattr(report, "too_short", None)) if w]
+    return report.headline("×") + "".join(f" · ⚠ {w}" for w in warnings)
 
-    runs = f"{speedup.runs} run{'s' if speedup.runs != 1 else ''}"
-    if not beyond_noise(speedup):
-        text = f"{speedup.figure('×')}: within the noise of 1.0× ({runs})"
-    elif speedup.median >= 1:
-        text = f"{speedup.figure('×')} faster ({runs})"
-    else:
-        text = f"{speedup.figure('×')}, slower than baseline ({runs})"
-    return text + (f" · ⚠ {busy}" if busy else "")
+
+def rate_digits(tok_per_s: float) -> int:
+    """Decimals a tok/s figure is shown with: enough that dividing two of them gives the
+    headline's speedup to within about 1%."""
+    return 1 if tok_per_s >= 10 else 2
 
 
 def sweep_point_text(point) -> str:
     """One finished k of a sweep: its median tok/s and spread, and its acceptance."""
-    return (f"k = {point.k}: {point.rate.figure(' tok/s', 0)} ({point.rate.runs} runs), "
-            f"acceptance {point.stats.acceptance_rate:.2f}")
+    return f"k = {point.k}: {point.rate.ranged(' tok/s', 0)}, acceptance {point.stats.acceptance_rate:.2f}"
 
 
 def sweep_summary(sweep) -> str:
     """A finished sweep's verdict: the best k when one is faster than the baseline beyond the
     noise, else that none is (and the fastest, for reference); a busy machine is said too."""
     best, fastest = sweep.best(), sweep.fastest()
-    base = f"baseline {sweep.baseline_rate.figure(' tok/s', 0)}"
+    base = f"baseline {sweep.baseline_rate.ranged(' tok/s', 0)}"
     if best is not None:
-        text = f"best: k = {best.k}, {best.rate.median:.0f} tok/s ({best.speedup.describe('×')} of the {base})"
+        text = f"best: k = {best.k}, {best.rate.median:.0f} tok/s ({best.speedup.ranged('×')} of the {base})"
     elif fastest is not None and fastest.speedup is not None:
         text = (f"no k is faster than the {base} beyond the noise: the fastest, k = {fastest.k}, "
-                f"is {fastest.speedup.describe('×')}")
+                f"is {fastest.speedup.ranged('×')}")
     else:
         text = "no k finished"
     return text + (f" · ⚠ {sweep.busy}" if sweep.busy else "")
@@ -128,9 +129,13 @@ class RunPane(QGroupBox):
         if seconds > 0:
             self.rate.setText(f"{self._tokens} tokens · {self._tokens / seconds:.1f} tok/s (streaming)")
 
-    def show_result(self, stats, extra: str = "") -> None:
+    def show_result(self, stats, rate, extra: str = "") -> None:
+        """The run's numbers: tokens of the run on screen, and the median tok/s over every run
+        with their range (app/runtime/compare.Measure), the figure the headline divides."""
         self.refresh()
-        self.rate.setText(f"{stats.tokens} tokens · {stats.tok_per_s:.1f} tok/s" + extra)
+        self.rate.setText(f"{stats.tokens} tokens · {rate.ranged(' tok/s', rate_digits(rate.median))}" + extra)
+        self.rate.setToolTip("The median over the runs, then the slowest and the fastest run. The text "
+                             "is the first run's.")
 
     def mark_token(self, index: int) -> None:
         """Tint the token at `index` (the first that differs from the other run)."""
@@ -158,6 +163,8 @@ class RunPane(QGroupBox):
 def arm_titles(spec, backend) -> tuple[str, str]:
     """What the baseline and the speculative panes ran on: the method and k, or the servers."""
     if backend is None:
+        if spec.method == "auto":  # k is a bound there: auto picks the method and k each step
+            return "no speculation", f"auto: chooses the method and k ≤ {spec.k} each step"
         return "no speculation", f"{spec.method}, k = {spec.k}"
     return backend.baseline_label, backend.label
 
@@ -166,7 +173,8 @@ class CompareView(QWidget):
     apply_k = Signal(int)
     refused = Signal(str)  # a run that cannot start (no prompt, no method, a server without a baseline), in one line
 
-    def __init__(self, worker, request_source: RequestSource, prompt: str = "", parent: Optional[QWidget] = None):
+    def __init__(self, worker, request_source: RequestSource, prompt: str = "", parent: Optional[QWidget] = None,
+                 temperature: float = 0.0):
         super().__init__(parent)
         self.worker = worker
         self._request_source = request_source
@@ -181,7 +189,7 @@ class CompareView(QWidget):
         self.prompt = QPlainTextEdit(self)
         self.prompt.setPlaceholderText("A prompt to run without and with speculation")
         self.prompt.setPlainText(prompt)
-        self.prompt.setFixedHeight(64)
+        self.prompt.setFixedHeight(78)  # as tall as the buttons beside it
         self.chat_box = QCheckBox("Chat template", self)
         self.chat_box.setChecked(True)
         self.chat_box.setToolTip("Wrap the prompt in the model's chat template as one user message "
@@ -194,11 +202,27 @@ class CompareView(QWidget):
         self.stop_button = QPushButton("Stop", self)
         self.stop_button.setEnabled(False)
         self.stop_button.clicked.connect(self.stop)
+        # The compare's own temperature: greedy shows identical outputs; the chat keeps the left panel's.
+        self.temperature_spin = QDoubleSpinBox(self)
+        self.temperature_spin.setRange(0.0, 10.0)
+        self.temperature_spin.setSingleStep(0.1)
+        self.temperature_spin.setDecimals(2)
+        self.temperature_spin.setSpecialValueText("0 (greedy)")
+        self.temperature_spin.setValue(temperature)
+        self.temperature_spin.setToolTip("Temperature of the compare and the sweep only (the chat uses the left "
+                                         "panel's): at 0 the outputs must be identical token for token")
+        temperature_label = QLabel("Temperature", self)
+        temperature_label.setBuddy(self.temperature_spin)
         top = QHBoxLayout()
         top.addWidget(self.prompt, 1)
-        buttons = QVBoxLayout()
-        for widget in (self.run_button, self.sweep_button, self.stop_button, self.chat_box):
-            buttons.addWidget(widget)
+        buttons = QGridLayout()
+        buttons.setVerticalSpacing(2)
+        buttons.addWidget(self.run_button, 0, 0)
+        buttons.addWidget(self.sweep_button, 0, 1)
+        buttons.addWidget(self.stop_button, 1, 0)
+        buttons.addWidget(self.chat_box, 1, 1)
+        buttons.addWidget(temperature_label, 2, 0, Qt.AlignRight)
+        buttons.addWidget(self.temperature_spin, 2, 1)
         top.addLayout(buttons)
 
         self.baseline_pane = RunPane("Baseline (no speculation)", self)
@@ -218,15 +242,17 @@ class CompareView(QWidget):
         self.auto_table.horizontalHeader().setStretchLastSection(True)
         self.auto_table.setEditTriggers(QAbstractItemView.NoEditTriggers)
         self.auto_table.setFocusPolicy(Qt.NoFocus)
-        self.auto_table.setMaximumHeight(140)
+        rows = self.auto_table.verticalHeader().defaultSectionSize()  # four rows in view, the rest scroll:
+        self.auto_table.setMaximumHeight(rows * 4 + self.auto_table.horizontalHeader().sizeHint().height() + 4)
         self.auto_table.setVisible(False)
 
-        self.position_plot = make_plot("speculative: acceptance per draft position", "draft position", self)
+        self.position_plot = make_plot("speculative: acceptance per draft position", "draft position", self,
+                                       "acceptance per draft position", "acceptance per position")
         self.position_plot.setYRange(0, 1.05, padding=0)
         self.position_bars = pg.BarGraphItem(x=[], height=[], width=0.6, brush=theme.secondary(self.palette()),
                                              pen=None)
         self.position_plot.addItem(self.position_bars)
-        self.sweep_plot = make_plot("throughput against k", "k (draft tokens per step)", self)
+        self.sweep_plot = make_plot("throughput against k", "k", self, "tok/s against k")
         self.sweep_plot.setLabel("left", "tok/s", color=theme.muted(self.palette()).name())
         self.sweep_curve = self.sweep_plot.plot(pen=pg.mkPen(theme.accent(self.palette()), width=2), symbol="o",
                                                 symbolSize=7, symbolBrush=theme.accent(self.palette()))
@@ -243,8 +269,8 @@ class CompareView(QWidget):
         self.sweep_plot.enableAutoRange(y=False)  # from zero, so small differences are not magnified
         integer_ticks(self.sweep_plot, SWEEP_KS)
         # What a verified pass costs against a one-token pass on the loaded placement (app/runtime/placement.pass_cost_ratio)
-        self.cost_plot = make_plot(PASS_COST_TITLE, "k (draft tokens per step)", self)
-        self.cost_plot.setLabel("left", "t(1 + k) / t(1)", color=theme.muted(self.palette()).name())
+        self.cost_plot = make_plot(PASS_COST_TITLE, "k", self, "pass cost vs k")
+        self.cost_plot.setLabel("left", "× 1 token", color=theme.muted(self.palette()).name())
         self.cost_curve = self.cost_plot.plot(pen=pg.mkPen(theme.secondary(self.palette()), width=2), symbol="o",
                                               symbolSize=7, symbolBrush=theme.secondary(self.palette()))
         self.cost_plot.setXRange(SWEEP_KS[0] - 0.5, SWEEP_KS[-1] + 0.5, padding=0)
@@ -254,6 +280,8 @@ class CompareView(QWidget):
         self.apply_button.clicked.connect(self._apply_best)
         self.sweep_status = QLabel("", self)
         self.sweep_status.setWordWrap(True)
+        for plot in (self.position_plot, self.sweep_plot, self.cost_plot):
+            plot.setMinimumHeight(PLOT_MIN_HEIGHT)
         charts = QHBoxLayout()
         charts.addWidget(self.position_plot, 1)
         charts.addWidget(self.sweep_plot, 1)
@@ -290,6 +318,18 @@ class CompareView(QWidget):
         self.run_button.setEnabled(available and not self.running)
         self.sweep_button.setEnabled(available and not self.running and self._sweep_allowed)
         self.stop_button.setEnabled(self.running)
+
+    def temperature(self) -> float:
+        return self.temperature_spin.value()
+
+    def suit_prompt(self, chat_model: bool) -> None:
+        """A prompt for the loaded model, unless the user wrote their own: a question for a chat
+        model, code for the demo (which continues code rather than answering)."""
+        text = self.prompt.toPlainText().strip()
+        if chat_model and text in ("", CODE_PROMPT):
+            self.prompt.setPlainText(CHAT_PROMPT)
+        elif not chat_model and text == CHAT_PROMPT:
+            self.prompt.setPlainText(CODE_PROMPT)
 
     def _request(self):
         text = self.prompt.toPlainText()
@@ -394,8 +434,8 @@ class CompareView(QWidget):
 
     def set_placement(self, placement: str) -> None:
         """Where the loaded models sit: the pass-cost plot is for that placement."""
-        self.cost_plot.setTitle(f"{PASS_COST_TITLE}: {placement}" if placement else PASS_COST_TITLE,
-                                color=self.palette().windowText().color().name(), size="9pt")
+        self.cost_plot.title_fit.set(f"{PASS_COST_TITLE}: {placement}" if placement else PASS_COST_TITLE,
+                                     PASS_COST_TITLE, "pass cost vs k")
 
     def _on_finished(self, result) -> None:
         if result.job_id == self._compare_job:
@@ -432,10 +472,11 @@ class CompareView(QWidget):
             return
         result = report.results[0]
         base, spec = result.baseline.stats, result.speculative.stats
-        self.baseline_pane.show_result(base)
-        self.speculative_pane.show_result(spec, f" · acceptance {spec.acceptance_rate:.2f} · "
-                                                f"{spec.mean_accepted_length:.2f} tok/pass")
-        pace = speedup_text(report.speedup_measure, report.busy)
+        self.baseline_pane.show_result(base, report.baseline_rate)
+        self.speculative_pane.show_result(spec, report.speculative_rate,
+                                          f" · acceptance {spec.acceptance_rate:.2f} · "
+                                          f"{spec.mean_accepted_length:.2f} tok/pass")
+        pace = speedup_text(report)
         good = theme.secondary(self.palette()).name()
         stopped = "cancelled" in (result.baseline.finish_reason, result.speculative.finish_reason)
         if stopped:
@@ -458,8 +499,10 @@ class CompareView(QWidget):
             at = result.first_divergence()
             first = next((d for d in report.divergences if d.prompt == 0), None)
             if first is not None and first.kind == "near_tie":
-                verdict = (f"outputs differ from token {at} (marked): a near-tie, the target's top two logits "
-                           f"differ by {first.logit_gap:.2g} there (numerical noise)")
+                noise = (f", within this model's measured noise of {first.noise:.2g}"
+                         if first.noise is not None and first.noise > first.logit_gap else " (numerical noise)")
+                verdict = (f"outputs differ from token {at} (marked): the arithmetic, not a bug: the target's top two "
+                           f"logits differ by {first.logit_gap:.2g} there{noise}")
                 colour = theme.muted(self.palette()).name()
             else:
                 gap = "" if first is None else f": a mismatch, top-two logit gap {first.logit_gap:.3g}"
@@ -467,14 +510,15 @@ class CompareView(QWidget):
                 colour = "#d04040"
             self.baseline_pane.mark_token(at)
             self.speculative_pane.mark_token(at)
-        self.verdict.setText(f'<span style="font-size:14pt; font-weight:600">{pace}</span>'
-                             f'&nbsp;&nbsp;·&nbsp;&nbsp;<span style="font-size:12pt; color:{colour}">{verdict}</span>')
+        self.verdict.setText(f'<span style="font-size:12pt; font-weight:600">{pace}</span>'
+                             f'&nbsp;&nbsp;·&nbsp;&nbsp;<span style="color:{colour}">{verdict}</span>')
         self.verdict.setProperty("identical", report.identical_outputs)
         share = spec.draft_s / max(1e-9, spec.draft_s + spec.verify_s)
         timing = (f" · time drafting {share:.0%}, verifying {1 - share:.0%}" if spec.draft_s + spec.verify_s > 0
                   else "")  # a server does not say how long drafting took
-        self.details.setText(f"baseline {report.baseline_rate.figure(' tok/s', 1)} · speculative "
-                             f"{report.speculative_rate.figure(' tok/s', 1)} · "
+        spec_rate, base_rate = report.speculative_rate.median, report.baseline_rate.median
+        self.details.setText(f"speculative {spec_rate:.{rate_digits(spec_rate)}f} tok/s ÷ baseline "
+                             f"{base_rate:.{rate_digits(base_rate)}f} tok/s (each the median over the runs) · "
                              f"{spec.accepted}/{spec.drafted} drafts accepted{timing}")
         self.show_auto(report.auto_report() if getattr(report, "method", None) == "auto" else None)
         acceptance = spec.per_position_acceptance

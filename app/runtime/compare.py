@@ -177,6 +177,7 @@ MAX_RUNS = 7
 STEADY_SPREAD = 0.05  # runs stop repeating once their spread is within this share of the median
 NOISE_FLOOR = 0.03  # a speedup this close to 1.0x is noise even when every run agrees
 BUSY_BASELINE_RANGE = 0.15  # the baseline's tok/s varying more than this share between runs: a busy machine
+MIN_MEASURED_TOKENS = 32  # fewer tokens per run than this measure scheduling noise more than decoding
 
 
 @dataclass(frozen=True)
@@ -208,6 +209,20 @@ class Measure:
     def describe(self, unit: str = "x", digits: int = 2) -> str:
         """'1.46x ± 0.08, 3 runs'."""
         return f"{self.figure(unit, digits)}, {self.runs} run{'s' if self.runs != 1 else ''}"
+
+    def span(self, unit: str = "x", digits: int = 2) -> str:
+        """The lowest and the highest run, '1.38–1.54x': unlike '± half the range', a run far off
+        the others cannot make it read larger than the figure itself."""
+        if not self.values:
+            return f"{self.median:.{digits}f}{unit}"
+        return f"{min(self.values):.{digits}f}–{max(self.values):.{digits}f}{unit}"
+
+    def ranged(self, unit: str = "x", digits: int = 2) -> str:
+        """'43.1 tok/s (41.0–45.2 over 3 runs)': the median, then the runs' range; one run: '43.1 tok/s (1 run)'."""
+        if self.runs < 2:
+            return f"{self.median:.{digits}f}{unit} ({self.runs} run{'s' if self.runs != 1 else ''})"
+        return f"{self.median:.{digits}f}{unit} ({self.span('', digits)} over {self.runs} runs)"
+
 
 def beyond_noise(speedup: Measure) -> bool:
     """Whether a measured speedup is a gain or a loss at all: 1.0x lies outside its spread
@@ -251,7 +266,7 @@ def busy_reason(baseline_rate: Measure, load: Optional[tuple[float, int]] = None
     if baseline_rate.runs > 1 and baseline_rate.median > 0:
         varied = 2 * baseline_rate.spread / baseline_rate.median
         if varied > BUSY_BASELINE_RANGE:
-            return f"busy machine: the baseline's tok/s varied by {varied:.0%} between runs"
+            return f"busy machine: the baseline's runs ranged {baseline_rate.span(' tok/s', 1)}"
     return None
 
 
@@ -307,7 +322,36 @@ class CompareReport:
 
     @property
     def speedup_measure(self) -> Measure:
+        """Each run's speedup (paired with its own baseline): their median is what measurements keep."""
         return run_speedups(self.runs)
+
+    @property
+    def headline_speedup(self) -> float:
+        """The speculative median tok/s over the baseline's: the figure the two panes show divide
+        to, so the headline never contradicts them (a run's own ratio can, on a busy machine)."""
+        base, spec = self.baseline_rate.median, self.speculative_rate.median
+        return spec / base if base > 0 else 0.0
+
+    def headline(self, sign: str = "x") -> str:
+        """'1.47x faster (runs 1.40–1.52x, 3 runs)', or within the noise of 1.0x, or slower."""
+        speedup, runs = self.headline_speedup, self.speedup_measure
+        across = f"runs {runs.span(sign)}, {runs.runs} runs" if runs.runs > 1 else f"{runs.runs} run"
+        figure = f"{speedup:.2f}{sign}"
+        if not self.beyond_noise or (speedup - 1.0) * (runs.median - 1.0) <= 0 or abs(speedup - 1.0) <= NOISE_FLOOR:
+            return f"{figure}: within the noise of 1.0{sign} ({across})"
+        if speedup > 1:
+            return f"{figure} faster ({across})"
+        return f"{figure}, slower than baseline ({across})"
+
+    @property
+    def too_short(self) -> Optional[str]:
+        """Why these runs are too short to measure a speedup (None: long enough): a run of a few
+        tokens times a few passes, which scheduling noise alone can make look twice as fast."""
+        tokens = min((merge_stats(r.baseline.stats for r in run).tokens for run in self.runs), default=0)
+        if tokens >= MIN_MEASURED_TOKENS:
+            return None
+        return (f"each run generated {tokens} token{'s' if tokens != 1 else ''}: too few to measure a speedup "
+                f"(at least {MIN_MEASURED_TOKENS}); use a prompt with a longer answer or more max tokens")
 
     @property
     def speedup(self) -> float:
@@ -366,8 +410,11 @@ class CompareReport:
             },
             "speedup": round(speedup.median, 4),
             "speedup_spread": round(speedup.spread, 4),
+            "speedup_range": [round(min(speedup.values), 4), round(max(speedup.values), 4)] if speedup.values else [],
+            "speedup_of_medians": round(self.headline_speedup, 4),
             "speedup_beyond_noise": self.beyond_noise,
             "busy": self.busy,
+            "too_short": self.too_short,
             **({"auto": self.auto_report()} if self.method == "auto" else {}),
             "identical_outputs": self.identical_outputs,
             "divergences": [d.to_json() for d in self.divergences],

@@ -262,6 +262,8 @@ class Session:
         self.engine = None
         self.draft_path: Optional[str] = None
         self.draft_kind = "draft"  # or "dflash" / "eagle3": a model-native drafter
+        self.info: Optional[ModelInfo] = None  # what the last load loaded
+        self._demo_drafts: dict[str, str] = {}  # demo size -> the demo draft's GGUF, once the family was in use
         self._n_ctx: Optional[int] = None
         self._placement: dict = {}  # where the loaded GGUF's layers were asked to go
 
@@ -320,14 +322,20 @@ class Session:
                 self.draft_path, self.draft_kind = previous
 
         def resolve(choice: str) -> str:
-            return resolve_demo(DEMO, DEMO, demo_size, progress)[1] if choice == DEMO else choice
+            if choice != DEMO:
+                return choice
+            if demo_size not in self._demo_drafts:
+                self._demo_drafts[demo_size] = resolve_demo(DEMO, DEMO, demo_size, progress)[1]
+            return self._demo_drafts[demo_size]
 
-        # The demo draft is checked only when the demo family is in use (so, built): a check
-        # must never start a build.
-        demo_in_use = DEMO in (requested_target, requested_draft)
-        choices = [c for c in verdict_choices(target, drafts) if c != DEMO or demo_in_use]
+        # The demo draft is checked only when the demo family is in use or was earlier in this
+        # session (so, built): a check must never start a build. Checked, it is offered only for
+        # targets it fits, however the target was opened.
+        demo_known = DEMO in (requested_target, requested_draft) or demo_size in self._demo_drafts
+        choices = [c for c in verdict_choices(target, drafts) if c != DEMO or demo_known]
         info = describe_engine(engine, self.draft_path, {choice: resolve(choice) for choice in choices},
                                self.draft_kind)
+        self.info = info
         return LoadOutcome(info, draft_error)
 
     # --- ChatBackend (app/runtime/backend.py) ---------------------------------------
@@ -411,3 +419,4 @@ class Session:
             self.engine.close()
             self.engine = None
             self.draft_path = None
+            self.info = None

@@ -42,6 +42,7 @@ MAX_LIST = 256  # entries in one list (recent models, library folders)
 RANGES: dict[str, tuple[float, float]] = {
     "k": (1, MAX_DRAFT_TOKENS),
     "temperature": (0.0, 10.0),
+    "compare_temperature": (0.0, 10.0),
     "top_p": (0.01, 1.0),
     "top_k": (0, 100_000),
     "seed": (0, 2**31 - 1),
@@ -131,6 +132,7 @@ class Settings:
     recent_targets: list = field(default_factory=list)
     recent_drafts: list = field(default_factory=list)
     compare_prompt: str = "def parse_args(argv):"
+    compare_temperature: float = 0.0  # the Compare tab's own (greedy: it can show identical outputs), not the chat's
     last_chat_id: Optional[int] = None
     library_paths: list = field(default_factory=list)  # folders or files added to the model library
     model_sources: dict = field(default_factory=dict)  # other apps' model folders: name -> scanned (default on)
