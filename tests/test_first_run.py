@@ -114,3 +114,38 @@ def test_no_suggestion_on_a_machine_too_small_says_what_to_do(qtbot):
         card.close_button.click()
     assert card.isHidden()
     card.shutdown()
+
+
+PAIRS = [SuggestedPair(f"{size} GB pair", HubFile("acme/t", f"t{size}.gguf", size * 10**9), HubFile("acme/d", "d.gguf", 5 * 10**8),
+                       "tests", 2 * 10**9) for size in (2, 5, 9, 20)]
+
+
+def test_the_suggestion_is_sized_by_speed_as_well_as_memory():
+    from specdesk.app.models.curated import MIN_TOKENS_PER_S, estimated_tokens_per_s, suggest
+
+    memory = 20 * 10**9  # fits every pair but the 20 GB one (with its draft and overhead: 22.5 GB)
+    assert suggest(memory, PAIRS).target.bytes == 9 * 10**9  # memory alone: the largest that fits
+    fast = 200 * 10**9  # a machine that reads 200 GB/s: the 9 GB target at about 17 tokens/s
+    assert suggest(memory, PAIRS, fast).target.bytes == 9 * 10**9
+    two_cores = 8 * 10**9  # 8 GB/s: 9 GB gives 0.7 tokens/s, 2 GB about 3
+    slow = suggest(memory, PAIRS, two_cores)
+    assert slow.target.bytes == 2 * 10**9 and estimated_tokens_per_s(slow, two_cores) < MIN_TOKENS_PER_S
+    middling = 40 * 10**9  # 5 GB at 6 tokens/s is too slow, 2 GB at 15 is not
+    assert suggest(memory, PAIRS, middling).target.bytes == 2 * 10**9
+    assert suggest(1 * 10**9, PAIRS, fast) is None
+
+
+def test_this_machines_read_speed_is_measured():
+    from specdesk.app.models.curated import read_speed
+
+    speed = read_speed(threads=1, total_bytes=64 * 2**20, repeats=2)
+    assert 10**8 < speed < 10**13  # bytes a second: some 0.1 GB/s to 10 TB/s is a machine's memory
+
+
+def test_the_card_says_the_read_speed_and_the_tokens_a_second_to_expect(qtbot):
+    card = first_run.FirstRunCard(PAIRS[0], 24 * 10**9, "RAM", read_bytes_per_s=8 * 10**9)
+    qtbot.addWidget(card)
+    text = card.suggestion.text()
+    assert PAIRS[0].name in text and "read at 8.0 GB/s" in text and "about 3 tokens/s" in text
+    assert "slower still" in card.suggestion.toolTip() and "measured" in card.suggestion.toolTip()
+    card.shutdown()

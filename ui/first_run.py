@@ -1,5 +1,7 @@
 """The first-run card: what the demo model is, and a real target and draft pair sized to this
-machine (app/models/curated.py), downloaded with progress and handed to the window to load."""
+machine's memory and its measured read speed (app/models/curated.py), with the tokens a second
+to expect, downloaded with progress and handed to the window to load. The window hides it for
+good once a model of the user's own loads (ui/model_choice.py)."""
 
 from __future__ import annotations
 
@@ -12,7 +14,7 @@ from typing import Any, Callable, ClassVar, Optional
 from PySide6.QtCore import QEvent, Qt, Signal, Slot
 from PySide6.QtWidgets import QFrame, QHBoxLayout, QLabel, QProgressBar, QPushButton, QVBoxLayout, QWidget
 
-from specdesk.app.models.curated import SuggestedPair
+from specdesk.app.models.curated import MIN_TOKENS_PER_S, SuggestedPair, estimated_tokens_per_s
 from specdesk.app.models.hub import DownloadCancelled, DownloadProgress, human_bytes
 from specdesk.engines.types import SpecDeskError
 
@@ -75,7 +77,8 @@ class FirstRunCard(QFrame):
     dismissed = Signal()
 
     def __init__(self, pair: Optional[SuggestedPair], memory_bytes: int, where: str,
-                 parent: Optional[QWidget] = None, download: Optional[Callable] = None):
+                 parent: Optional[QWidget] = None, download: Optional[Callable] = None,
+                 read_bytes_per_s: Optional[float] = None):
         super().__init__(parent)
         from specdesk.app.models.hub import download as hub_download
 
@@ -98,10 +101,7 @@ class FirstRunCard(QFrame):
                     "suggest: open a small GGUF file (File ▸ Open) or search the hub in the Models tab.")
             details = ""
         else:
-            text = (f"<b>For real chat here</b> ({human_bytes(memory_bytes)} of {where} to use): {pair.name}, "
-                    f"{human_bytes(pair.download_bytes)}.")
-            details = (f"Good for {pair.good_for}. The small model drafts for the large one. From the Hugging "
-                       f"Face hub: {pair.target.repo}/{pair.target.file} and {pair.draft.repo}/{pair.draft.file}.")
+            text, details = suggestion_text(pair, memory_bytes, where, read_bytes_per_s)
         self.suggestion = QLabel(text, self)
         self.suggestion.setWordWrap(True)
         self.suggestion.setTextFormat(Qt.RichText)
@@ -202,14 +202,52 @@ class FirstRunCard(QFrame):
         self._lane.shutdown()
 
 
+def suggestion_text(pair: SuggestedPair, memory_bytes: int, where: str,
+                    read_bytes_per_s: Optional[float]) -> tuple[str, str]:
+    """The card's line about the pair (what it needs, and on a CPU the speed to expect) and its tooltip."""
+    details = (f"Good for {pair.good_for}. The small model drafts for the large one. From the Hugging "
+               f"Face hub: {pair.target.repo}/{pair.target.file} and {pair.draft.repo}/{pair.draft.file}.")
+    if read_bytes_per_s is None:
+        return (f"<b>For real chat here</b> ({human_bytes(memory_bytes)} of {where} to use): {pair.name}, "
+                f"{human_bytes(pair.download_bytes)}."), details
+    rate = estimated_tokens_per_s(pair, read_bytes_per_s)
+    text = (f"<b>For real chat here</b>: {pair.name}, {human_bytes(pair.download_bytes)}, about {rate:.0f} "
+            f"tokens/s ({human_bytes(memory_bytes)} of {where}, read at {read_bytes_per_s / 1e9:.1f} GB/s).")
+    details += (f"\n\nA token reads every weight of the model once, so {human_bytes(pair.target.bytes)} at "
+                f"{read_bytes_per_s / 1e9:.1f} GB/s (this machine's memory, measured) gives about {rate:.1f} "
+                "tokens a second before speculation, which adds to that when the draft guesses well.")
+    if rate < MIN_TOKENS_PER_S:
+        details += (f" No suggested pair reaches {MIN_TOKENS_PER_S:.0f} tokens a second here: this is the "
+                    "smallest, and a larger model would be slower still.")
+    return text, details
+
+
+_read_speed: list[Optional[float]] = []  # measured once per process: the memory does not change
+
+
+def measured_read_speed() -> Optional[float]:
+    """This machine's memory read speed (app/models/curated.read_speed), or None where there is
+    too little free memory to measure it (the card then sizes by memory alone)."""
+    from specdesk.app.models.curated import read_speed
+
+    if not _read_speed:
+        try:
+            _read_speed.append(read_speed())
+        except MemoryError:
+            _read_speed.append(None)
+    return _read_speed[0]
+
+
 def make_card(parent: Optional[QWidget] = None) -> FirstRunCard:
-    """The card with this machine's suggestion (app/models/curated.py)."""
+    """The card with this machine's suggestion (app/models/curated.py): sized by the memory a
+    model may take and, on a CPU, by the read speed measured here."""
     from specdesk.app.models.curated import run_memory, suggest
 
     memory, where = run_memory()
+    speed = measured_read_speed() if where == "RAM" else None
     try:
-        pair = suggest(memory)
+        pair = suggest(memory, read_bytes_per_s=speed)
     except SpecDeskError as e:
         log.warning("no first-run suggestion: %s", e)
         pair = None
-    return FirstRunCard(pair, memory, where, parent)
+    return FirstRunCard(pair, memory, where, parent, read_bytes_per_s=speed)
