@@ -225,7 +225,7 @@ def test_the_panes_the_summary_and_the_headline_agree_on_a_busy_machine(view, cl
     headline = float(re.search(r"([\d.]+)×", view.verdict.text())[1])
     assert headline == pytest.approx(spec / base, abs=0.01)  # what a user gets dividing the panes' figures
     details = view.details.text()
-    assert f"speculative {spec_shown} tok/s ÷ baseline {base_shown} tok/s" in details
+    assert f"medians: speculative {spec_shown} ÷ baseline {base_shown} tok/s" in details
     assert "±" not in view.verdict.text() + details + view.baseline_pane.rate.text()
     table = format_table(report)  # the terminal's table says the same
     assert f"{report.baseline_rate.median:.1f}" in table and f"{report.speculative_rate.median:.1f}" in table
@@ -252,5 +252,5 @@ def test_an_auto_pane_says_that_auto_chooses_k():
     from specdesk.ui.compare_view import arm_titles
 
     baseline, speculative = arm_titles(SpecConfig(method="auto", k=4), None)
-    assert baseline == "no speculation" and speculative == "auto: chooses the method and k ≤ 4 each step"
+    assert baseline == "no speculation" and speculative == "auto picks the method and k ≤ 4"
     assert arm_titles(SPEC, None)[1] == "draft, k = 4"

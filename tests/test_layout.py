@@ -21,7 +21,8 @@ from specdesk.app.storage.history import History  # noqa: E402
 from specdesk.app.storage.settings import Settings, load_settings  # noqa: E402
 from specdesk.engines.types import SpecDeskError  # noqa: E402
 from specdesk.ui import theme  # noqa: E402
-from specdesk.ui.layout import FoldingSplitter, clipped  # noqa: E402
+from specdesk.ui.clipping import clipped  # noqa: E402
+from specdesk.ui.layout import FoldingSplitter  # noqa: E402
 from specdesk.ui.main_window import MainWindow  # noqa: E402
 from specdesk.ui.models_view import model_label  # noqa: E402
 
@@ -141,8 +142,9 @@ def test_clipped_names_a_widget_given_less_than_its_minimum(qtbot):
     label.resize(20, 10)
     root.resize(300, 100)
     root.show()
-    [line] = clipped(root)
-    assert line.startswith("QLabel 'a label far wider") and "20x10 <" in line
+    squeezed, cut = clipped(root)  # less room than its minimum, and its text cut
+    assert squeezed.startswith("QLabel 'a label far wider") and "20x10 <" in squeezed
+    assert cut.startswith("QLabel 'a label far wider") and " shows 20x10 of " in cut
     label.resize(label.minimumSizeHint())
     assert clipped(root) == []
 
@@ -235,3 +237,78 @@ def test_demo_models_have_readable_names_and_keep_the_path_for_the_tooltip(tmp_p
     assert not re.search(r"[0-9a-f]{8}", label), label
     (build / "card.json").write_text("not json", encoding="utf-8")
     assert demo_name(target) == "Demo target"
+
+
+def auto_run(charts, methods: list[str]) -> None:
+    """An auto run that drafts with each of `methods` in turn, fed to the charts as the worker does."""
+    from types import SimpleNamespace
+
+    from specdesk.engines.types import StepEvent
+
+    def event(method: str) -> StepEvent:
+        k, accepted = (0, 0) if method == "none" else (3, 2)
+        return StepEvent(tokens=(1,) * (accepted + 1), text="x", drafted=k, accepted=accepted,
+                         position_accepted=tuple(i < accepted for i in range(k)), from_draft=(True,) * accepted + (False,),
+                         draft_s=0.0, verify_s=0.02, method=method, reason=f"{method}, k = {k}: expected 1.30x")
+
+    events = [event(m) for m in methods for _ in range(40)]
+    times = [0.02 * (i + 1) for i in range(len(events))]
+    for i in range(0, len(events), 10):
+        charts.add_batch(SimpleNamespace(first=i == 0, k=4, events=events[i:i + 10], times=times[i:i + 10]))
+        for _ in range(6):  # the slow rate: every sixth refresh
+            charts.refresh()
+    charts.finish_run(charts.current_stats())
+    charts.refresh()
+
+
+@pytest.mark.parametrize("size", [(1024, 640), (1280, 800)])
+def test_an_auto_run_of_four_methods_shows_its_whole_legend_and_titles(qtbot, window, size):
+    w = window(Settings(first_run_done=True))
+    show_at(qtbot, w, *size)
+    auto_run(w.charts, ["none", "ngram", "ngram-pool", "draft"])
+    QApplication.processEvents()
+    labels = [label.text for _, label in w.charts.method_legend.items]
+    assert labels == ["no speculation", "ngram", "ngram-pool", "draft"] and w.charts.method_legend.isVisible()
+    assert clipped(w) == []
+
+
+def busy_auto_report():
+    """A finished compare of method auto on a busy machine, as the worker hands it over: seven runs
+    whose pace varies tenfold (long ranges to show), auto's shares and costs."""
+    from specdesk.app.runtime.compare import CompareReport, PromptResult, RunResult
+    from specdesk.engines.types import RunStats
+
+    auto = {"steps": 96, "steps_by_choice": {"none": 0.9, "ngram k=1": 0.05, "ngram-pool k=2": 0.05},
+            "costs": {"pass_ms": [62.56, 498.96, 500.52, 501.7], "measured_sizes": [1],
+                      "draft_token_ms": {"ngram": 0.012, "ngram-pool": 0.02}}}
+
+    def run(seconds: float, speculative: bool) -> RunResult:
+        stats = RunStats(96, seconds, 94 if speculative else 96, 8 if speculative else 0, 2 if speculative else 0,
+                         0.0, seconds, (4, 4) if speculative else (), (1, 1) if speculative else (),
+                         (92, 2) if speculative else (96,))
+        return RunResult(tuple(range(96)), "a hash table " * 20, stats, "length", auto if speculative else None)
+
+    runs = [(PromptResult("Explain a hash table.", run(base, False), run(spec, True)),)
+            for base, spec in ((4.5, 12.2), (22.8, 5.6), (8.4, 36.5), (4.6, 23.3), (9.1, 12.0), (8.2, 9.3), (20.0, 8.1))]
+    return CompareReport("llama.cpp", "SmolLM2-135M-Instruct.Q4_1.gguf", None, "auto", 4, 0.0, runs[0], (), "CPU",
+                         tuple(runs[1:]), (6.8, 2))
+
+
+@pytest.mark.parametrize("size", [(1024, 640), (1280, 800)])
+def test_a_finished_auto_compare_keeps_the_window_its_size_with_nothing_cut(qtbot, window, size):
+    from specdesk.engines.types import SpecConfig
+    from specdesk.ui.compare_view import arm_titles
+
+    w = window(Settings(first_run_done=True))
+    show_at(qtbot, w, *size)
+    view = w.compare_view
+    w.tabs.setCurrentWidget(view)
+    baseline, speculative = arm_titles(SpecConfig(method="auto", k=4), None)
+    view.baseline_pane.setTitle(f"Baseline ({baseline})")
+    view.speculative_pane.setTitle(f"Speculative ({speculative})")
+    view.set_placement("target CPU · draft CPU")
+    view.show_report(busy_auto_report())
+    QApplication.processEvents()
+    assert view.auto_table.isVisible() and "busy machine" in view.verdict.text()
+    assert (w.width(), w.height()) == size
+    assert clipped(w) == []

@@ -407,6 +407,9 @@ def test_the_draft_picker_keeps_the_zoo_family_draft_and_hides_the_other_with_wh
     enabled = [combo.itemData(i) for i in range(combo.count()) if combo.model().item(i).isEnabled()]
     assert str(same) in enabled and str(other) not in enabled
     hidden = [i for i in range(combo.count()) if not combo.model().item(i).isEnabled()]
-    assert len(hidden) == 1 and combo.itemText(hidden[0]) == "1 incompatible draft hidden"
-    assert "draft-Q4_K_M.gguf: vocab size 151936 vs 128256" in combo.itemData(hidden[0], Qt.ToolTipRole)
+    # the other family's draft, and the built-in demo drafters, made for the demo target only
+    assert len(hidden) == 1 and combo.itemText(hidden[0]) == "3 incompatible drafts hidden"
+    why = combo.itemData(hidden[0], Qt.ToolTipRole)
+    assert "draft-Q4_K_M.gguf: vocab size 151936 vs 128256" in why
+    assert "Demo draft (built in): made for the demo target only" in why
     window.close()

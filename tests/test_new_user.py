@@ -115,6 +115,7 @@ def open_on_qwen(qtbot, folder: Path) -> MainWindow:
                                  threads=1, max_tokens=16, first_run_done=True, library_paths=[str(folder)],
                                  model_sources={"lmstudio": False, "ollama": False}), autoload=False)
     qtbot.addWidget(window)
+    window.resize(1280, 800)
     window.show()
     with loaded(qtbot, window):
         window.load_models()

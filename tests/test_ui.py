@@ -369,7 +369,7 @@ def test_compare_tab_verdict_and_sweep(qtbot, open_window):
     assert list(xs) == list(range(1, 9)) and all(y > 0 for y in ys)
     ks, ratios = view.cost_curve.getData()  # t(1 + k)/t(1) on the loaded placement
     assert list(ks) == list(range(1, 9)) and all(r > 0 for r in ratios)
-    assert "target CPU" in view.cost_plot.getPlotItem().titleLabel.text
+    assert "target CPU" in view.cost_plot.toolTip()  # the title itself is as long as the plot's width shows whole
     best = sweep.best()  # None when no k is faster than the baseline beyond the runs' noise
     assert view.apply_button.isEnabled() is (best is not None)
     if best is not None:
@@ -383,8 +383,9 @@ def test_compare_marks_the_first_diverging_token(qtbot, open_window):
     verdict names the first differing token and both panes mark it."""
     import dataclasses
 
-    window = open_window(method="ngram", max_tokens=32, temperature=1.5, seed=3)
+    window = open_window(method="ngram", max_tokens=32, seed=3)
     view = window.compare_view
+    view.temperature_spin.setValue(1.5)  # the compare's own temperature
     view.prompt.setPlainText("def f(x):")
     with wait_for(qtbot, window, "compare") as blocker:
         view.run_button.click()
@@ -591,8 +592,10 @@ def test_auto_says_what_drafts_and_why(qtbot, open_window):
     # every method can be tried with no download: the demo's MTP target and DFlash drafter are offered
     assert window.controls.target_combo.findData(DEMO_MTP) >= 0 and window.controls.draft_combo.findData(DEMO_DFLASH) >= 0
     send(qtbot, window, "def add(a, b):")
+    # the line changes at most once a second: the choice shows within one
+    qtbot.waitUntil(lambda: window.status_label.text().startswith("auto · "), timeout=2_000)
     status = window.status_label.text()
-    assert status.startswith("auto · ") and ("expected" in status or "no method" in status), status
+    assert "expected" in status or "no method" in status or "speculation" in status, status
 
 
 def legend_labels(charts) -> list[str]:

@@ -29,11 +29,20 @@ def make_app(argv: Optional[list[str]] = None, dark: Optional[bool] = None):
     return app
 
 
-def run_gui(dark: Optional[bool] = None) -> int:
+def open_window(target: Optional[str] = None, **kwargs):
+    """The main window, on the saved models or, with `target` (`specdesk gui --target PATH`), on
+    that target with the draft that fits it (the saved draft only if it does), as File > Open does."""
     from .main_window import MainWindow
 
+    window = MainWindow(autoload=target is None, **kwargs)
+    if target is not None:
+        window.open_target(os.path.abspath(target))
+    return window
+
+
+def run_gui(dark: Optional[bool] = None, target: Optional[str] = None) -> int:
     app = make_app(dark=dark)
-    window = MainWindow()
+    window = open_window(target)
     window.resize(1280, 800)
     window.show()
     return app.exec()

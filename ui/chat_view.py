@@ -156,8 +156,9 @@ class ChatView(QWidget):
         self.transcript = QTextBrowser(self)
         self.transcript.setOpenLinks(False)  # every link is handled by _link_clicked
         self.transcript.anchorClicked.connect(self._link_clicked)
-        self.transcript.setPlaceholderText("Type a message below. Tokens the target accepted from the draft "
-                                           "are highlighted as they stream in.")
+        # One short line: a rich text box draws its placeholder unwrapped, and the legend under
+        # the transcript says what the tint means.
+        self.transcript.setPlaceholderText("Type a message below.")
         self._mono = QFontDatabase.systemFont(QFontDatabase.FixedFont)
 
         self.highlight_box = QCheckBox("Highlight", self)

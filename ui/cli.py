@@ -21,12 +21,14 @@ def cmd_gui(args) -> int:
     from specdesk.ui.app import display_available
 
     if not display_available():
-        print("specdesk: no display available (DISPLAY / WAYLAND_DISPLAY unset): "
-              "running `specdesk compare` on the demo pair instead", file=sys.stderr)
-        return terminal.main(["compare"])
+        print("specdesk: no display available (DISPLAY / WAYLAND_DISPLAY unset): running `specdesk compare` "
+              + ("on that target" if getattr(args, "target", None) else "on the demo pair") + " instead",
+              file=sys.stderr)
+        target = getattr(args, "target", None)
+        return terminal.main(["compare", *(["--target", target] if target else [])])
     from specdesk.ui.app import run_gui
 
-    return run_gui(dark=getattr(args, "dark", None))
+    return run_gui(dark=getattr(args, "dark", None), target=getattr(args, "target", None))
 
 
 def cmd_screenshot(args) -> int:
@@ -43,7 +45,7 @@ def cmd_screenshot(args) -> int:
         return 0
     for path in take_screenshots(Path(args.out), (width, height), dark=args.dark, threads=args.threads or 0,
                                  demo_size="full" if args.full_demo else "small",
-                                 suffix=args.suffix, progress=terminal.progress, sizes=sizes):
+                                 suffix=args.suffix, progress=terminal.progress, sizes=sizes, target=args.target):
         print(path)
     return 0
 
@@ -53,6 +55,8 @@ def add_desktop_commands(parser: argparse.ArgumentParser, sub) -> None:
                         help="check this install offscreen (demo family, llama.cpp, speculative = greedy) and exit")
     p = sub.add_parser("gui", help="open the desktop app (the default with no subcommand)")
     p.add_argument("--dark", action="store_true", default=None, help="use a dark palette")
+    p.add_argument("--target", metavar="PATH", help="open this GGUF file or Hugging Face folder as the target, with "
+                                                    "the draft that fits it (as File > Open does)")
     p.set_defaults(func=cmd_gui)
 
     p = sub.add_parser("screenshot", help="save PNGs of the main window, the compare view and the pairing dialog "
@@ -67,6 +71,8 @@ def add_desktop_commands(parser: argparse.ArgumentParser, sub) -> None:
     p.add_argument("--threads", type=int, default=None, help="CPU threads (default: automatic)")
     p.add_argument("--full-demo", action="store_true",
                    help="use the full demo family (real code replies) instead of the small test family")
+    p.add_argument("--target", metavar="PATH", help="a model of your own (a GGUF file) instead of the demo family: "
+                                                    "method auto, a chat question, no pairing dialog")
     p.add_argument("--endpoint", metavar="URL", help="instead: served-chat.png, the chat on this server")
     p.add_argument("--model", help="with --endpoint: the server's model id (default: the first it lists)")
     p.add_argument("--api-key", help="with --endpoint: the server's API key")

@@ -25,7 +25,7 @@ from .charts import integer_ticks, make_plot
 RequestSource = Callable[[], tuple[SpecConfig, SamplingParams, int]]
 SWEEP_KS = tuple(range(1, 9))
 PASS_COST_TITLE = "pass cost against k"
-PLOT_MIN_HEIGHT = 110  # pixels: a plot with room for its bars or points under its title and axis
+PLOT_MIN_HEIGHT = 100  # pixels: a plot with room for its bars or points under its title and axis
 CODE_PROMPT = "def parse_args(argv):"  # the demo model continues code
 # A chat model's prompt: an answer of a few hundred tokens, long enough to time (a haiku is not)
 CHAT_PROMPT = "Explain in a short paragraph how a hash table works, then write a small Python example of one."
@@ -85,6 +85,7 @@ class RunPane(QGroupBox):
         super().__init__(title, parent)
         self.title = title
         self.rate = QLabel("—", self)
+        self.rate.setWordWrap(True)  # the figures and their range wrap in a narrow pane rather than widen it
         self.text = QTextBrowser(self)
         self.text.setFont(QFontDatabase.systemFont(QFontDatabase.FixedFont))
         layout = QVBoxLayout(self)
@@ -129,11 +130,11 @@ class RunPane(QGroupBox):
         if seconds > 0:
             self.rate.setText(f"{self._tokens} tokens · {self._tokens / seconds:.1f} tok/s (streaming)")
 
-    def show_result(self, stats, rate, extra: str = "") -> None:
-        """The run's numbers: tokens of the run on screen, and the median tok/s over every run
-        with their range (app/runtime/compare.Measure), the figure the headline divides."""
+    def show_result(self, stats, rate) -> None:
+        """The run's numbers: the median tok/s over every run with their range
+        (app/runtime/compare.Measure), the figure the headline divides; the tokens of the run on screen."""
         self.refresh()
-        self.rate.setText(f"{stats.tokens} tokens · {rate.ranged(' tok/s', rate_digits(rate.median))}" + extra)
+        self.rate.setText(f"{rate.ranged(' tok/s', rate_digits(rate.median))} · {stats.tokens} tokens")
         self.rate.setToolTip("The median over the runs, then the slowest and the fastest run. The text "
                              "is the first run's.")
 
@@ -164,7 +165,7 @@ def arm_titles(spec, backend) -> tuple[str, str]:
     """What the baseline and the speculative panes ran on: the method and k, or the servers."""
     if backend is None:
         if spec.method == "auto":  # k is a bound there: auto picks the method and k each step
-            return "no speculation", f"auto: chooses the method and k ≤ {spec.k} each step"
+            return "no speculation", f"auto picks the method and k ≤ {spec.k}"
         return "no speculation", f"{spec.method}, k = {spec.k}"
     return backend.baseline_label, backend.label
 
@@ -189,7 +190,7 @@ class CompareView(QWidget):
         self.prompt = QPlainTextEdit(self)
         self.prompt.setPlaceholderText("A prompt to run without and with speculation")
         self.prompt.setPlainText(prompt)
-        self.prompt.setFixedHeight(78)  # as tall as the buttons beside it
+        self.prompt.setFixedHeight(self.prompt.fontMetrics().lineSpacing() * 3 + 12)  # three lines
         self.chat_box = QCheckBox("Chat template", self)
         self.chat_box.setChecked(True)
         self.chat_box.setToolTip("Wrap the prompt in the model's chat template as one user message "
@@ -215,14 +216,14 @@ class CompareView(QWidget):
         temperature_label.setBuddy(self.temperature_spin)
         top = QHBoxLayout()
         top.addWidget(self.prompt, 1)
-        buttons = QGridLayout()
+        buttons = QGridLayout()  # two rows: the panes below keep the height of a short window
         buttons.setVerticalSpacing(2)
         buttons.addWidget(self.run_button, 0, 0)
         buttons.addWidget(self.sweep_button, 0, 1)
-        buttons.addWidget(self.stop_button, 1, 0)
-        buttons.addWidget(self.chat_box, 1, 1)
-        buttons.addWidget(temperature_label, 2, 0, Qt.AlignRight)
-        buttons.addWidget(self.temperature_spin, 2, 1)
+        buttons.addWidget(self.stop_button, 0, 2)
+        buttons.addWidget(self.chat_box, 1, 0)
+        buttons.addWidget(temperature_label, 1, 1, Qt.AlignRight)
+        buttons.addWidget(self.temperature_spin, 1, 2)
         top.addLayout(buttons)
 
         self.baseline_pane = RunPane("Baseline (no speculation)", self)
@@ -242,8 +243,8 @@ class CompareView(QWidget):
         self.auto_table.horizontalHeader().setStretchLastSection(True)
         self.auto_table.setEditTriggers(QAbstractItemView.NoEditTriggers)
         self.auto_table.setFocusPolicy(Qt.NoFocus)
-        rows = self.auto_table.verticalHeader().defaultSectionSize()  # four rows in view, the rest scroll:
-        self.auto_table.setMaximumHeight(rows * 4 + self.auto_table.horizontalHeader().sizeHint().height() + 4)
+        rows = self.auto_table.verticalHeader().defaultSectionSize()  # three rows in view, the rest scroll
+        self.auto_table.setMaximumHeight(rows * 3 + self.auto_table.horizontalHeader().sizeHint().height() + 4)
         self.auto_table.setVisible(False)
 
         self.position_plot = make_plot("speculative: acceptance per draft position", "draft position", self,
@@ -473,9 +474,7 @@ class CompareView(QWidget):
         result = report.results[0]
         base, spec = result.baseline.stats, result.speculative.stats
         self.baseline_pane.show_result(base, report.baseline_rate)
-        self.speculative_pane.show_result(spec, report.speculative_rate,
-                                          f" · acceptance {spec.acceptance_rate:.2f} · "
-                                          f"{spec.mean_accepted_length:.2f} tok/pass")
+        self.speculative_pane.show_result(spec, report.speculative_rate)
         pace = speedup_text(report)
         good = theme.secondary(self.palette()).name()
         stopped = "cancelled" in (result.baseline.finish_reason, result.speculative.finish_reason)
@@ -514,12 +513,12 @@ class CompareView(QWidget):
                              f'&nbsp;&nbsp;·&nbsp;&nbsp;<span style="color:{colour}">{verdict}</span>')
         self.verdict.setProperty("identical", report.identical_outputs)
         share = spec.draft_s / max(1e-9, spec.draft_s + spec.verify_s)
-        timing = (f" · time drafting {share:.0%}, verifying {1 - share:.0%}" if spec.draft_s + spec.verify_s > 0
+        timing = (f" · drafting {share:.0%}, verifying {1 - share:.0%}" if spec.draft_s + spec.verify_s > 0
                   else "")  # a server does not say how long drafting took
         spec_rate, base_rate = report.speculative_rate.median, report.baseline_rate.median
-        self.details.setText(f"speculative {spec_rate:.{rate_digits(spec_rate)}f} tok/s ÷ baseline "
-                             f"{base_rate:.{rate_digits(base_rate)}f} tok/s (each the median over the runs) · "
-                             f"{spec.accepted}/{spec.drafted} drafts accepted{timing}")
+        self.details.setText(f"medians: speculative {spec_rate:.{rate_digits(spec_rate)}f} ÷ baseline "
+                             f"{base_rate:.{rate_digits(base_rate)}f} tok/s · acceptance {spec.acceptance_rate:.2f} "
+                             f"({spec.accepted}/{spec.drafted} drafts), {spec.mean_accepted_length:.2f} tok/pass{timing}")
         self.show_auto(report.auto_report() if getattr(report, "method", None) == "auto" else None)
         acceptance = spec.per_position_acceptance
         self.position_bars.setOpts(x=np.arange(1, len(acceptance) + 1), height=np.array(acceptance), width=0.6)

@@ -1,5 +1,6 @@
-"""The left panel: models, method, sampling, limits, the chat's preset and system prompt, and
-the list of past chats (ui/chats_panel.py, placed here by the window with `show_chats`)."""
+"""The left panel: models, method, sampling, limits, the chat's preset and system prompt, which
+scroll; and under them, outside the scrolling part so that it is always in view, the list of
+past chats (`chats_box`, ui/chats_panel.py placed in it with `show_chats`)."""
 
 from __future__ import annotations
 
@@ -72,6 +73,7 @@ class ControlsPanel(QScrollArea):
         self._engine_name = "the engine"
         self._previous: dict[str, int] = {}
         self._draft_verdicts: dict[str, tuple[str, ...]] = {}  # draft choice -> why it cannot serve the target
+        self._draft_checked: set = set()  # the draft choices the last load checked against its target
 
         models = QGroupBox("Models", body)
         form = QFormLayout(models)
@@ -135,7 +137,9 @@ class ControlsPanel(QScrollArea):
         self.system_prompt_edit.setFixedHeight(self.system_prompt_edit.fontMetrics().lineSpacing() * 4 + 12)
         add_rows(form, ("Preset", self.preset_combo), ("System", self.system_prompt_edit))
 
-        self.chats_box = QGroupBox("Chats", body)
+        # The window puts it under this panel (a list one had to scroll the settings to find was
+        # off screen in a short window).
+        self.chats_box = QGroupBox("Chats")
         chats_layout = QVBoxLayout(self.chats_box)
         chats_layout.setContentsMargins(4, 4, 4, 4)
 
@@ -143,7 +147,7 @@ class ControlsPanel(QScrollArea):
         layout.setContentsMargins(4, 4, 4, 4)
         for box in (models, sampling, limits, chat):
             layout.addWidget(box)
-        layout.addWidget(self.chats_box, 1)
+        layout.addStretch(1)
 
         self.apply_settings(settings)
         self.target_combo.activated.connect(lambda index: self._model_picked(self.target_combo, "target"))
@@ -253,12 +257,19 @@ class ControlsPanel(QScrollArea):
 
     def _hide_incompatible(self, current) -> None:
         """Only drafts that can serve the loaded target stay pickable; one disabled line says
-        how many were left out, and its tooltip says why for each."""
+        how many were left out, and its tooltip says why for each. The built-in demo drafters
+        are made for the demo target: for another target they are offered only where a check
+        found them fitting (a copy of the demo target)."""
+        from .model_choice import is_demo_model
+
         combo = self.draft_combo
         hidden = []
+        demo_target = is_demo_model(self._settings.target_path)
         for i in range(combo.count() - 1, -1, -1):
             choice = combo.itemData(i)
             reasons = self._draft_verdicts.get(choice)
+            if choice in (DEMO, DEMO_DFLASH) and not demo_target and choice not in self._draft_checked:
+                reasons = ("made for the demo target only",)
             if reasons and choice != current:
                 hidden.append(f"{combo.itemText(i)}: {'; '.join(reasons)}")
                 combo.removeItem(i)
@@ -278,6 +289,7 @@ class ControlsPanel(QScrollArea):
         return choices
 
     def set_draft_verdicts(self, verdicts: dict) -> None:
+        self._draft_checked = set(verdicts)
         self._draft_verdicts = {choice: tuple(reasons) for choice, reasons in verdicts.items() if reasons}
         self._fill_models(self.draft_combo, DRAFTS,
                           self._settings.recent_drafts, self.draft_combo.currentData())
@@ -375,6 +387,10 @@ class ControlsPanel(QScrollArea):
     def method(self) -> str:
         return self.method_combo.currentData()
 
+    def select_method(self, method: str) -> None:
+        """Choose `method` when the loaded models can run it (else the choice stays)."""
+        self._select_method(method)
+
     def _select_method(self, method: str) -> None:
         index = self.method_combo.findData(method)
         if index >= 0 and self._method_enabled(method):
@@ -459,6 +475,9 @@ class ControlsPanel(QScrollArea):
         self.system_prompt_edit.blockSignals(False)
 
     def show_chats(self, panel: QWidget) -> None:
-        """The list of chats (ui/chats_panel.ChatsPanel) in its place at the bottom of the panel."""
+        """The list of chats (ui/chats_panel.ChatsPanel) in `chats_box`, which must stay in view."""
+        from .clipping import must_be_seen
+
         panel.setMinimumHeight(120)
         self.chats_box.layout().addWidget(panel)
+        must_be_seen(panel)

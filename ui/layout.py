@@ -2,14 +2,13 @@
 
 `FoldingSplitter` puts its two panes side by side while both fit at their minimum width and
 one above the other when they do not (the Chat tab's charts fold under the transcript).
-`clipped` lists the visible widgets that have less room than their minimum size hint asks
-for: the screenshot command and the layout tests read it.
+What a user would see cut is listed by ui/clipping.clipped.
 """
 
 from __future__ import annotations
 
 from PySide6.QtCore import QSize, Qt, Signal
-from PySide6.QtWidgets import QAbstractScrollArea, QSizePolicy, QSplitter, QWidget
+from PySide6.QtWidgets import QSplitter, QWidget
 
 
 def side_by_side_width(widths: list[int], handle: int) -> int:
@@ -62,57 +61,6 @@ class FoldingSplitter(QSplitter):
     def resizeEvent(self, event) -> None:
         self.fit(event.size().width(), event.size().height())
         super().resizeEvent(event)
-
-
-def clipped(root: QWidget) -> list[str]:
-    """The visible widgets under `root` that are smaller than their minimum size hint, as
-    "Class 'text' WxH < WxH" lines (empty when nothing is clipped). The contents of a scroll
-    area scroll, so only the scroll area itself is checked against its own hint."""
-    lines = []
-    for widget in [root, *root.findChildren(QWidget)]:
-        if not widget.isVisibleTo(root) and widget is not root:
-            continue
-        if widget.isWindow() and widget is not root:
-            continue
-        if _inside_scroll_area(widget, root):
-            continue
-        need = smallest_size(widget)
-        size = widget.size()
-        if size.width() < need.width() or size.height() < need.height():
-            text = widget.text() if hasattr(widget, "text") and callable(widget.text) else widget.objectName()
-            lines.append(f"{type(widget).__name__} {str(text)[:40]!r} {size.width()}x{size.height()} < "
-                         f"{need.width()}x{need.height()}")
-    return lines
-
-
-def smallest_size(widget: QWidget) -> QSize:
-    """The least room a layout gives `widget` (Qt's own rule, qSmartMinSize): its minimum size
-    hint where its size policy may shrink, else its size hint; nothing where the policy is
-    Ignored; at most its maximum size, and its minimum size where one is set."""
-    policy = widget.sizePolicy()
-    hint, least = widget.sizeHint(), widget.minimumSizeHint()
-
-    def side(direction, hinted: int, least_hinted: int) -> int:
-        if direction == QSizePolicy.Ignored:
-            return 0
-        return least_hinted if direction.value & QSizePolicy.ShrinkFlag.value else max(hinted, least_hinted)
-
-    need = QSize(side(policy.horizontalPolicy(), hint.width(), least.width()),
-                 side(policy.verticalPolicy(), hint.height(), least.height())).boundedTo(widget.maximumSize())
-    if widget.minimumWidth() > 0:
-        need.setWidth(widget.minimumWidth())
-    if widget.minimumHeight() > 0:
-        need.setHeight(widget.minimumHeight())
-    return need.expandedTo(QSize(0, 0))
-
-
-def _inside_scroll_area(widget: QWidget, root: QWidget) -> bool:
-    parent = widget.parentWidget()
-    while parent is not None and parent is not root:
-        if isinstance(parent, QAbstractScrollArea) and widget is not parent:
-            return True
-        parent = parent.parentWidget()
-    return False
 
 
 def quiet_focus(root: QWidget) -> None:

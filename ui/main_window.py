@@ -12,20 +12,18 @@ while the worker is busy, so the event loop stays responsive however fast the mo
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Optional
 
 from PySide6.QtCore import QCoreApplication, Qt, QTimer, QUrl
 from PySide6.QtGui import QAction, QActionGroup, QDesktopServices, QKeySequence
-from PySide6.QtWidgets import (QLabel, QMainWindow, QMessageBox, QProgressBar, QSplitter, QTabWidget, QVBoxLayout,
-                               QWidget)
+from PySide6.QtWidgets import QMainWindow, QMessageBox, QProgressBar, QSplitter, QTabWidget, QVBoxLayout, QWidget
 
 from specdesk.app.chat.prompting import with_system_prompt
 from specdesk.app.storage.history import History, chat_title
 from specdesk.app.runtime.session import ModelInfo, file_label
-from specdesk.app.storage.settings import (DEMO, DEMO_DFLASH, DEMO_HF, DEMO_MTP, Settings, read_settings,
-                                           save_settings)
+from specdesk.app.storage.settings import DEMO, DEMO_HF, DEMO_MTP, Settings, read_settings, save_settings
 from specdesk.engines.methods import drafter_methods
 from specdesk.engines.types import SpecConfig, SpecDeskError
 
@@ -37,8 +35,10 @@ from .controls import ControlsPanel
 from .dialogs import ask, show_error
 from .layout import FoldingSplitter, focus_chain, quiet_focus
 from .first_run import FirstRunCard, make_card
+from .model_choice import DEMO_CHOICES, ModelChoosing
 from .models_view import ModelsView
 from .served_chat import ServedChat
+from .status_line import StatusLine
 from .worker import ChatJob, EngineWorker, JobError, JobResult
 
 REPAINT_INTERVAL_MS = 33  # ~30 Hz
@@ -66,16 +66,13 @@ class _ChatJob:
         return bool(self.job.messages) and self.job.messages[-1]["role"] == "assistant"
 
 
-DEMO_CHOICES = (DEMO, DEMO_DFLASH, DEMO_HF, DEMO_MTP)  # the built-in models' settings values
-
-
 def docs_location() -> Optional[Path]:
     """The user guide in this install's docs folder (a source checkout or an editable install), or None."""
     path = Path(__file__).resolve().parents[1] / "docs" / "usage.md"
     return path if path.is_file() else None
 
 
-class MainWindow(QMainWindow):
+class MainWindow(ModelChoosing, QMainWindow):
     def __init__(self, settings: Optional[Settings] = None, history: Optional[History] = None,
                  settings_file: Optional[Path] = None, autoload: bool = True, first_run_card: bool = True):
         super().__init__()
@@ -99,7 +96,6 @@ class MainWindow(QMainWindow):
         self._loaded_choice: tuple = (None, None)  # (target, draft) settings values that loaded
         self._closed = False
         self._splitters_sized = False
-        self._use_note = ""
         self.errors_shown = 0
         self.engine_stop_box: Optional[QMessageBox] = None  # the last "engine process stopped" message
         self.loads_reported = 0  # loading-progress updates shown (tests read it)
@@ -111,7 +107,8 @@ class MainWindow(QMainWindow):
         self.chat_view = ChatView(self)
         self.chat_view.set_highlight(self.settings.highlight_drafts)
         self.charts = ChartPanel(self)
-        self.compare_view = CompareView(self.worker, self._compare_request, self.settings.compare_prompt, self)
+        self.compare_view = CompareView(self.worker, self._compare_request, self.settings.compare_prompt, self,
+                                        temperature=self.settings.compare_temperature)
         chat_tab = FoldingSplitter(self)  # the charts fold under the chat when the window is narrow
         chat_column = QWidget(chat_tab)  # the first-run card (until used or dismissed) above the chat
         column = QVBoxLayout(chat_column)
@@ -135,15 +132,22 @@ class MainWindow(QMainWindow):
         self.tabs.addTab(self.compare_view, "Compare")
         self.models_view = ModelsView(settings=self.settings, parent=self)
         self.tabs.addTab(self.models_view, "Models")
+        left = QSplitter(Qt.Vertical, self)  # the settings scroll; the chats under them stay in view
+        left.addWidget(self.controls)
+        left.addWidget(self.controls.chats_box)
+        left.setStretchFactor(0, 3)
+        left.setStretchFactor(1, 2)
+        left.setChildrenCollapsible(False)
+        self._left = left
         body = QSplitter(Qt.Horizontal, self)
-        body.addWidget(self.controls)
+        body.addWidget(left)
         body.addWidget(self.tabs)
         body.setStretchFactor(1, 1)
         body.setChildrenCollapsible(False)
         self._body_splitter = body
         self.setCentralWidget(body)
 
-        self.status_label = QLabel("", self)
+        self.status_label = StatusLine(self)  # whole phrases only; auto's choices at most once a second
         self.busy_bar = QProgressBar(self)
         self.busy_bar.setRange(0, 0)  # indeterminate until llama.cpp reports how much of the file it read
         self.busy_bar.setMaximumWidth(200)
@@ -266,17 +270,6 @@ class MainWindow(QMainWindow):
             action.setShortcuts([QKeySequence(s) for s in shortcuts])
         return action
 
-    def open_model(self, folder: bool) -> None:
-        """File > Open: a GGUF file or a Hugging Face model folder as the target."""
-        from PySide6.QtWidgets import QFileDialog
-
-        if folder:
-            path = QFileDialog.getExistingDirectory(self, "Open a model folder")
-        else:
-            path, _ = QFileDialog.getOpenFileName(self, "Open a GGUF file", "", "GGUF models (*.gguf);;All files (*)")
-        if path:
-            self.controls.set_model("target", path)
-
     def _apply_look(self) -> None:
         """The theme and zoom kept in settings, before any widget is built."""
         from PySide6.QtWidgets import QApplication
@@ -314,7 +307,7 @@ class MainWindow(QMainWindow):
     def show_settings_panel(self) -> None:
         """Settings: the left panel (models, sampling, limits, placement) shown and focused, or hidden."""
         show = self.settings_panel_action.isChecked()
-        self.controls.setVisible(show)
+        self._left.setVisible(show)
         if show:
             self.controls.target_combo.setFocus()
 
@@ -352,6 +345,7 @@ class MainWindow(QMainWindow):
         demo = s.target_path in (DEMO, DEMO_HF, DEMO_MTP)
         self._on_progress(f"loading {'the demo target' if demo else file_label(s.target_path)}…")
         self._requested_choice = (s.target_path, s.draft_path)
+        self._note_leftover(s.target_path, s.draft_path)
         self._load_job = self.worker.load(s.target_path, s.draft_path, s.demo_size, s.n_ctx, s.threads,
                                           drafts=self.controls.draft_choices(), placement=s.placement())
         self._update_actions()
@@ -367,82 +361,11 @@ class MainWindow(QMainWindow):
             self._show_title()
         self.models_view.show_placement(info.placement)
         self.compare_view.set_placement(info.placement)
+        self._fit_to_loaded(info)
         self._show_model_status()
         if info.notes:  # loaded, but otherwise than the file asks (a chat template it cannot use)
             self.status_label.setText(" · ".join(info.notes))
             self.status_label.setToolTip("\n".join(info.notes))
-
-    def _show_model_status(self) -> None:
-        info = self.info
-        if info is None:
-            self.status_label.setText("no model loaded")
-            return
-        draft = f"draft {file_label(info.draft_path)}" if info.draft_path else "no draft model"
-        self.status_label.setText(f"{info.engine} · target {file_label(info.target_path)} "
-                                  f"({info.n_params / 1e6:.1f} M parameters) · {draft} · "
-                                  f"context {info.n_ctx} · {info.threads} thread{'s' * (info.threads != 1)}"
-                                  + (f" · {info.placement}" if info.placement else ""))
-        if self._use_note:  # why this draft (or none) went with the model the user chose
-            self.status_label.setToolTip(self._use_note)
-            self.status_label.setText(f"{self._use_note} · {self.status_label.text()}")
-
-    def _show_loaded_choice(self, failed: str) -> None:
-        """After a refused model, the pickers show what is actually loaded again."""
-        target, draft = self._requested_choice if failed == "draft" else self._loaded_choice
-        if failed == "draft":
-            previous = self._loaded_choice[1] if self._loaded_choice else None
-            draft = previous if self.info is not None and self.info.draft_path else None
-        if target is None:  # nothing ever loaded: keep the user's choice on screen
-            return
-        self._loaded_choice = (target, draft)
-        self.controls.show_models(target, draft)
-
-    # --- use this model ---------------------------------------------------------------
-    def use_model(self, path: str) -> None:
-        """Load `path` as the target with the draft that goes with it (app/models/choose.py,
-        worked out on the Models tab's lane): a draft that does not fit it is dropped, not reported."""
-        from specdesk.app.models.choose import choose_for
-
-        entries = list(self.models_view.entries)
-        current = self.settings.draft_path if self.settings.draft_path not in DEMO_CHOICES else None
-        self.status_label.setText(f"choosing a draft for {file_label(path)}…")
-        self.models_view.submit(lambda job: choose_for(path, entries, current), self._use_choice)
-
-    def _use_choice(self, choice) -> None:
-        self.controls.use_models(choice.target, choice.draft)
-        self.tabs.setCurrentIndex(0)
-        self.status_label.setText(choice.why)
-        self._use_note = choice.why  # said again beside the loaded models once they load
-
-    def use_as_draft(self, path: str) -> None:
-        """Draft for the loaded target with `path`, when it can (else why not, in one message)."""
-        from specdesk.app.models.choose import draft_misfit
-
-        if self.info is None:
-            self.report_error(f"{file_label(path)}: load a target first, then choose its draft")
-            return
-        target, entries = self.info.target_path, list(self.models_view.entries)
-
-        def checked(misfit) -> None:
-            if misfit:
-                self.report_error(f"{file_label(path)} cannot draft for {file_label(target)}: {misfit}")
-            else:
-                self.controls.set_model("draft", path)
-                self.tabs.setCurrentIndex(0)
-
-        self.models_view.submit(lambda job: draft_misfit(target, path, entries), checked)
-
-    def use_pair(self, target: str, draft: str) -> None:
-        """A target with a draft chosen for it (a pairing row, the first-run card's download)."""
-        if self.first_run is not None and self.sender() is self.first_run:
-            self._first_run_dismissed()
-        self.controls.use_models(target, draft)
-        self.tabs.setCurrentIndex(0)
-
-    def use_trained(self, target: str, draft: str, method: str) -> None:
-        """A drafter trained here, with its target and its own method."""
-        self.controls.use_models(target, draft or None, method)
-        self.tabs.setCurrentIndex(0)
 
     def train_drafter(self, choice=None):
         """"Train a drafter for this model…" from the draft picker: the loaded target's dialog."""
@@ -459,11 +382,6 @@ class MainWindow(QMainWindow):
         self.status_label.setText("auto: measuring what each method costs on this machine (once per model)…")
         self.worker.prepare(self.controls.spec(self.info.draft_path))
         return True
-
-    def _first_run_dismissed(self) -> None:
-        self.settings.first_run_done = True
-        if self.first_run is not None:
-            self.first_run.hide()
 
     def _on_progress(self, message: str) -> None:
         self.status_label.setText(message)
@@ -591,7 +509,10 @@ class MainWindow(QMainWindow):
                 None)
 
     def _compare_request(self):
+        """As a reply's request, at the Compare tab's own temperature (greedy by default, so it can
+        show identical outputs): setting it there leaves the chat's as it was."""
         spec, sampling, max_tokens, backend = self._request()
+        sampling = replace(sampling, temperature=self.compare_view.temperature())
         if backend is None and spec.method == "none":
             raise SpecDeskError("compare needs a speculation method: choose ngram, ngram-pool or draft in the left panel")
         if backend is not None and backend.needs_baseline:
@@ -712,8 +633,8 @@ class MainWindow(QMainWindow):
         self.chat_view.append_pieces(job.message, batch.pieces, batch.from_draft)
         self.charts.add_batch(batch)
         reason = next((e.reason for e in reversed(batch.events) if e.reason), None)
-        if reason:  # method auto: what drafts now, and why
-            self.status_label.setText(f"auto · {reason}")
+        if reason:  # method auto: what drafts now, and why (at most once a second: it may change every step)
+            self.status_label.set_live(f"auto · {reason}")
             job.last_reason = reason
 
     def _on_finished(self, result: JobResult) -> None:
@@ -815,6 +736,10 @@ class MainWindow(QMainWindow):
                                  {"finish_reason": "error", "partial": True, "error": error.message})
             else:
                 self._roll_back(job)
+        if error.job_id == self._load_job and error.kind == "draft" and self._drop_leftover(error.message):
+            self._load_job = None  # the target loaded; the previous target's draft stays behind, said in the status
+            self._update_actions()
+            return
         if error.job_id == self._load_job:
             self._load_job = None
             failed = self._requested_choice[1 if error.kind == "draft" else 0]
@@ -890,6 +815,7 @@ class MainWindow(QMainWindow):
     def save_settings(self) -> None:
         self.controls.store_settings(self.settings)
         self.settings.compare_prompt = self.compare_view.prompt.toPlainText()
+        self.settings.compare_temperature = self.compare_view.temperature()
         self.settings.last_chat_id = self.chat_id
         try:
             save_settings(self.settings, self._settings_file)
@@ -900,6 +826,7 @@ class MainWindow(QMainWindow):
         if not self._closed:
             self._closed = True
             self.timer.stop()
+            self.status_label.cancel_live()
             self.save_settings()
             self.worker.shutdown()
             self.models_view.shutdown()

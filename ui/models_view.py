@@ -265,7 +265,8 @@ class ModelsView(QWidget):
     # --- layout ----------------------------------------------------------------
     def _build(self) -> None:
         self.query = QLineEdit(self)
-        self.query.setPlaceholderText("search the Hugging Face hub, e.g. Qwen3 GGUF")
+        self.query.setPlaceholderText("search the hub, e.g. Qwen3")
+        self.query.setToolTip("Search the Hugging Face hub by name, e.g. Qwen3 GGUF")
         self.author = QLineEdit(self)
         self.author.setPlaceholderText("author (optional)")
         self.author.setMaximumWidth(160)

@@ -9,9 +9,14 @@ the demo target (the draft ranked by that measurement, the demo's MTP target, wh
 built, by an assumption). Settings, history and measurements go to a temporary folder, never
 the user's.
 
+With `target` (`--target model.gguf`) the same runs use a model of one's own instead: method
+auto with no draft, a chat question, the compare at its own greedy temperature on the chat
+prompt the Compare tab suits to the model; no pairing dialog.
+
 With `sizes` (`--sizes 1024x640,1920x1080`) it then resizes the window to each size and saves
-every tab as TAB-WIDTHxHEIGHT.png (chat, compare, models; the library shows the demo's files),
-refusing a size the window does not take or where a widget gets less room than it needs.
+every tab as TAB-WIDTHxHEIGHT.png (chat, compare, models; the library shows the demo's files,
+or the target), refusing a size the window does not take or where anything is cut
+(ui/clipping.clipped: text, plots, widgets out of view).
 """
 
 from __future__ import annotations
@@ -26,6 +31,8 @@ from specdesk.engines.types import SpecDeskError
 CHAT_PROMPT = "Write a function that parses command line arguments."
 MAX_SIDE = 8192  # pixels; a 40000x40000 window would need 6 GB of image memory, twice
 COMPARE_PROMPT = "def parse_args(argv):"
+REAL_CHAT_PROMPT = "Write a haiku about autumn, then say in one sentence what it is about."
+REAL_MAX_TOKENS = 160  # a model of one's own is slower than the small demo: a sweep of it stays in minutes
 RUN_LIMIT_S = 1200  # a bound on a stuck run only: repeated compares and a sweep on a busy 2-core machine are slow
 
 
@@ -74,7 +81,11 @@ def wait_signal(app, signal, accept: Callable[..., bool], timeout_s: float) -> t
 
 def take_screenshots(out: Path, size: tuple[int, int] = (1280, 800), dark: bool = False, threads: int = 0,
                      suffix: str = "", progress: Optional[Callable[[str], None]] = None,
-                     demo_size: str = "small", sizes: Optional[list[tuple[int, int]]] = None) -> list[Path]:
+                     demo_size: str = "small", sizes: Optional[list[tuple[int, int]]] = None,
+                     target: Optional[str] = None) -> list[Path]:
+    """The window's shots on the demo family, or with `target` on that model of one's own
+    (method auto with no draft, a chat question, the compare at its own greedy temperature);
+    the pairing dialog is the demo's only."""
     os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
     from specdesk.app.storage.history import History
     from specdesk.app.storage.settings import DEMO, Settings
@@ -88,9 +99,14 @@ def take_screenshots(out: Path, size: tuple[int, int] = (1280, 800), dark: bool 
     app = make_app([], dark=dark)
     scratch_folder = tempfile.TemporaryDirectory(prefix="specdesk-screenshot-")  # removed when done
     scratch = Path(scratch_folder.name)
-    settings = Settings(target_path=DEMO, draft_path=DEMO, demo_size=demo_size, method="draft", k=4,
-                        temperature=0.7, seed=1, max_tokens=160, threads=threads, n_ctx=1024,
-                        compare_prompt=COMPARE_PROMPT, first_run_done=True)
+    if target is None:
+        settings = Settings(target_path=DEMO, draft_path=DEMO, demo_size=demo_size, method="draft", k=4,
+                            temperature=0.7, seed=1, max_tokens=160, threads=threads, n_ctx=1024,
+                            compare_prompt=COMPARE_PROMPT, first_run_done=True)
+    else:  # the Compare tab suits its prompt to the chat model once it loads
+        settings = Settings(target_path=str(Path(target).resolve()), draft_path=None, method="auto", k=4,
+                            temperature=0.7, seed=1, max_tokens=REAL_MAX_TOKENS, threads=threads, n_ctx=2048,
+                            compare_prompt=COMPARE_PROMPT, first_run_done=True)
     quit_on_close = app.quitOnLastWindowClosed()
     app.setQuitOnLastWindowClosed(False)  # closing our window must not end the caller's event loop
     window = MainWindow(settings, History(scratch / "history.sqlite3"), settings_file=scratch / "settings.json",
@@ -109,7 +125,7 @@ def take_screenshots(out: Path, size: tuple[int, int] = (1280, 800), dark: bool 
         if errors:
             raise SpecDeskError(errors[0])
         say("chatting")
-        window.chat_view.input.setPlainText(CHAT_PROMPT)
+        window.chat_view.input.setPlainText(CHAT_PROMPT if target is None else REAL_CHAT_PROMPT)
         window.chat_view.send_button.click()
         wait_signal(app, window.worker.finished, lambda r: r.kind == "chat", RUN_LIMIT_S)
         _settle(app)
@@ -117,12 +133,13 @@ def take_screenshots(out: Path, size: tuple[int, int] = (1280, 800), dark: bool 
 
         say("comparing")
         window.tabs.setCurrentWidget(window.compare_view)
-        window.controls.temperature_spin.setValue(0.0)  # greedy: the verdict can say "identical"
-        window.controls.max_tokens_spin.setValue(640)  # longer runs: timings of a tiny model are less noisy
-        # The small family's target is so small that its draft model costs about as much as it
-        # saves; prompt lookup drafts for free, so the compare shows a real speedup.
-        window.controls.method_combo.setCurrentIndex(window.controls.method_combo.findData("ngram"))
-        window.compare_view.chat_box.setChecked(False)
+        window.compare_view.temperature_spin.setValue(0.0)  # greedy: the verdict can say "identical"
+        if target is None:
+            window.controls.max_tokens_spin.setValue(640)  # longer runs: timings of a tiny model are less noisy
+            # The small family's target is so small that its draft model costs about as much as it
+            # saves; prompt lookup drafts for free, so the compare shows a real speedup.
+            window.controls.method_combo.setCurrentIndex(window.controls.method_combo.findData("ngram"))
+            window.compare_view.chat_box.setChecked(False)
         window.compare_view.run_button.click()
         wait_signal(app, window.worker.finished, lambda r: r.kind == "compare", RUN_LIMIT_S)
         window.compare_view.sweep_button.click()
@@ -131,9 +148,10 @@ def take_screenshots(out: Path, size: tuple[int, int] = (1280, 800), dark: bool 
             raise SpecDeskError(errors[0])
         _settle(app)
         saved.append(_grab(window, out / f"compare{suffix}.png"))
-        saved.append(_pairing(app, window, out / f"pairing{suffix}.png", demo_size, say, errors, scratch))
+        if target is None:
+            saved.append(_pairing(app, window, out / f"pairing{suffix}.png", demo_size, say, errors, scratch))
         if sizes:
-            _show_demo_library(app, window)
+            _show_library(app, window, None if target is None else [window.info.target_path])
         for width, height in sizes or ():
             saved += _tabs_at(app, window, out, (width, height), suffix)
     finally:
@@ -191,10 +209,12 @@ def _pairing(app, window, path: Path, demo_size: str, say: Callable[[str], None]
         dialog.close()
 
 
-def _show_demo_library(app, window) -> None:
-    """The Models tab lists the demo's files (those the pairing used), not this machine's library."""
+def _show_library(app, window, paths: Optional[list[str]] = None) -> None:
+    """The Models tab lists the demo's files (those the pairing used) or `paths`, not this machine's library."""
+    from specdesk.app.models.library import read_model
+
     models = window.models_view
-    entries = list(models.entries)
+    entries = list(models.entries) if paths is None else [read_model(p) for p in paths]
     window.tabs.setCurrentWidget(models)  # showing it starts its scan: wait for it, then show the demo's
     if models.status.text().startswith("scanning"):
         wait_signal(app, models.library_loaded, lambda found: True, 120)
@@ -205,7 +225,7 @@ def _show_demo_library(app, window) -> None:
 def _tabs_at(app, window, out: Path, size: tuple[int, int], suffix: str) -> list[Path]:
     """Every tab at `size`, as TAB-WIDTHxHEIGHT.png; an error if the window is not that size or
     any widget is squeezed below its minimum (ui/layout.clipped)."""
-    from .layout import clipped
+    from .clipping import clipped
 
     window.resize(*size)
     saved = []
