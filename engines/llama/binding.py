@@ -241,9 +241,11 @@ class GgufModel(NativeHandle):
 
     def __init__(self, path: str | os.PathLike, n_gpu_layers: Optional[int] = None, load_mtp: bool = False,
                  progress: Optional[Callable[[float], None]] = None, vocab_only: bool = False,
-                 device: Optional[int] = None):
+                 device: Optional[int] = None, extra_buffers: bool = True):
         """progress(fraction) is called from this thread while the weights load; vocab_only
         reads the vocabulary and metadata without the weights (for compatibility checks).
+        extra_buffers: let the CPU backend keep weights in its reordered ("repacked") layouts
+        where it has kernels for them (llama.cpp's default; --no-repack turns it off).
         n_gpu_layers of its layers go to `device` (a ggml_backend_dev_t, placement.py; None:
         llama.cpp's own default, every layer); without a device the model stays on the CPU,
         whatever devices the backends offer. The engine passes the number its placement chose
@@ -262,6 +264,7 @@ class GgufModel(NativeHandle):
         params.devices = ctypes.cast(self._device_list, ctypes.c_void_p)
         params.load_mtp = load_mtp  # NextN layers, for an MTP drafter context over this model
         params.vocab_only = vocab_only
+        params.use_extra_bufts = extra_buffers
         self.load_mtp = load_mtp
         if progress is not None:
             def on_progress(fraction, user_data):
@@ -403,10 +406,11 @@ class GgufContext(ContextHandle):
     from the cache with llama_memory_seq_rm, it never reallocates.
     """
 
-    def __init__(self, model: GgufModel, n_ctx: int, n_threads: int, n_batch: int = 512):
+    def __init__(self, model: GgufModel, n_ctx: int, n_threads: int, n_batch: int = 512, **context_params):
+        """context_params: further fields of llama_context_params (n_ubatch, flash_attn_type, ...)."""
         lib = model._lib
         self._lib, self.model = lib, model
-        self._open(n_ctx, n_threads, n_batch, "a context")
+        self._open(n_ctx, n_threads, n_batch, "a context", **context_params)
         self.n_ctx = lib.llama_n_ctx(self._ctx)
         self._batch = lib.llama_batch_init(n_batch, 0, 1)
         self.n_past = 0  # tokens whose keys and values are in the cache
