@@ -60,9 +60,10 @@ class PromptResult:
         return None
 
 
-# Two logits closer than this are a tie to within numerical noise: a batched pass and a
-# single-token pass sum in different orders, and in F16/BF16 that moves a logit by up to
-# about 1e-2 on the demo models (measured differences are a few 1e-4).
+# Two logits closer than this are a tie to within numerical noise, whatever the model: a batched
+# pass and a single-token pass sum in different orders, and in F16/BF16 that moves a logit by up
+# to about 1e-2 on the demo models (measured differences are a few 1e-4). A quantized model's
+# own noise is measured (engines/speculation/noise.py) and used where it is larger.
 NEAR_TIE_LOGIT_GAP = 0.02
 
 
@@ -72,25 +73,36 @@ class Divergence:
 
     prompt: int  # index of the prompt
     token: int  # index of the first differing generated token
-    kind: str  # "near_tie": the target's top two logits were within noise there; else "mismatch" (a bug)
+    # "near_tie": the two runs chose the target's top two tokens, and their gap is within the
+    # arithmetic's noise there; else "mismatch" (a bug)
+    kind: str
     logit_gap: Optional[float]  # the target's top-1 minus top-2 logit at that position
+    noise: Optional[float] = None  # this model's measured batched-against-single noise, when measured
 
     def to_json(self) -> dict:
         return {"prompt": self.prompt, "token": self.token, "kind": self.kind,
-                "logit_gap": None if self.logit_gap is None else round(self.logit_gap, 6)}
+                "logit_gap": None if self.logit_gap is None else round(self.logit_gap, 6),
+                "noise": None if self.noise is None else round(self.noise, 6)}
 
     def describe(self) -> str:
-        gap = "" if self.logit_gap is None else f", top-two logit gap {self.logit_gap:.4g}"
-        what = ("a near-tie: the target's top two logits are within numerical noise there"
-                if self.kind == "near_tie" else "a mismatch: the target clearly preferred another token, a bug")
-        return f"prompt {self.prompt + 1}, token {self.token + 1}: {what}{gap}"
+        gap = "" if self.logit_gap is None else f"the target's top two logits are {self.logit_gap:.3g} apart there"
+        noise = (f"this model's batched and single-token logits differ by up to {self.noise:.3g}"
+                 if self.noise is not None and self.noise > NEAR_TIE_LOGIT_GAP else "")
+        if self.kind == "near_tie":
+            what = "the arithmetic, not a bug: " + (f"{gap}, within the noise ({noise})" if noise else
+                                                     f"{gap}, a near-tie" if gap else "a near-tie")
+        else:
+            what = ("a mismatch, a bug: the target clearly preferred another token"
+                    + (f" ({gap}{', beyond the noise: ' + noise if noise else ''})" if gap else ""))
+        return f"prompt {self.prompt + 1}, token {self.token + 1}: {what}"
 
 
 def classify_divergence(engine, prompt_index: int, prompt_tokens: list[int], result: "PromptResult",
-                        tolerance: float = NEAR_TIE_LOGIT_GAP) -> Optional[Divergence]:
+                        tolerance: float = NEAR_TIE_LOGIT_GAP, noise: Optional[float] = None) -> Optional[Divergence]:
     """The first divergence of a greedy pair of runs, classified by the target's own logits at
     that position (one single-token pass after the common prefix): a near-tie when the two
-    runs chose the target's top two tokens and those are within `tolerance`, else a mismatch."""
+    runs chose the target's top two tokens and those are within the tolerance (the larger of
+    `tolerance` and the model's measured `noise`), else a mismatch."""
     position = result.first_divergence()
     if position is None:
         return None
@@ -98,8 +110,18 @@ def classify_divergence(engine, prompt_index: int, prompt_tokens: list[int], res
     top = engine.top_logits([*prompt_tokens, *base[:position]], 2)
     gap = top[0][1] - top[1][1]
     chosen = {base[position] if position < len(base) else None, spec[position] if position < len(spec) else None}
-    near_tie = gap <= tolerance and chosen == {top[0][0], top[1][0]}
-    return Divergence(prompt_index, position, "near_tie" if near_tie else "mismatch", float(gap))
+    near_tie = gap <= max(tolerance, noise or 0.0) and chosen == {top[0][0], top[1][0]}
+    return Divergence(prompt_index, position, "near_tie" if near_tie else "mismatch", float(gap), noise)
+
+
+def divergence_noise(engine, prompt_tokens: list[int], result: "PromptResult") -> Optional[float]:
+    """The target's batched-against-single noise, measured on the prompt and its baseline output
+    (the text this model writes), or None where the sequence is too short to measure."""
+    sequence = [*prompt_tokens, *result.baseline.tokens]
+    try:
+        return engine.logit_noise(sequence[-64:])
+    except ValueError:
+        return None
 
 
 def run_once(engine, request: GenerationRequest, cancel: Optional[threading.Event] = None,
@@ -222,7 +244,6 @@ class Measure:
         if self.runs < 2:
             return f"{self.median:.{digits}f}{unit} ({self.runs} run{'s' if self.runs != 1 else ''})"
         return f"{self.median:.{digits}f}{unit} ({self.span('', digits)} over {self.runs} runs)"
-
 
 def beyond_noise(speedup: Measure) -> bool:
     """Whether a measured speedup is a gain or a loss at all: 1.0x lies outside its spread
@@ -449,11 +470,16 @@ def compare(engine, prompts: list[str], spec: SpecConfig, sampling: SamplingPara
         if cancel.is_set() or not repeats.more(run_speedups(runs)):
             break
     divergences = []
+    noise: Optional[float] = None  # measured at the first divergence: identical runs need none
     if sampling.greedy:
         for index, (tokens, result) in enumerate(zip(encoded, runs[0])):
             if "cancelled" in (result.baseline.finish_reason, result.speculative.finish_reason):
                 continue  # a cut run differs in length only
-            divergence = classify_divergence(engine, index, tokens, result)
+            if result.first_divergence() is None:
+                continue
+            if noise is None:
+                noise = divergence_noise(engine, tokens, result)
+            divergence = classify_divergence(engine, index, tokens, result, noise=noise)
             if divergence is not None:
                 divergences.append(divergence)
     return CompareReport(engine.name, str(engine.target.path), spec.draft_path, spec.method,

@@ -227,6 +227,10 @@ class EngineClient:
         """The target's n highest logits for the token after `tokens` (see LlamaEngine.top_logits)."""
         return [tuple(pair) for pair in self.call("top_logits", list(tokens), n)]
 
+    def logit_noise(self, tokens) -> float:
+        """The target's batched-against-single logit noise on `tokens` (see LlamaEngine.logit_noise)."""
+        return float(self.call("logit_noise", list(tokens)))
+
     def chat_prompt(self, messages: list[dict]) -> list[int]:
         """The conversation in the model's chat template, rendered in the host (a template can hang)."""
         return self.call("chat_prompt", [dict(m) for m in messages])

@@ -196,6 +196,7 @@ CALLS: dict[str, Callable[..., Any]] = {
     "device_description": lambda engine: getattr(engine, "device_description", "CPU"),
     "placement": lambda engine: engine.placement_report() if hasattr(engine, "placement_report") else {},
     "top_logits": lambda engine, tokens, n=2: engine.top_logits(list(tokens), n),
+    "logit_noise": lambda engine, tokens: engine.logit_noise(list(tokens)),
     "target.tokenize": _target_call("tokenize"),
     "target.token_text": _target_call("token_text"),
     "target.detokenize": _target_call("detokenize"),

@@ -211,6 +211,13 @@ class LlamaEngine:
         self.prefill(list(tokens), None)
         return top_entries(self.target_pass([tokens[-1]], None)[0], n)
 
+    def logit_noise(self, tokens: list[int]) -> float:
+        """How far this target's logits move between a batched pass and single-token passes on
+        `tokens` (engines/speculation/noise.py): what a greedy divergence is judged against."""
+        from ..speculation.noise import measure_logit_noise
+
+        return measure_logit_noise(self, tokens)
+
     def close(self) -> None:
         for drafter in self._native.values():
             drafter.close()

@@ -92,4 +92,8 @@ class Engine(Protocol):
     def top_logits(self, tokens: Sequence[int], n: int = 2) -> list[tuple[int, float]]:
         """The target's n highest (token, logit) for the token after `tokens`, largest first."""
 
+    def logit_noise(self, tokens: Sequence[int]) -> float:
+        """How far a gap between leading logits moves between a batched pass and single-token
+        passes over `tokens` (engines/speculation/noise.py)."""
+
     def close(self) -> None: ...

@@ -145,6 +145,13 @@ class TorchEngine:
         logits = self.target_pass([tokens[-1]], None).logits[0]  # (V,)
         return top_entries(logits.detach().float().cpu().numpy(), n)
 
+    def logit_noise(self, tokens: list[int]) -> float:
+        """How far this target's logits move between a batched pass and single-token passes on
+        `tokens` (engines/speculation/noise.py): what a greedy divergence is judged against."""
+        from ..speculation.noise import measure_logit_noise
+
+        return measure_logit_noise(self, tokens)
+
     def close(self) -> None:
         self._drafts.clear()
         self._native.clear()
