@@ -103,12 +103,50 @@ def test_a_method_unused_for_a_while_is_probed_again():
         methods.append(auto.choice.method)
         auto.accept(0, [5])
     # The prior (0.6) makes it worth trying; once its drafts keep failing it stops, and from
-    # then on drafts once every REPROBE_EVERY steps.
+    # then on drafts once after REPROBE_EVERY steps, then after twice as many, and so on.
     used = [i for i, method in enumerate(methods) if method == "draft"]
     assert used[0] == 0 and "none" in methods[:24]
-    last_tries = [b - a for a, b in zip(used, used[1:])][-2:]
-    assert last_tries == [REPROBE_EVERY, REPROBE_EVERY]
+    gaps = [b - a for a, b in zip(used, used[1:])]
+    assert gaps[-3:] == [REPROBE_EVERY, REPROBE_EVERY * 2, REPROBE_EVERY * 4]
     assert losing.proposed == len(used)
+
+
+def test_where_no_draft_can_pay_auto_drafts_nothing_and_says_why_in_a_line():
+    """Passes priced as llama.cpp's Q4_1 kernels cost on a 2-core Zen 4 (SmolLM2-135M: a pass over
+    2 tokens 2.1x one, over 5 tokens 4.0x): even at an acceptance few methods reach, no draft
+    pays, so auto never drafts, not even to re-probe, and says why."""
+    from specdesk.engines.speculation.chooser import cannot_pay, could_pay, economics
+    from specdesk.engines.types import Draft
+
+    class Always:
+        proposed = 0
+
+        def begin(self, prompt):
+            pass
+
+        def propose(self, context, k):
+            Always.proposed += 1
+            return Draft((1,) * k)
+
+        def accept(self, n_accepted, committed):
+            pass
+
+    q4_1 = Costs(tuple(t * 1e-3 for t in (5.4, 11.4, 14.6, 16.2, 21.5)), {"ngram": 1e-5, "draft": 1e-3})
+    assert not could_pay(q4_1, "ngram", 4) and cannot_pay(q4_1, ["ngram", "draft"], 4) == (
+        "checking 2 tokens costs 2.1x one here, so no draft can pay")
+    assert economics(q4_1) == "a pass over 2 tokens costs 2.1x one here, over 3 tokens 2.7x, over 5 tokens 4.0x"
+    auto = AutoProposer({"ngram": Always(), "draft": Always()}, q4_1, 4, learn_costs=False)
+    auto.begin([1, 2, 3])
+    proposed_before = Always.proposed
+    for _ in range(200):
+        assert auto.propose([1, 2, 3], 4).tokens == ()
+        assert auto.choice.reason == "no speculation: checking 2 tokens costs 2.1x one here, so no draft can pay"
+        auto.accept(0, [5])
+    assert Always.proposed - proposed_before == 200  # the lookup looked each step, the draft model never
+    assert auto.report()["verdict"] == "checking 2 tokens costs 2.1x one here, so no draft can pay"
+    # The same model in F16 (2 tokens 1.9x, 5 tokens 2.2x one): a draft accepted often enough pays.
+    f16 = Costs(tuple(t * 1e-3 for t in (7.0, 13.5, 14.1, 15.0, 15.7)), {"ngram": 1e-5})
+    assert could_pay(f16, "ngram", 4) and cannot_pay(f16, ["ngram"], 4) is None
 
 
 def test_auto_chooses_among_the_methods_this_target_can_run_now():

@@ -21,12 +21,15 @@ from typing import Mapping, Optional, Sequence
 
 from ..methods import method_info
 from ..types import Draft, SpecConfig, SpecDeskError
-from .chooser import AcceptanceEstimate, Choice, Costs, choose, speedups, worth_feeding
+from .chooser import AcceptanceEstimate, Choice, Costs, cannot_pay, choose, could_pay, economics, speedups, worth_feeding
 from .costs import CostModel, cost_key, measured
 from .stats import ProposerCounters
 
 AUTO_METHODS = ("ngram", "ngram-pool", "draft", "mtp")  # the order ties are broken in
 REPROBE_EVERY = 8  # a method unused for this many steps drafts once, so it can come back
+# ... and each re-probe that does not bring it back doubles the wait, up to this many times: a
+# method that keeps losing costs a share of steps that falls toward nothing over a reply.
+REPROBE_BACKOFF = 4
 # A hidden-state drafter (MTP) costs a catch-up on every target pass even when it does not
 # draft: not chosen on its merits for this many steps, it is let go for the rest of the run;
 # one that could not win even at chooser.OPTIMISTIC_ACCEPTANCE is not fed at all.
@@ -87,6 +90,8 @@ class AutoProposer:
         self.lookups = tuple(m for m in self.proposers if _is_lookup(m))
         self._looked: tuple[str, ...] = ()
         self.last_chosen = {m: 0 for m in self.proposers}  # the step `choose` last picked each (not a re-probe)
+        self.reprobes = {m: 0 for m in self.proposers}  # re-probes since `choose` last picked each
+        self._verdict: tuple[Optional[Costs], int, Optional[str]] = (None, 0, None)
         self.counters = ProposerCounters()
         # `learned`: estimates kept from earlier runs on the same models (updated in place), so
         # a reply starts from what the replies before it measured rather than from the prior.
@@ -140,6 +145,7 @@ class AutoProposer:
         self.steps = self.last_plain = 0
         self.last_used = {m: 0 for m in self.proposers}
         self.last_chosen = {m: 0 for m in self.proposers}
+        self.reprobes = {m: 0 for m in self.proposers}
         self._previous_drafter = None  # a new prompt: every method catches up first
 
     def decide(self, k_budget: int, found: Optional[Mapping[str, int]] = None) -> Choice:
@@ -150,15 +156,20 @@ class AutoProposer:
         speedup is counted against it, and priced from the drafted passes alone it drifts with
         whatever those carry (a fed drafter's catch-up) and is never corrected."""
         found = found or {}
+        budget = max(1, min(self.max_k, k_budget))
+        verdict = self.verdict(budget)
+        if verdict is not None:  # whatever the text, no method could pay here: nothing to probe
+            return Choice("none", 0, 1.0, f"no speculation: {verdict}")
         if (self.learn_costs and self.cost_model.passes_seen and self.steps - self.last_plain >= REPROBE_EVERY
                 and 1 not in self.cost_model.learned_sizes()):
             return Choice("none", 0, 1.0, "no speculation: measuring a plain pass again")
-        budget = max(1, min(self.max_k, k_budget))
         choice = choose(self.costs, self.estimates, budget, self.extra_s(), self.catch_up_s(), found)
         if choice.method in self.last_chosen:
             self.last_chosen[choice.method] = self.steps
-        stale = [m for m in self.proposers if self.steps - self.last_used[m] >= REPROBE_EVERY
-                 and m != choice.method and found.get(m, budget)]
+            self.reprobes[choice.method] = 0
+        stale = [m for m in self.proposers if m != choice.method and found.get(m, budget)
+                 and self.steps - self.last_used[m] >= REPROBE_EVERY << min(self.reprobes[m], REPROBE_BACKOFF)
+                 and could_pay(self.costs, m, budget, self.extra_s())]
         if stale:
             method = stale[0]
             per_position, share, _ = self.estimates[method].summary()
@@ -166,8 +177,20 @@ class AutoProposer:
                             self.extra_s())
             speedup = max(by_k)
             k = by_k.index(speedup) + 1
+            self.reprobes[method] += 1
             choice = Choice(method, k, speedup, f"{method}, k = {k}: re-probing (expected {speedup:.2f}x)")
         return choice
+
+    def verdict(self, max_k: Optional[int] = None) -> Optional[str]:
+        """Why no method of this run could pay on this machine, whatever the text (chooser.cannot_pay:
+        even at an acceptance few methods reach), or None where one could. Asked again only when
+        the costs changed."""
+        max_k = self.max_k if max_k is None else max_k
+        costs = self.costs
+        if self._verdict[0] is not costs or self._verdict[1] != max_k:
+            extra = {self.observer_method: self.extra_s()} if self.observer_method else {}
+            self._verdict = (costs, max_k, cannot_pay(costs, list(self.proposers), max_k, extra))
+        return self._verdict[2]
 
     def propose(self, context: Sequence[int], k: int) -> Draft:
         started = time.perf_counter()
@@ -246,7 +269,7 @@ class AutoProposer:
     def _retire(self, method: str) -> None:
         """Stop feeding and considering a hidden-state drafter for the rest of this run (the
         engine detaches it at its next pass; the next run starts with it again)."""
-        for table in (self.proposers, self.estimates, self.last_used, self.last_chosen):
+        for table in (self.proposers, self.estimates, self.last_used, self.last_chosen, self.reprobes):
             table.pop(method, None)
         self.observer = self.observer_method = None
 
@@ -259,7 +282,8 @@ class AutoProposer:
         steps = sum(self.usage.values()) or 1
         return {"steps_by_choice": {label: round(n / steps, 3) for label, n in
                                     sorted(self.usage.items(), key=lambda item: -item[1])},
-                "steps": sum(self.usage.values()), "costs": self.cost_model.describe()}
+                "steps": sum(self.usage.values()), "costs": self.cost_model.describe(),
+                "economics": economics(self.costs), "verdict": self.verdict()}
 
 
 # engine -> (cost key, greedy) -> method -> its acceptance estimate, carried from one run to the next

@@ -248,6 +248,39 @@ def choose(costs: Costs, estimates: Mapping[str, AcceptanceEstimate], max_k: int
     return Choice(method, k, speedup, f"{method}, k = {k}: expected {speedup:.2f}x", fallback)
 
 
+def pass_ratio(costs: Costs, n: int) -> float:
+    """t(n)/t(1): what a pass over n tokens costs against a pass over one, on this machine."""
+    return costs.pass_cost(n) / costs.pass_s[0]
+
+
+def economics(costs: Costs) -> str:
+    """The pass costs that decide whether speculation pays, in words: "a pass over 2 tokens
+    costs 2.1x one here, over 3 tokens 2.7x, over 5 tokens 4.0x"."""
+    sizes = [n for n in (2, 3, 5) if n <= len(costs.pass_s)]
+    if not sizes:
+        return "only single-token passes were measured"
+    first, *rest = sizes
+    return (f"a pass over {first} tokens costs {pass_ratio(costs, first):.1f}x one here"
+            + "".join(f", over {n} tokens {pass_ratio(costs, n):.1f}x" for n in rest))
+
+
+def could_pay(costs: Costs, method: str, max_k: int, extra_s: float = 0.0,
+              acceptance: float = OPTIMISTIC_ACCEPTANCE) -> bool:
+    """Whether `method` could beat a plain pass at some k if every draft position were accepted
+    at `acceptance` (better than most methods reach on most text), at its measured drafting cost."""
+    return max(speedups(costs, method, [acceptance] * max_k, 1.0, max_k, extra_s)) > 1.0
+
+
+def cannot_pay(costs: Costs, methods, max_k: int, extra_s: Optional[Mapping[str, float]] = None) -> Optional[str]:
+    """None where some method could pay (could_pay); else why none can, in one line that a
+    newcomer can read: "checking 2 tokens costs 2.1x one here, so no draft can pay"."""
+    extra_s = extra_s or {}
+    if any(could_pay(costs, m, max_k, extra_s.get(m, 0.0)) for m in methods):
+        return None
+    ratio = pass_ratio(costs, 2) if len(costs.pass_s) >= 2 else float("nan")
+    return f"checking 2 tokens costs {ratio:.1f}x one here, so no draft can pay"
+
+
 def worth_feeding(costs: Costs, method: str, max_k: int, shown: Optional[AcceptanceEstimate] = None) -> bool:
     """Whether a hidden-state drafter could beat a plain pass, paying its catch-up on every
     pass: at the acceptance it has shown on this model in earlier runs (`shown`), else even at
