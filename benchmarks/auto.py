@@ -36,7 +36,8 @@ from typing import Optional
 
 import numpy as np
 
-from specdesk.app.runtime.compare import PromptResult, classify_divergence, load_prompts, run_once
+from specdesk.app.runtime.compare import (PromptResult, classify_divergence, divergence_noise, load_prompts,
+                                          run_once)
 from specdesk.app.storage.paths import assets_dir
 from specdesk.engines.types import GenerationRequest, SamplingParams, SpecConfig
 
@@ -44,6 +45,8 @@ from specdesk.engines.types import GenerationRequest, SamplingParams, SpecConfig
 def configurations(kind: str, draft: Optional[str], ks: list[int]) -> list[SpecConfig]:
     fixed = {"llama": ["ngram", "ngram-pool", "draft"], "torch": ["ngram", "ngram-pool", "draft", "mtp"],
              "mtp-only": ["mtp"]}[kind]
+    if draft is None:  # a target of its own (--target) without a draft model
+        fixed = [m for m in fixed if m != "draft"]
     configs = [SpecConfig()]
     for method in fixed:
         for k in ks:
@@ -83,9 +86,15 @@ class BusyLoops:
 
 
 def bench(kind: str, engine, configs: list[SpecConfig], prompts: list[str], max_tokens: int, rounds: int = 1,
-          busy_from: float = 2.0, busy: Optional[BusyLoops] = None, busy_probe: bool = False) -> None:
+          busy_from: float = 2.0, busy: Optional[BusyLoops] = None, busy_probe: bool = False,
+          chat: bool = False) -> None:
     sampling = SamplingParams()
-    encoded = [engine.tokenize(p) for p in prompts]
+    if chat:  # each prompt as a user's message, in the model's own chat template (compare --chat)
+        from specdesk.app.chat.prompting import chat_prompt
+
+        encoded = [chat_prompt(engine, [{"role": "user", "content": p}]) for p in prompts]
+    else:
+        encoded = [engine.tokenize(p) for p in prompts]
     probe_load = BusyLoops(2) if busy_probe else None
     if probe_load is not None:  # auto's first cost probe on a busy machine; the timed runs are quiet
         probe_load.start()
@@ -162,8 +171,12 @@ def divergences(engine, runs: list, baseline: list, speculative: list) -> dict:
     near-tie (the target's top two logits within noise there, compare's classification) or a
     mismatch (a bug)."""
     kinds: Counter = Counter()
+    noise = None  # this model's batched-against-single logit noise, measured at the first divergence
     for index, (prompt, base, spec) in enumerate(zip(runs, baseline, speculative)):
-        found = classify_divergence(engine, index, list(prompt), PromptResult("", base, spec))
+        pair = PromptResult("", base, spec)
+        if pair.first_divergence() is not None and noise is None:
+            noise = divergence_noise(engine, list(prompt), pair)
+        found = classify_divergence(engine, index, list(prompt), pair, noise=noise)
         if found is not None:
             kinds[found.kind] += 1
     return dict(kinds)
@@ -210,12 +223,21 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=1, help="times through the prompts (less noise)")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--small", action="store_true", help="the small demo family (seconds to build)")
+    parser.add_argument("--target", help="a GGUF target of your own instead of the demo's (engine llama; "
+                                         "the real model: `specdesk models fetch smollm2` prints its path)")
+    parser.add_argument("--draft", help="its draft model (default: none with --target)")
+    parser.add_argument("--chat", action="store_true", help="each prompt as a user message in the chat template")
     args = parser.parse_args()
     from specdesk.app.demo.install import build_family
 
-    paths = build_family(small=args.small, progress=lambda m: print(m, file=sys.stderr))
+    if args.target:
+        paths = {"target_gguf": args.target, "draft_gguf": args.draft}
+        args.engines = "llama"
+    else:
+        paths = build_family(small=args.small, progress=lambda m: print(m, file=sys.stderr))
     prompts = load_prompts(args.prompts)[:args.n_prompts]
-    print(json.dumps({"prompts": args.prompts, "n": len(prompts), "busy_from": args.busy_from}), flush=True)
+    print(json.dumps({"prompts": args.prompts, "n": len(prompts), "busy_from": args.busy_from,
+                      "target": paths["target_gguf"], "chat": args.chat}), flush=True)
     ks = [int(k) for k in args.ks.split(",")]
     for kind in args.engines.split(","):
         if kind == "torch":
@@ -238,7 +260,7 @@ def main() -> int:
         busy = BusyLoops(args.busy_loops) if args.busy_from is not None else None
         try:
             bench(kind, engine, configurations(kind, draft, ks), prompts, args.max_tokens, args.rounds,
-                  args.busy_from if args.busy_from is not None else 2.0, busy, args.busy_probe)
+                  args.busy_from if args.busy_from is not None else 2.0, busy, args.busy_probe, args.chat)
         finally:
             if busy is not None:
                 busy.stop()
