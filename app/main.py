@@ -47,7 +47,9 @@ def format_table(report) -> str:
         rows.append(f"warning: {report.busy}; the figures may be off")
     if report.too_short:
         rows.append(f"warning: {report.too_short}")
-    if spec.per_position_drafted:
+    if report.auto_summary():
+        rows.append(report.auto_summary())
+    if any(spec.per_position_drafted):
         rows.append("acceptance per draft position: "
                     + " ".join(f"{a:.2f}" for a in spec.per_position_acceptance))
     if spec.passes:

@@ -341,11 +341,14 @@ def demo_family_paths(root: Optional[Path] = None) -> list[Path]:
     return found
 
 
-def fetched_models() -> list[tuple[str, Path]]:
-    """(label, path) of the real models `specdesk models fetch` put in the cache (known.py)."""
-    from .known import KNOWN, fetched_path, is_fetched
-
-    return [(m.label, fetched_path(m)) for m in KNOWN.values() if is_fetched(m)]
+def fetched_models(root: Optional[Path] = None) -> list[Path]:
+    """The real models `specdesk models fetch` put in the cache's models/ folder (known.py), whole
+    files only (a fetch writes `.partial` first and renames)."""
+    root = Path(root) if root is not None else cache_dir() / "models"
+    try:
+        return sorted(p for p in root.glob("*.gguf") if p.is_file())
+    except OSError:
+        return []
 
 
 def demo_name(path: Path) -> str:
@@ -528,7 +531,7 @@ def scan_library(config: Optional[LibraryConfig] = None,
         add(scan_hf_cache(config.hf_cache))
     if config.include_demo:
         add(read_model(p, "demo", demo_name(p)) for p in demo_family_paths(config.demo_root))
-        add(read_model(p, "specdesk", name) for name, p in fetched_models())
+        add(read_model(p, "specdesk") for p in fetched_models())
     for user_path in config.user_paths:
         say(f"scanning {user_path}")
         add(read_model(p, "user") for p in walk_models(Path(user_path)))

@@ -67,12 +67,36 @@ def _append(line: dict, path: Optional[Path]) -> None:
 
 
 def record_compare(report, path: Optional[Path] = None, placement: str = "CPU") -> None:
-    """One compare report (app/runtime/compare.CompareReport): its speedup and acceptance, on `placement`."""
+    """One compare report (app/runtime/compare.CompareReport): its speedup and acceptance, on `placement`;
+    with method auto, the pass costs it measured too."""
     spec = report.speculative
     if spec.tokens and report.baseline.tokens:
         speedup = report.speedup_measure
         record(report.target, report.draft, report.engine, report.method, report.k, speedup.median,
                spec.acceptance_rate, spec.tokens, report.temperature, path, placement, speedup.values)
+    if report.method == "auto":
+        record_pass_costs(report.target, report.engine, report.auto_report().get("costs"), path, placement)
+
+
+def record_pass_costs(target: str, engine: str, costs: Optional[dict], path: Optional[Path] = None,
+                      placement: str = "CPU") -> None:
+    """What a pass over 1..K+1 tokens of `target` costs on this machine and placement (auto's
+    cost model, CostModel.describe()), so pairing can say why speculation pays here or not."""
+    pass_ms = (costs or {}).get("pass_ms")
+    if not pass_ms or len(pass_ms) < 2 or not all(isinstance(t, (int, float)) and t > 0 for t in pass_ms):
+        return
+    _append({"kind": "pass_cost", "target": _real(target), "engine": engine, "placement": placement,
+             "pass_ms": [round(float(t), 4) for t in pass_ms], "time": round(time.time())}, path)
+
+
+def pass_costs_for(target: str, placement: Optional[str] = None,
+                   records: Optional[Iterable[dict]] = None) -> Optional[list[float]]:
+    """The newest pass costs (ms for 1..K+1 tokens) measured for `target` (on `placement`), or None."""
+    target = _real(target)
+    found = [item for item in (read() if records is None else records)
+             if item.get("kind") == "pass_cost" and item.get("target") == target
+             and (placement is None or item.get("placement", "CPU") == placement)]
+    return list(found[-1]["pass_ms"]) if found else None
 
 
 def record_sweep(target: str, engine: str, spec, points, temperature: float, path: Optional[Path] = None,
@@ -138,6 +162,9 @@ def record_chat(target: str, draft: Optional[str], engine: str, method: str, k: 
 
 def _usable(item) -> bool:
     """A measured speedup (compare, sweep), or a chat reply's tokens per second."""
+    if isinstance(item, dict) and item.get("kind") == "pass_cost":
+        return isinstance(item.get("pass_ms"), list) and len(item["pass_ms"]) >= 2 and all(
+            isinstance(t, (int, float)) and t > 0 for t in item["pass_ms"])
     if not isinstance(item, dict) or not isinstance(item.get("k"), int):
         return False
     if item.get("kind") == "chat":

@@ -167,6 +167,8 @@ def cmd_pair(args) -> int:
           f"free: {verdict}" + (f" (draft {Path(report.memory_draft).name})" if report.memory_draft else ""))
     if report.placement is not None:
         print(f"placement: {report.placement.describe()}")
+    if report.economics:
+        print(f"speculation here: {report.economics}")
     return 0
 
 

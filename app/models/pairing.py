@@ -483,6 +483,7 @@ class PairingReport:
     memory: MemoryEstimate
     memory_draft: Optional[str] = None  # the draft counted in the memory estimate
     placement: Optional[PlacementEstimate] = None  # where the target and that draft would sit
+    economics: Optional[str] = None  # why speculation pays here or not (app/models/economics.py), once measured
 
     def to_json(self) -> dict:
         memory = self.memory.to_json()
@@ -491,7 +492,7 @@ class PairingReport:
             memory["placement"] = self.placement.to_json()
         return {"target": self.target.path, "compatible": [v.to_json() for v in self.compatible],
                 "incompatible": [v.to_json() for v in self.incompatible], "native": list(self.native),
-                "memory": memory}
+                "memory": memory, "economics": self.economics}
 
 
 def pair(target_path: str | os.PathLike, entries: Iterable[ModelEntry], n_ctx: int = 0,
@@ -506,6 +507,7 @@ def pair(target_path: str | os.PathLike, entries: Iterable[ModelEntry], n_ctx: i
 
     entries = list(entries)
     records = read() if records is None else records
+    all_records = records  # the pass costs of every file (economics); the speedups are this placement's
     target = find_entry(entries, target_path) or read_model(target_path)
     if not target.ok:
         raise SpecDeskError(target.error)
@@ -548,5 +550,8 @@ def pair(target_path: str | os.PathLike, entries: Iterable[ModelEntry], n_ctx: i
     except SpecDeskError as e:  # a placement that cannot be (a device that is not here): said, not fatal
         log.info("no placement estimate: %s", e)
         placed = None
+    from .economics import pass_economics
+
     return PairingReport(target, tuple(compatible), tuple(incompatible), tuple(native),
-                         estimate, draft_entry.path if draft_entry else None, placed)
+                         estimate, draft_entry.path if draft_entry else None, placed,
+                         pass_economics(target, entries, all_records))

@@ -404,7 +404,24 @@ class CompareReport:
         return {"steps": steps,
                 "steps_by_choice": {label: round(n / steps, 3) for label, n in
                                     sorted(shares.items(), key=lambda item: -item[1])} if steps else {},
-                "costs": reports[-1]["costs"] if reports else None}
+                "costs": reports[-1]["costs"] if reports else None,
+                # why speculation pays or not on this machine: the pass costs in words, and where no
+                # draft could pay, auto's one-line verdict (engines/speculation/chooser.py)
+                "economics": reports[-1].get("economics") if reports else None,
+                "verdict": reports[-1].get("verdict") if reports else None}
+
+    def auto_summary(self) -> Optional[str]:
+        """One line on what auto decided and why, for the table: "auto drafted nothing: checking
+        2 tokens costs 2.1x one here, so no draft can pay", or its choices and the economics."""
+        if self.method != "auto":
+            return None
+        report = self.auto_report()
+        if not report["steps"]:
+            return None
+        if report["verdict"]:
+            return f"auto drafted nothing: {report['verdict']}"
+        choices = ", ".join(f"{label} {share:.0%}" for label, share in list(report["steps_by_choice"].items())[:3])
+        return f"auto's steps: {choices}" + (f" ({report['economics']})" if report["economics"] else "")
 
     def to_json(self) -> dict:
         base, spec = self.baseline, self.speculative

@@ -203,10 +203,12 @@ def stream_chat(engine, messages: list[dict], settings: ChatSettings, cancel: th
 
 def record_chat_reply(engine, spec: SpecConfig, sampling: SamplingParams, result: RunResult, tally=None) -> None:
     """A chat reply's measured acceptance and tokens per second, per target, draft, method and k."""
-    from specdesk.app.models.measurements import record_chat
+    from specdesk.app.models.measurements import record_chat, record_pass_costs
 
     record_chat(str(engine.target.path), spec.draft_path, engine.name, spec.method, spec.draft_tokens, result.stats,
                 sampling.temperature, tally)
+    if result.auto_report:  # what auto's passes cost: pairing says from it whether speculation pays here
+        record_pass_costs(str(engine.target.path), engine.name, result.auto_report.get("costs"))
 
 
 def run_compare(engine, prompts: Sequence[str], spec: SpecConfig, sampling: SamplingParams, max_tokens: int,
