@@ -11,14 +11,20 @@ gives their median over --repeats rounds with the lowest and highest round (the 
 The floor of a pass is the larger of
 - its weight bytes over the memory bandwidth measured here: every weight matrix the pass
   multiplies by (the output layer's whole vocabulary included, tied or not), the norms, and the
-  KV cache rows it attends to; the bandwidth is the best of several reads of a buffer as large as
-  the weights, with the same threads (PyTorch's sum where PyTorch is installed, else numpy's, one
-  thread), so a model that sits in the last-level cache is held to that cache's speed;
+  KV cache rows it attends to; the bandwidth is the fastest of the reads of a buffer as large as
+  the weights taken between the rounds of passes, with the same threads and clock (PyTorch's sum
+  where PyTorch is installed, else numpy's, one thread), so a model that sits in the last-level
+  cache is held to that cache's speed and a machine busy with other work is held to what it
+  leaves;
 - its arithmetic (2 FLOP per weight element per token, and the attention's products) over the
   peak the same setting reaches on this CPU: the FLOP/s of a pass over --peak-n tokens (llama.cpp's
   batched kernel for that weight type, so the arithmetic is priced at what the kernel does here).
 
-Fields: t_ms (median seconds per n, ms), ratio and ratio_lo/ratio_hi (t(n)/t(1) within a round),
+With one thread the passes are timed by the process's CPU time (a pass preempted by another
+program waits without counting), with more by the wall clock (their CPU time would count the
+thread pool's spinning).
+
+Fields: t_ms (median per n, ms; wall_ms and cpu_ms both), ratio and ratio_lo/ratio_hi (t(n)/t(1) within a round),
 floor_ms, bound ("memory" or "compute"), over_floor (t(n)/floor), weight_mb, bandwidth_gbs,
 peak_gflops, cpu_module (the llama.cpp CPU module that ran), load_before/load_after (the 1-minute
 load average around the line: what else ran).
@@ -94,27 +100,37 @@ def pass_flops(shape: dict, n: int, n_past: int) -> float:
     return 2.0 * shape["matmul_elements"] * n + attention
 
 
-def read_bandwidth(n_bytes: int, threads: int, repeats: int = 7) -> tuple[float, str]:
-    """Bytes per second of the best of `repeats` reads of an n_bytes buffer with `threads` threads."""
-    n_bytes = max(n_bytes, 16 << 20)
-    try:
-        import torch
+class BandwidthProbe:
+    """A read of a buffer as large as the weights, with the passes' threads: timed between the
+    rounds of passes, so it sees the same machine (the same other load) as they do."""
 
-        torch.set_num_threads(threads)
-        buffer = torch.ones(n_bytes // 4, dtype=torch.float32)
-        reduce, how = (lambda: float(buffer.sum())), f"torch.sum, {threads} threads"
-    except ImportError:
-        import numpy as np
+    def __init__(self, n_bytes: int, threads: int):
+        self.n_bytes = max(n_bytes, 16 << 20)
+        try:
+            import torch
 
-        buffer = np.ones(n_bytes // 4, dtype=np.float32)
-        reduce, how = (lambda: float(buffer.sum())), "numpy.sum, 1 thread"
-    reduce()
-    best = float("inf")
-    for _ in range(repeats):
-        started = time.perf_counter()
-        reduce()
-        best = min(best, time.perf_counter() - started)
-    return n_bytes / best, how
+            torch.set_num_threads(threads)
+            buffer = torch.ones(self.n_bytes // 4, dtype=torch.float32)
+            self.how = f"torch.sum, {threads} threads"
+        except ImportError:
+            import numpy as np
+
+            buffer = np.ones(self.n_bytes // 4, dtype=np.float32)
+            self.how = "numpy.sum, 1 thread"
+        self._reduce = lambda: float(buffer.sum())
+        self._reduce()
+        self.seconds: list[float] = []
+
+    def read(self, cpu_time: bool) -> None:
+        """Time one read: CPU seconds for one thread (as its passes are timed), wall seconds otherwise."""
+        clock = time.process_time if cpu_time else time.perf_counter
+        started = clock()
+        self._reduce()
+        self.seconds.append(clock() - started)
+
+    def bytes_per_second(self) -> float:
+        """The fastest read's: the bandwidth a pass could have had at its best moment."""
+        return self.n_bytes / min(self.seconds)
 
 
 def cpu_name() -> str:
@@ -184,6 +200,7 @@ def measure(job: dict) -> dict:
 
     sizes = list(range(1, max_n + 1))
     rng = np.random.default_rng(0)
+    probe = BandwidthProbe(shape["weight_bytes"], job["threads"])
     for _ in range(job["warmup"]):
         for n in sizes:
             timed(n)
@@ -193,6 +210,7 @@ def measure(job: dict) -> dict:
         order = list(rng.permutation(sizes))
         seconds = {int(n): timed(int(n)) for n in order}
         rounds.append([seconds[n] for n in sizes])
+        probe.read(cpu_time=job["threads"] == 1)
     peak_s = statistics.median(timed(peak_n)[job["threads"] == 1] for _ in range(3))
     load_after = load_average()
     ctx.close()
@@ -206,7 +224,7 @@ def measure(job: dict) -> dict:
     t = cpu if which else wall
     ratios = [[r[i][which] / r[0][which] for r in rounds] for i in range(max_n)]
     peak = pass_flops(shape, peak_n, n_past) / peak_s
-    bandwidth = job["bandwidth"]
+    bandwidth = job.get("bandwidth") or probe.bytes_per_second()
     floors, bounds = [], []
     for n in sizes:
         memory_s = pass_bytes(shape, n, n_past) / bandwidth
@@ -224,6 +242,7 @@ def measure(job: dict) -> dict:
         "cpu_ms": [r4(x * 1e3) for x in cpu], "floor_ms": [r4(x * 1e3) for x in floors], "bound": bounds,
         "over_floor": [r4(a / b) for a, b in zip(t, floors)],
         "weight_mb": round(shape["weight_bytes"] / 1e6, 1), "bandwidth_gbs": round(bandwidth / 1e9, 2),
+        "bandwidth_how": probe.how if not job.get("bandwidth") else "given",
         "peak_gflops": round(peak / 1e9, 1), "peak_n": peak_n, "n_past": n_past, "repeats": job["repeats"],
         "load_before": round(load_before, 2), "load_after": round(load_after, 2),
     }
@@ -263,16 +282,12 @@ def main(argv=None) -> None:
     models = [resolve_model(m) for m in split(args.models)]
     started = time.time()
     print(json.dumps({"cpu": cpu_name(), "cores": os.cpu_count(), "load": round(load_average(), 2)}), flush=True)
-    bandwidths: dict = {}
     for model, threads, ubatch, extra, flash, module in itertools.product(
             models, [int(x) for x in split(args.threads)], [int(x) for x in split(args.ubatch)],
             split(args.extra), split(args.flash), split(args.cpu_module)):
-        key = (model, threads)
-        if key not in bandwidths:
-            bandwidths[key] = read_bandwidth(pass_shape(model)["weight_bytes"], threads)
         job = {"model": model, "threads": threads, "ubatch": ubatch, "extra": extra, "flash": flash,
                "cpu_module": module, "max_n": args.max_n, "peak_n": args.peak_n, "repeats": args.repeats,
-               "warmup": args.warmup, "prompt_tokens": args.prompt_tokens, "bandwidth": bandwidths[key][0]}
+               "warmup": args.warmup, "prompt_tokens": args.prompt_tokens, "bandwidth": None}
         env = dict(os.environ)
         done = subprocess.run([sys.executable, "-m", "benchmarks.pass_cost", "--child", json.dumps(job)],
                               capture_output=True, text=True, env=env)
@@ -280,9 +295,7 @@ def main(argv=None) -> None:
             print(json.dumps({"model": Path(model).name, "setting": job, "error": done.stderr.strip()[-400:]}),
                   flush=True)
             continue
-        line = json.loads(done.stdout.strip().splitlines()[-1])
-        line["bandwidth_how"] = bandwidths[key][1]
-        print(json.dumps(line), flush=True)
+        print(done.stdout.strip().splitlines()[-1], flush=True)
     print(json.dumps({"summary": True, "seconds": round(time.time() - started, 1)}), flush=True)
 
 
