@@ -24,10 +24,10 @@ With one thread the passes are timed by the process's CPU time (a pass preempted
 program waits without counting), with more by the wall clock (their CPU time would count the
 thread pool's spinning).
 
-Fields: t_ms (median per n, ms; wall_ms and cpu_ms both), ratio and ratio_lo/ratio_hi (t(n)/t(1) within a round),
-floor_ms, bound ("memory" or "compute"), over_floor (t(n)/floor), weight_mb, bandwidth_gbs,
-peak_gflops, cpu_module (the llama.cpp CPU module that ran), load_before/load_after (the 1-minute
-load average around the line: what else ran).
+Fields: t_ms (median per n, ms; wall_ms and cpu_ms both), ratio and ratio_lo/ratio_hi (t(n)/t(1)
+within a round), floor_ms, bound ("memory" or "compute"), over_floor (t(n)/floor), weight_mb and
+weight_mb_by_type, bandwidth_gbs, peak_gflops, cpu_module (the llama.cpp CPU module that ran),
+load_before/load_after (the 1-minute load average around the line: what else ran).
 
 Usage:
   python -m benchmarks.pass_cost --models demo,/tmp/models/smol-Q8_0.gguf [--threads 1,2]
