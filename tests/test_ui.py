@@ -599,7 +599,7 @@ def test_auto_says_what_drafts_and_why(qtbot, open_window):
 
 
 def legend_labels(charts) -> list[str]:
-    return [label.text for _, label in charts.method_legend.items]
+    return charts.method_legend.labels
 
 
 def band_colors(bands) -> set[tuple]:
@@ -614,8 +614,6 @@ def test_charts_band_each_method_of_an_auto_run_with_a_legend(qtbot):
     fixed method shows none of it."""
     import dataclasses
     from types import SimpleNamespace
-
-    import numpy as np
 
     from specdesk.engines.types import StepEvent
     from specdesk.ui.charts import ChartPanel, MethodBands, method_color
@@ -652,8 +650,9 @@ def test_charts_band_each_method_of_an_auto_run_with_a_legend(qtbot):
         assert tuple(codes[quarter * 5 // 2]) == method_color("none") and tuple(codes[-1]) == method_color("draft")
         rect = bands.image.mapRectToParent(bands.image.boundingRect())
         assert abs(rect.right() - 4.0) < 1e-6 and rect.left() == 0  # spans the run: 200 steps of 0.02 s
-    # the tokens/s axis keeps room above the curve for the legend
-    assert panel._ranges["rate"][1][1] >= 1.5 * float(np.nanmax(panel.series.window_rates()[1]))
+    # the legend is a line above the charts: it never covers a curve
+    assert panel.method_legend.geometry().bottom() < panel.rate_plot.geometry().top()
+    assert all(label.replace(" ", "&nbsp;") in panel.method_legend.text() for label in legend_labels(panel))
 
     panel.start_run(4)  # a run of a fixed method (its events name no method): nothing of auto stays
     fixed = [dataclasses.replace(e, method=None, reason=None) for e in events[:40]]

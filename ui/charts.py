@@ -7,7 +7,8 @@ new data came in. Curves are fed from RunSeries' preallocated arrays.
 With method auto, the tokens/s and acceptance charts show which method drafted when: a
 translucent colour band behind the curves per method (one small image per chart, resampled
 to MethodBands.BINS slices, so its cost does not grow with the run), a legend of the methods
-this run used, and the latest choice and k in the tokens/s title ("auto now: draft, k = 3").
+this run used above the charts (a line of text that wraps: never drawn over a curve, never cut
+by a chart's edge), and the latest choice and k in the tokens/s title ("auto now: draft, k = 3").
 
 A served reply's events count what its stream let them count (app/serving/stream.py): tokens,
 or characters where the server sends no token counts while streaming, which `set_unit` names
@@ -17,6 +18,7 @@ chart and the footer give the same tok/s. `reset()` empties the panel (another c
 
 from __future__ import annotations
 
+import html
 from typing import Optional
 
 import numpy as np
@@ -171,6 +173,37 @@ class MethodBands:
         self.image.setVisible(True)
 
 
+class MethodLegend(QLabel):
+    """Method auto's legend: each method this run drafted with, behind a swatch of its band's
+    colour as it shows over the chart's background; hidden when no method was named."""
+
+    def __init__(self, parent: Optional[QWidget] = None):
+        super().__init__(parent)
+        self.setWordWrap(True)
+        self.setTextFormat(Qt.RichText)
+        self.methods: list[str] = []  # in the order the run first used them
+        self.hide()
+
+    @property
+    def labels(self) -> list[str]:
+        return [METHOD_LABELS.get(m, m) for m in self.methods]
+
+    def show_methods(self, methods: list[str]) -> None:
+        if list(methods) == self.methods:
+            return
+        self.methods = list(methods)
+        background = self.palette().base().color()
+        entries = []
+        for method, label in zip(self.methods, self.labels):
+            *rgb, alpha = method_color(method)
+            mixed = [round(c * alpha / 255 + b * (1 - alpha / 255))  # the band over the chart's background
+                     for c, b in zip(rgb, (background.red(), background.green(), background.blue()))]
+            entries.append(f'<span style="background-color:rgb({mixed[0]},{mixed[1]},{mixed[2]})">&nbsp;&nbsp;&nbsp;'
+                           f'</span>&nbsp;{html.escape(label).replace(" ", "&nbsp;")}')  # an entry never breaks
+        self.setText("&nbsp;&nbsp; ".join(entries))
+        self.setVisible(bool(self.methods))
+
+
 def integer_ticks(plot: pg.PlotWidget, values) -> None:
     """Label a bar chart's x axis with its categories only (draft positions, counts); the
     clipping check (ui/clipping.py) reads them back to find one the axis had no room for."""
@@ -242,20 +275,12 @@ class ChartPanel(QWidget):
         self._plots = (self.rate_plot, self.acceptance_plot, self.position_plot, self.histogram_plot)
         self.columns = 0
         self.fold(False)
-        layout.addLayout(self._grid, 1)
         # Method auto: which method drafted when (bands), their legend, the latest choice (title).
+        self.method_legend = MethodLegend(self)
+        layout.addWidget(self.method_legend)
+        layout.addLayout(self._grid, 1)
         self.rate_bands = MethodBands(self.rate_plot)
         self.acceptance_bands = MethodBands(self.acceptance_plot)
-        self.method_legend = pg.LegendItem(colCount=4, labelTextSize="8pt", horSpacing=8,
-                                           labelTextColor=self.palette().windowText().color(),
-                                           brush=pg.mkBrush(self.palette().base().color()))
-        self.method_legend.setParentItem(self.rate_plot.getPlotItem().vb)
-        self.method_legend.anchor((1, 0), (1, 0), offset=(-2, 1))  # top right, in the room legend_room keeps
-        self.method_legend.setVisible(False)
-        self.method_legend.setCacheMode(QGraphicsItem.DeviceCoordinateCache)  # like the axes: a copy per frame
-        self.legend_methods: list[str] = []  # the methods the legend lists, in the series' order
-        self.legend_room = 1.1  # the tokens/s axis reaches this times the curve's top (more under a legend)
-        self._legend_fit: Optional[tuple] = None  # (entries, view width, view height) it was fitted to
         self.status = QLabel("no run yet", self)
         self.status.setWordWrap(True)
         self.status.setObjectName("statusLine")
@@ -365,7 +390,7 @@ class ChartPanel(QWidget):
             self.acceptance_curve.setData([], [])
         t_max = nice_ceiling(float(t[-1]) if len(t) else 0.0, minimum=1.0)
         finite = rate[np.isfinite(rate)] if len(rate) else rate
-        y_max = nice_ceiling(self.legend_room * float(finite.max()) if len(finite) else 0.0, minimum=10.0)
+        y_max = nice_ceiling(1.1 * float(finite.max()) if len(finite) else 0.0, minimum=10.0)
         self._set_range("rate", self.rate_plot, (0, self._grown("rate_t", t_max)), (0, self._grown("rate_y", y_max)))
         self._set_range("acceptance", self.acceptance_plot, (0, self._grown("rate_t", t_max)), (0, 1.05))
         slow = final or self._ticks % BAR_EVERY == 0  # the bars' and bands' slower redraw
@@ -400,42 +425,17 @@ class ChartPanel(QWidget):
         names = self.series.method_names
         self.rate_bands.show(bands, names, self._ranges["rate"][1][1])
         self.acceptance_bands.show(bands, names, 1.05)
-        for method in names[len(self.legend_methods):]:
-            color = method_color(method)
-            self.method_legend.addItem(pg.BarGraphItem(x=[0], height=[1], width=1, brush=color, pen=None),
-                                       METHOD_LABELS.get(method, method))
-            self.legend_methods.append(method)
-        self._fit_legend()
-        self.method_legend.setVisible(True)
+        self.method_legend.show_methods(names)
         if self.series.choice:
             self._set_rate_title(f"tokens / s · auto now: {self.series.choice}", f"auto now: {self.series.choice}",
                                  "tokens / s")
         else:
             self._set_rate_title("tokens / s · auto", "tokens / s")
 
-    def _fit_legend(self) -> None:
-        """As many legend entries per row as the chart's width holds, and room above the curve
-        for its rows (refitted when an entry is added or the chart changed size)."""
-        view = self.rate_plot.getPlotItem().vb
-        fit = (len(self.legend_methods), round(view.width()), round(view.height()))
-        if fit == self._legend_fit:
-            return
-        self._legend_fit = fit
-        for columns in range(len(self.legend_methods), 0, -1):
-            self.method_legend.setColumnCount(columns)
-            if self.method_legend.width() <= view.width() - 4:
-                break
-        covered = (self.method_legend.height() + 2) / max(1.0, view.height())
-        self.legend_room = max(1.1, 1.05 / max(0.35, 1.0 - covered))
-
     def _clear_methods(self) -> None:
         self.rate_bands.clear()
         self.acceptance_bands.clear()
-        if self.legend_methods:
-            self.method_legend.clear()
-            self.legend_methods = []
-        self.legend_room, self._legend_fit = 1.1, None
-        self.method_legend.setVisible(False)
+        self.method_legend.show_methods([])
         self._set_rate_title(rate_title(self.unit), rate_title(self.unit).split(" (")[0])
 
     def _set_rate_title(self, title: str, *shorter: str) -> None:
