@@ -190,10 +190,14 @@ LLAMA_CPP_PYTHON = "0.3.36"
 
 def wheel_dir(backend: str, python: str) -> Path:
     """Where set-up keeps the llama-cpp-python wheel built for `backend` and interpreter `python`:
-    keyed by the version, the CMake arguments and the interpreter's version and platform."""
+    keyed by the version, the CMake arguments, the interpreter's version and platform, and the
+    patches set-up applies to its llama.cpp (packaging/llama-patches/)."""
     interpreter = subprocess.run([python, "-c", "import sys, sysconfig; print(sys.version_info[:2], sysconfig.get_platform())"],
                                  capture_output=True, text=True, check=True).stdout.strip()
-    key = hashlib.sha256("\n".join([LLAMA_CPP_PYTHON, " ".join(cmake_args(backend)), interpreter]).encode()).hexdigest()
+    patches = sorted((Path(__file__).resolve().parents[1] / "packaging" / "llama-patches").glob("*.patch"))
+    patched = hashlib.sha256(b"".join(p.name.encode() + b"\0" + p.read_bytes() for p in patches)).hexdigest()
+    key = hashlib.sha256("\n".join([LLAMA_CPP_PYTHON, " ".join(cmake_args(backend)), interpreter,
+                                    patched]).encode()).hexdigest()
     root = os.environ.get("SPECDESK_WHEEL_CACHE") or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") \
         / "specdesk" / "llama-wheels"
     return Path(root) / f"{backend}-{key[:16]}"

@@ -30,6 +30,29 @@ if [ ! -x "$VENV/bin/python" ]; then
     "$PYTHON" -m venv "$VENV"
 fi
 
+# llama-cpp-python's source distribution with packaging/llama-patches/*.patch applied to its
+# vendored llama.cpp (in name order), built into a wheel in folder $2 with CMake arguments $1.
+patched_wheel() {
+    local args="$1" out="$2" src patch_file root
+    root="$(pwd)"
+    # (called as an `if` condition, where `set -e` does not apply: each step returns its failure)
+    "$VENV/bin/python" -m pip download --no-deps --no-binary :all: "llama-cpp-python==$LLAMA_VERSION" \
+        -d "$out/sdist" || return 1
+    tar xzf "$out/sdist/llama_cpp_python-$LLAMA_VERSION.tar.gz" -C "$out/sdist" || return 1
+    src="$out/sdist/llama_cpp_python-$LLAMA_VERSION"
+    for patch_file in packaging/llama-patches/*.patch; do
+        [ -e "$patch_file" ] || continue
+        echo "applying $patch_file"
+        if command -v patch >/dev/null 2>&1; then
+            patch -p1 --batch --forward -d "$src/vendor/llama.cpp" < "$patch_file" || return 1
+        else  # git applies a patch outside a repository as patch(1) does
+            (cd "$src/vendor/llama.cpp" && git apply -p1 "$root/$patch_file") || return 1
+        fi
+    done
+    CMAKE_ARGS="$args" "$VENV/bin/python" -m pip wheel --no-deps --no-cache-dir "$src" -w "$out" || return 1
+    rm -rf "$out/sdist"
+}
+
 # The llama-cpp-python wheel for a backend: built once per backend, CPU baseline and Python,
 # kept under the user's cache, so a new checkout or a rebuilt .venv does not compile again.
 llama_wheel() {
@@ -44,8 +67,7 @@ llama_wheel() {
         echo "setup: compiling llama-cpp-python $LLAMA_VERSION for $backend (several minutes, once): $args" >&2
         rm -rf "$dir.partial" && mkdir -p "$dir.partial"
         log="$dir.partial/build.log"
-        if ! CMAKE_ARGS="$args" "$VENV/bin/python" -m pip wheel --quiet --no-deps --no-cache-dir \
-                --no-binary llama-cpp-python "llama-cpp-python==$LLAMA_VERSION" -w "$dir.partial" >"$log" 2>&1; then
+        if ! patched_wheel "$args" "$dir.partial" >"$log" 2>&1; then
             rm -rf "$dir.failed" && mv "$dir.partial" "$dir.failed"
             echo "setup: the $backend build of llama-cpp-python failed; its log: $dir.failed/build.log" >&2
             return 1
@@ -58,7 +80,8 @@ llama_wheel() {
 
 stamp="$VENV/.specdesk-installed"
 if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || [ scripts/setup.sh -nt "$stamp" ] \
-        || [ scripts/llama_backend.py -nt "$stamp" ] || [ "$(cut -d' ' -f1 "$stamp")" != "$backend" ]; then
+        || [ scripts/llama_backend.py -nt "$stamp" ] || [ "$(cut -d' ' -f1 "$stamp")" != "$backend" ] \
+        || [ -n "$(find packaging/llama-patches -newer "$stamp" -name '*.patch' 2>/dev/null)" ]; then
     echo "setup: llama.cpp backend $backend ($reason)" >&2
     echo "setup: installing dependencies" >&2
     rm -f "$stamp"
