@@ -104,11 +104,6 @@ def cmd_compare(args) -> int:
     # a server's prompts are chat messages; local ones too where the model has a chat template
     # (as the app's Compare tab does), unless --no-chat
     chat = served or (args.chat if args.chat is not None else backend.info.chat_template)
-    if not served:
-        print("specdesk: prompts " + ("go through the model's chat template (--no-chat: raw text)" if chat else
-                                      "are raw text to continue" + ("" if args.chat is False else
-                                                                    " (the model has no chat template)")),
-              file=sys.stderr)
     try:
         report = backend.compare(prompts, settings, threading.Event(), show_progress if live else None, chat=chat)
         if live:
@@ -116,6 +111,11 @@ def cmd_compare(args) -> int:
         payload = {**backend.compare_json(report), "chat_template": chat}  # how the prompts were sent
     finally:
         backend.close()
+    if not served:  # said once the compare ran: a refused input stays one line
+        print("specdesk: prompts " + ("went through the model's chat template (--no-chat: raw text)" if chat else
+                                      "were raw text to continue" + ("" if args.chat is False else
+                                                                     " (the model has no chat template)")),
+              file=sys.stderr)
     if args.json == "-":
         print(json.dumps(payload))
         return 0

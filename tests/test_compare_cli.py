@@ -30,7 +30,7 @@ def compare(capsys, target: str, *extra: str) -> tuple[dict, str]:
 
 def test_prompts_go_through_the_chat_template_unless_no_chat(capsys, qwen):
     chat, said = compare(capsys, qwen["target_gguf"], "--max-tokens", "8")
-    assert chat["chat_template"] is True and "go through the model's chat template" in said
+    assert chat["chat_template"] is True and "went through the model's chat template" in said
     raw, said = compare(capsys, qwen["target_gguf"], "--max-tokens", "8", "--no-chat")
     assert raw["chat_template"] is False and "raw text to continue" in said
 

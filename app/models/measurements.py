@@ -93,7 +93,7 @@ def pass_costs_for(target: str, placement: Optional[str] = None,
                    records: Optional[Iterable[dict]] = None) -> Optional[list[float]]:
     """The newest pass costs (ms for 1..K+1 tokens) measured for `target` (on `placement`), or None."""
     target = _real(target)
-    found = [item for item in (read() if records is None else records)
+    found = [item for item in (read(pass_costs=True) if records is None else records)
              if item.get("kind") == "pass_cost" and item.get("target") == target
              and (placement is None or item.get("placement", "CPU") == placement)]
     return list(found[-1]["pass_ms"]) if found else None
@@ -172,7 +172,8 @@ def _usable(item) -> bool:
     return isinstance(item.get("speedup"), (int, float))
 
 
-def read(path: Optional[Path] = None) -> list[dict]:
+def read(path: Optional[Path] = None, pass_costs: bool = False) -> list[dict]:
+    """The usable records: speedups and chat replies, or (`pass_costs`) the pass costs alone."""
     path = path or measurements_file()
     try:
         if path.stat().st_size > MAX_FILE_BYTES:
@@ -189,7 +190,7 @@ def read(path: Optional[Path] = None) -> list[dict]:
             item = json.loads(line)
         except ValueError:
             continue
-        if _usable(item):
+        if _usable(item) and (item.get("kind") == "pass_cost") == pass_costs:
             records.append(item)
     return records
 

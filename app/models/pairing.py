@@ -507,7 +507,6 @@ def pair(target_path: str | os.PathLike, entries: Iterable[ModelEntry], n_ctx: i
 
     entries = list(entries)
     records = read() if records is None else records
-    all_records = records  # the pass costs of every file (economics); the speedups are this placement's
     target = find_entry(entries, target_path) or read_model(target_path)
     if not target.ok:
         raise SpecDeskError(target.error)
@@ -554,4 +553,4 @@ def pair(target_path: str | os.PathLike, entries: Iterable[ModelEntry], n_ctx: i
 
     return PairingReport(target, tuple(compatible), tuple(incompatible), tuple(native),
                          estimate, draft_entry.path if draft_entry else None, placed,
-                         pass_economics(target, entries, all_records))
+                         pass_economics(target, entries))
