@@ -315,3 +315,14 @@ def test_a_finished_auto_compare_keeps_the_window_its_size_with_nothing_cut(qtbo
     assert view.auto_table.isVisible() and "busy machine" in view.verdict.text()
     assert (w.width(), w.height()) == size
     assert clipped(w) == []
+
+
+def test_plot_titles_grow_back_to_their_longest_wording_when_the_window_widens(qtbot, window):
+    w = window(Settings(first_run_done=True))
+    show_at(qtbot, w, 1024, 640)
+    w.tabs.setCurrentWidget(w.compare_view)
+    plot = w.compare_view.position_plot  # three plots side by side: a short title at this width
+    qtbot.waitUntil(lambda: plot.title_fit.shown == "acceptance per draft position", timeout=2000)
+    w.resize(1920, 1080)
+    qtbot.waitUntil(lambda: plot.title_fit.shown == "speculative: acceptance per draft position", timeout=2000)
+    assert clipped(w) == []

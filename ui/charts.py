@@ -23,8 +23,7 @@ from typing import Optional
 
 import numpy as np
 import pyqtgraph as pg
-from PySide6.QtCore import QEvent, QObject, QRectF, Qt
-from PySide6.QtGui import QFont, QFontMetrics
+from PySide6.QtCore import QEvent, QObject, QRectF, Qt, QTimer
 from PySide6.QtWidgets import QApplication, QGraphicsItem, QGridLayout, QLabel, QSizePolicy, QVBoxLayout, QWidget
 
 from specdesk.engines.speculation.stats import StatsAccumulator
@@ -58,7 +57,7 @@ def nice_ceiling(value: float, minimum: float = 1.0) -> float:
 
 
 TITLE_POINTS = 9
-TITLE_MARGIN = 16  # pixels of a plot's width its title does not get (pyqtgraph's own margins)
+TITLE_MARGIN = 4  # pixels kept clear at the plot's edge
 
 
 class TitleFit(QObject):
@@ -71,9 +70,6 @@ class TitleFit(QObject):
         self.plot = plot
         self.wordings: tuple[str, ...] = ()
         self.shown = ""
-        font = QFont(QApplication.font())
-        font.setPointSizeF(TITLE_POINTS)
-        self.metrics = QFontMetrics(font)
         plot.installEventFilter(self)
 
     def set(self, *wordings: str) -> None:
@@ -82,8 +78,18 @@ class TitleFit(QObject):
         self.fit()
 
     def fit(self) -> None:
-        room = self.plot.width() - TITLE_MARGIN
-        title = next((w for w in self.wordings if self.metrics.horizontalAdvance(w) <= room), self.wordings[-1])
+        """Try the wordings, longest first, as the title draws them: centred over the plot's
+        area (right of its axis), each must fit between that centre and the nearer edge."""
+        label = self.plot.getPlotItem().titleLabel
+        for title in self.wordings:
+            self._show(title)
+            item = label.item
+            width = item.boundingRect().width() - 2 * item.document().documentMargin()
+            centre = self.plot.mapFromScene(label.sceneBoundingRect().center()).x()
+            if width <= 2 * min(centre, self.plot.width() - centre) - TITLE_MARGIN:
+                return
+
+    def _show(self, title: str) -> None:
         if title != self.shown:
             self.shown = title
             palette = self.plot.palette()
@@ -91,7 +97,8 @@ class TitleFit(QObject):
 
     def eventFilter(self, watched, event) -> bool:  # noqa: N802
         if event.type() == QEvent.Resize and self.wordings:
-            self.fit()
+            # after the plot has laid its items out for the new size (a filter sees the event first)
+            QTimer.singleShot(0, self.fit)
         return False
 
 
