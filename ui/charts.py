@@ -98,7 +98,7 @@ class TitleFit(QObject):
     def eventFilter(self, watched, event) -> bool:  # noqa: N802
         if event.type() == QEvent.Resize and self.wordings:
             # after the plot has laid its items out for the new size (a filter sees the event first)
-            QTimer.singleShot(0, self.fit)
+            QTimer.singleShot(0, self, self.fit)  # dropped if the plot (and this, its child) is gone
         return False
 
 

@@ -7,24 +7,25 @@ processing (which prefix caching makes cheaper for whichever runs second) is exc
 
 One run of a busy machine can say 10x where the next says 1.5x, so compare and the k sweep
 repeat each point (`Repeats`: at least three runs, more until their spread is small, up to a
-limit) and report the median and the spread ("1.46x ± 0.08, 3 runs", `Measure`). A speedup
-within the noise of 1.0x (`beyond_noise`) is no reason to pick a setting, and a machine that
-is visibly busy (its load average above its cores, or the baseline's tok/s spread over 15%
-between runs) is said beside the figure (`busy_reason`).
+limit) and report the median and the runs' range ("1.46x (1.38–1.54 over 3 runs)", `Measure`,
+in app/runtime/measure.py). A speedup within the noise of 1.0x (`beyond_noise`) is no reason
+to pick a setting, and a machine that is visibly busy (its load average above its cores, or
+the baseline's tok/s varying over 15% between runs) is said beside the figure (`busy_reason`).
+A compare's headline is the speculative median over the baseline's, the figures its two arms
+show; runs shorter than MIN_MEASURED_TOKENS are said to be too short to time.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
-import os
-import statistics
 import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Generator, Iterable, Optional
 
+from specdesk.app.runtime.measure import NOISE_FLOOR, Measure, Repeats, beyond_noise, busy_reason, machine_load
 from specdesk.engines.files import require_regular_file
 from specdesk.engines.speculation.stats import StatsAccumulator
 from specdesk.engines.types import GenerationRequest, RunStats, SamplingParams, SpecConfig, SpecDeskError, StepEvent
@@ -193,102 +194,8 @@ def merge_stats(stats: Iterable[RunStats]) -> RunStats:
     )
 
 
-# --- repeated runs --------------------------------------------------------------------
-MIN_RUNS = 3
-MAX_RUNS = 7
-STEADY_SPREAD = 0.05  # runs stop repeating once their spread is within this share of the median
-NOISE_FLOOR = 0.03  # a speedup this close to 1.0x is noise even when every run agrees
-BUSY_BASELINE_RANGE = 0.15  # the baseline's tok/s varying more than this share between runs: a busy machine
+# --- repeated runs (app/runtime/measure.py: Measure, Repeats, beyond_noise, busy_reason) ----------
 MIN_MEASURED_TOKENS = 32  # fewer tokens per run than this measure scheduling noise more than decoding
-
-
-@dataclass(frozen=True)
-class Measure:
-    """A figure measured over repeated runs: their median, and their spread (half the range
-    between the lowest and the highest run)."""
-
-    median: float
-    spread: float
-    runs: int
-    values: tuple[float, ...] = ()  # each run's figure, in the order they ran
-
-    @classmethod
-    def of(cls, values: Iterable[float]) -> "Measure":
-        items = tuple(float(v) for v in values)
-        if not items:
-            return cls(0.0, 0.0, 0)
-        return cls(statistics.median(items), (max(items) - min(items)) / 2, len(items), items)
-
-    @property
-    def relative_spread(self) -> float:
-        return self.spread / abs(self.median) if self.median else (0.0 if not self.spread else float("inf"))
-
-    def figure(self, unit: str = "x", digits: int = 2) -> str:
-        """'1.46x ± 0.08' ('1.46x' when one run has nothing to spread)."""
-        spread = f" ± {self.spread:.{digits}f}" if self.runs > 1 else ""
-        return f"{self.median:.{digits}f}{unit}{spread}"
-
-    def describe(self, unit: str = "x", digits: int = 2) -> str:
-        """'1.46x ± 0.08, 3 runs'."""
-        return f"{self.figure(unit, digits)}, {self.runs} run{'s' if self.runs != 1 else ''}"
-
-    def span(self, unit: str = "x", digits: int = 2) -> str:
-        """The lowest and the highest run, '1.38–1.54x': unlike '± half the range', a run far off
-        the others cannot make it read larger than the figure itself."""
-        if not self.values:
-            return f"{self.median:.{digits}f}{unit}"
-        return f"{min(self.values):.{digits}f}–{max(self.values):.{digits}f}{unit}"
-
-    def ranged(self, unit: str = "x", digits: int = 2) -> str:
-        """'43.1 tok/s (41.0–45.2 over 3 runs)': the median, then the runs' range; one run: '43.1 tok/s (1 run)'."""
-        if self.runs < 2:
-            return f"{self.median:.{digits}f}{unit} ({self.runs} run{'s' if self.runs != 1 else ''})"
-        return f"{self.median:.{digits}f}{unit} ({self.span('', digits)} over {self.runs} runs)"
-
-def beyond_noise(speedup: Measure) -> bool:
-    """Whether a measured speedup is a gain or a loss at all: 1.0x lies outside its spread
-    (and outside NOISE_FLOOR, which a single run or runs that happen to agree cannot narrow)."""
-    return speedup.runs > 0 and abs(speedup.median - 1.0) > max(speedup.spread, NOISE_FLOOR)
-
-
-@dataclass(frozen=True)
-class Repeats:
-    """How often a point is run: at least `min_runs`, then until the spread is within `steady`
-    of the median, at most `max_runs`."""
-
-    min_runs: int = MIN_RUNS
-    max_runs: int = MAX_RUNS
-    steady: float = STEADY_SPREAD
-
-    def __post_init__(self) -> None:
-        if not 1 <= self.min_runs <= self.max_runs:
-            raise SpecDeskError(f"runs: at least {self.min_runs} and at most {self.max_runs} is not a range; "
-                                "give 1 <= min <= max")
-
-    def more(self, measure: Measure) -> bool:
-        """Whether another run is wanted after these."""
-        if measure.runs < self.min_runs:
-            return True
-        return measure.runs < self.max_runs and measure.relative_spread > self.steady
-
-
-def machine_load() -> Optional[tuple[float, int]]:
-    """(one-minute load average, logical cores), or None where the system has no load average."""
-    try:
-        return os.getloadavg()[0], os.cpu_count() or 1
-    except (AttributeError, OSError):
-        return None
-
-
-def busy_reason(baseline_rate: Measure, load: Optional[tuple[float, int]] = None) -> Optional[str]:
-    """Why the figures may be off, in a few words, when the machine is visibly busy; else None."""
-    if load is not None and load[0] > load[1]:
-        return f"busy machine: load average {load[0]:.1f} on {load[1]} cores"
-    if baseline_rate.runs > 1 and baseline_rate.median > 0:
-        varied = 2 * baseline_rate.spread / baseline_rate.median
-        if varied > BUSY_BASELINE_RANGE:
-            return f"busy machine: the baseline's runs ranged {baseline_rate.span(' tok/s', 1)}"
-    return None
 
 
 def run_speedups(runs: Iterable[Iterable["PromptResult"]]) -> Measure:
