@@ -77,23 +77,26 @@ def test_acceptance_estimate_counts_positions_reached():
     assert e.per_position()[1] == pytest.approx(2 * e.per_position()[0] / 3.97)
 
 
+class Counting:
+    """A proposer that always drafts k tokens of 1 and counts its proposals."""
+
+    def __init__(self):
+        self.proposed = 0
+
+    def begin(self, prompt):
+        pass
+
+    def propose(self, context, k):
+        from specdesk.engines.types import Draft
+
+        self.proposed += 1
+        return Draft((1,) * k)
+
+    def accept(self, n_accepted, committed):
+        pass
+
+
 def test_a_method_unused_for_a_while_is_probed_again():
-    class Counting:
-        def __init__(self):
-            self.proposed = 0
-
-        def begin(self, prompt):
-            pass
-
-        def propose(self, context, k):
-            from specdesk.engines.types import Draft
-
-            self.proposed += 1
-            return Draft((1,) * k)
-
-        def accept(self, n_accepted, committed):
-            pass
-
     losing = Counting()
     auto = AutoProposer({"draft": losing}, Costs((1.0, 1.05, 1.1), {"draft": 0.05}), 2)
     auto.begin([1, 2, 3])
@@ -116,33 +119,19 @@ def test_where_no_draft_can_pay_auto_drafts_nothing_and_says_why_in_a_line():
     2 tokens 2.1x one, over 5 tokens 4.0x): even at an acceptance few methods reach, no draft
     pays, so auto never drafts, not even to re-probe, and says why."""
     from specdesk.engines.speculation.chooser import cannot_pay, could_pay, economics
-    from specdesk.engines.types import Draft
-
-    class Always:
-        proposed = 0
-
-        def begin(self, prompt):
-            pass
-
-        def propose(self, context, k):
-            Always.proposed += 1
-            return Draft((1,) * k)
-
-        def accept(self, n_accepted, committed):
-            pass
 
     q4_1 = Costs(tuple(t * 1e-3 for t in (5.4, 11.4, 14.6, 16.2, 21.5)), {"ngram": 1e-5, "draft": 1e-3})
     assert not could_pay(q4_1, "ngram", 4) and cannot_pay(q4_1, ["ngram", "draft"], 4) == (
         "checking 2 tokens costs 2.1x one here, so no draft can pay")
     assert economics(q4_1) == "a pass over 2 tokens costs 2.1x one here, over 3 tokens 2.7x, over 5 tokens 4.0x"
-    auto = AutoProposer({"ngram": Always(), "draft": Always()}, q4_1, 4, learn_costs=False)
+    members = {"ngram": Counting(), "draft": Counting()}
+    auto = AutoProposer(members, q4_1, 4, learn_costs=False)
     auto.begin([1, 2, 3])
-    proposed_before = Always.proposed
     for _ in range(200):
         assert auto.propose([1, 2, 3], 4).tokens == ()
         assert auto.choice.reason == "no speculation: checking 2 tokens costs 2.1x one here, so no draft can pay"
         auto.accept(0, [5])
-    assert Always.proposed - proposed_before == 200  # the lookup looked each step, the draft model never
+    assert sum(m.proposed for m in members.values()) == 200  # the lookup looked each step, the draft model never
     assert auto.report()["verdict"] == "checking 2 tokens costs 2.1x one here, so no draft can pay"
     # The same model in F16 (2 tokens 1.9x, 5 tokens 2.2x one): a draft accepted often enough pays.
     f16 = Costs(tuple(t * 1e-3 for t in (7.0, 13.5, 14.1, 15.0, 15.7)), {"ngram": 1e-5})
