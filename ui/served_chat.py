@@ -194,7 +194,7 @@ class ServedChat(QObject):
         the server cannot switch speculation off per request)."""
         self._url = endpoint.url
         self.local_action.setEnabled(True)
-        status = f"server {endpoint.url} · model {endpoint.model} · {endpoint.info.describe()}" \
+        status = f"{endpoint.info.dialect.label} server {endpoint.url} · model {endpoint.model} · {endpoint.info.describe()}" \
             + (f" · {key_note}" if key_note else "")
         self.window.use_backend(ServedSession(endpoint, baseline), status)
 
