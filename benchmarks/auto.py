@@ -36,8 +36,8 @@ from typing import Optional
 
 import numpy as np
 
-from specdesk.app.runtime.compare import (PromptResult, classify_divergence, divergence_noise, load_prompts,
-                                          run_once)
+from specdesk.app.runtime.compare import PromptResult, classify_divergence, divergence_noise, load_prompts
+from specdesk.app.runtime.generation import run_once
 from specdesk.app.storage.paths import assets_dir
 from specdesk.engines.types import GenerationRequest, SamplingParams, SpecConfig
 

@@ -22,7 +22,8 @@ import json
 import sys
 import threading
 
-from specdesk.app.runtime.compare import load_prompts, run_once
+from specdesk.app.runtime.compare import load_prompts
+from specdesk.app.runtime.generation import run_once
 from specdesk.app.storage.paths import assets_dir
 from specdesk.engines.llama.engine import LlamaEngine
 from specdesk.engines.llama.placement import Placement

@@ -27,7 +27,8 @@ import sys
 import threading
 import time
 
-from specdesk.app.runtime.compare import load_prompts, run_once
+from specdesk.app.runtime.compare import load_prompts
+from specdesk.app.runtime.generation import run_once
 from specdesk.app.runtime.engine_client import EngineClient
 from specdesk.app.storage.paths import assets_dir
 from specdesk.engines.llama.engine import LlamaEngine

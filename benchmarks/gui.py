@@ -54,7 +54,8 @@ def main() -> int:
 
     from PySide6.QtCore import QTimer
 
-    from specdesk.app.runtime.compare import load_prompts, run_once
+    from specdesk.app.runtime.compare import load_prompts
+    from specdesk.app.runtime.generation import run_once
     from specdesk.app.demo.install import build_family
     from specdesk.app.storage.paths import assets_dir
     from specdesk.app.runtime.session import chat_tokens

@@ -55,7 +55,7 @@ def inner(target: str, draft: str, tokens: int) -> int:
     from specdesk.engines.llama.devices import llama_build
     from specdesk.engines.llama.engine import LlamaEngine
     from specdesk.engines.types import GenerationRequest, SamplingParams, SpecConfig
-    from specdesk.app.runtime.compare import run_once
+    from specdesk.app.runtime.generation import run_once
 
     engine = LlamaEngine(target, n_ctx=128, n_threads=1)
     try:

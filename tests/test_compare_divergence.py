@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from specdesk.app.runtime.compare import (NEAR_TIE_LOGIT_GAP, PromptResult, RunResult, classify_divergence, compare)
+from specdesk.app.runtime.compare import NEAR_TIE_LOGIT_GAP, PromptResult, classify_divergence, compare
+from specdesk.app.runtime.generation import RunResult
 from specdesk.app.runtime.compare import load_prompts
 from specdesk.app.storage.paths import assets_dir
 from specdesk.engines.llama.engine import LlamaEngine

@@ -20,7 +20,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from specdesk.app.runtime import compare as runner
+from specdesk.app.runtime import generation
 from specdesk.app.runtime.compare import Measure, Repeats, beyond_noise, busy_reason, compare, sweep
 from specdesk.engines.speculation.stats import StatsAccumulator
 from specdesk.engines.types import SamplingParams, SpecConfig, StepEvent
@@ -39,10 +39,10 @@ class Clock:
 
 @pytest.fixture(autouse=True)
 def clock(monkeypatch) -> Clock:
-    """The runner's clock (where it times runs, and its stats accumulator's) is this one."""
+    """The clock that times each run (app/runtime/generation.py, and its stats accumulator) is this one."""
     clock = Clock()
-    monkeypatch.setattr(runner, "time", SimpleNamespace(perf_counter=clock))
-    monkeypatch.setattr(runner, "StatsAccumulator", functools.partial(StatsAccumulator, clock=clock))
+    monkeypatch.setattr(generation, "time", SimpleNamespace(perf_counter=clock))
+    monkeypatch.setattr(generation, "StatsAccumulator", functools.partial(StatsAccumulator, clock=clock))
     return clock
 
 

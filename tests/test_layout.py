@@ -278,7 +278,8 @@ def test_an_auto_run_of_four_methods_shows_its_whole_legend_and_titles(qtbot, wi
 def busy_auto_report():
     """A finished compare of method auto on a busy machine, as the worker hands it over: seven runs
     whose pace varies tenfold (long ranges to show), auto's shares and costs."""
-    from specdesk.app.runtime.compare import CompareReport, PromptResult, RunResult
+    from specdesk.app.runtime.compare import CompareReport, PromptResult
+    from specdesk.app.runtime.generation import RunResult
     from specdesk.engines.types import RunStats
 
     auto = {"steps": 96, "steps_by_choice": {"none": 0.9, "ngram k=1": 0.05, "ngram-pool k=2": 0.05},

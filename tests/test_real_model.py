@@ -81,7 +81,7 @@ def test_the_cost_probe_prices_its_passes_and_auto_acts_on_them(engine):
 
 def test_auto_on_the_real_model_is_lossless(engine):
     prompt = tuple(chat_prompt(engine, [{"role": "user", "content": QUESTIONS[1]}]))
-    from specdesk.app.runtime.compare import run_once
+    from specdesk.app.runtime.generation import run_once
 
     runs = [run_once(engine, GenerationRequest(prompt, max_tokens=48, sampling=SamplingParams(), spec=spec))
             for spec in (SpecConfig(), SpecConfig(method="auto", k=4))]
@@ -103,7 +103,8 @@ def test_a_divergence_within_the_measured_noise_is_the_arithmetic_and_beyond_it_
     of the rule are forced here with the noise given: the same divergence (a run that took the
     target's second choice where the top two are more than the fixed tolerance apart) is the
     arithmetic within a noise above its gap, and a bug below it."""
-    from specdesk.app.runtime.compare import PromptResult, RunResult, classify_divergence, run_once
+    from specdesk.app.runtime.compare import PromptResult, classify_divergence
+    from specdesk.app.runtime.generation import RunResult, run_once
     from specdesk.engines.speculation.stats import StatsAccumulator
 
     def result_of_tokens(ids) -> RunResult:

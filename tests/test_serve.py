@@ -23,7 +23,7 @@ import pytest
 
 openai = pytest.importorskip("openai")
 
-from specdesk.app.runtime.compare import run_once  # noqa: E402
+from specdesk.app.runtime.generation import run_once  # noqa: E402
 from specdesk.app.chat.prompting import chat_prompt  # noqa: E402
 from specdesk.engines.types import GenerationRequest, SamplingParams, SpecConfig  # noqa: E402
 

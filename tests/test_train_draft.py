@@ -35,7 +35,7 @@ def _argv(target: str, prompts: Path, out: Path) -> list[str]:
 
 def _greedy(engine, specs) -> list:
     """The engine's greedy answers to PROMPT, one per speculative setting; the engine is closed after."""
-    from specdesk.app.runtime.compare import run_once
+    from specdesk.app.runtime.generation import run_once
     from specdesk.engines.types import GenerationRequest, SamplingParams
 
     try:

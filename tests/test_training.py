@@ -346,7 +346,7 @@ def test_the_trained_mtp_layer_computes_in_the_engine_what_training_unrolled(dem
 def test_an_mtp_layer_trained_for_one_step_is_kept_and_runs_in_both_engines(demo_family, small_prompts, tmp_path,
                                                                              capsys, precision):
     from specdesk.app.demo.export_gguf import export_gguf
-    from specdesk.app.runtime.compare import run_once
+    from specdesk.app.runtime.generation import run_once
     from specdesk.engines.llama.engine import LlamaEngine
     from specdesk.engines.torch.engine import TorchEngine
     from specdesk.engines.types import GenerationRequest, SamplingParams, SpecConfig
@@ -393,7 +393,7 @@ def _common(demo_family, prompts: Path, out: Path) -> list[str]:
 
 @pytest.mark.parametrize("method", ["eagle3", "dflash", "dspark"])
 def test_a_drafter_trained_for_one_step_is_kept_but_not_adopted(method, demo_family, small_prompts, tmp_path, capsys):
-    from specdesk.app.runtime.compare import run_once
+    from specdesk.app.runtime.generation import run_once
     from specdesk.engines.torch.engine import TorchEngine
     from specdesk.engines.types import GenerationRequest, SamplingParams, SpecConfig
 
@@ -755,7 +755,7 @@ def _gguf_args(target: Path, prompts: Path) -> list[str]:
 
 def _greedy(path, prompt: str, specs, max_tokens: int = 40) -> list:
     """Greedy runs of `prompt` on the GGUF at `path` in the llama.cpp engine, one per SpecConfig."""
-    from specdesk.app.runtime.compare import run_once
+    from specdesk.app.runtime.generation import run_once
     from specdesk.engines.llama.engine import LlamaEngine
     from specdesk.engines.types import GenerationRequest, SamplingParams
 

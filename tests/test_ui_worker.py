@@ -7,7 +7,7 @@ import threading
 import pytest
 
 from specdesk.app.runtime.backend import ChatSettings
-from specdesk.app.runtime.compare import drain
+from specdesk.app.runtime.generation import drain
 from specdesk.app.runtime.session import chat_tokens, run_sweep, stream_chat
 from specdesk.engines.types import SamplingParams, SpecConfig, SpecDeskError, StepEvent
 from specdesk.ui.jobs import EventBatcher

@@ -105,7 +105,7 @@ def check_llama_build(state: dict) -> str:
 
 def check_speculative(state: dict) -> str:
     """Greedy speculative decoding with the demo draft must reproduce the baseline exactly."""
-    from specdesk.app.runtime.compare import run_once
+    from specdesk.app.runtime.generation import run_once
     from specdesk.engines.llama.engine import LlamaEngine
     from specdesk.engines.types import GenerationRequest, SamplingParams, SpecConfig
 

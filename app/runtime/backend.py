@@ -20,7 +20,8 @@ from typing import Callable, Generator, Optional, Protocol, Sequence
 
 from specdesk.engines.types import SamplingParams, SpecConfig, StepEvent
 
-from .compare import CompareReport, RunResult, drain
+from .compare import CompareReport
+from .generation import RunResult, drain
 
 
 @dataclass(frozen=True)

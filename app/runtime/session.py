@@ -22,8 +22,8 @@ from pathlib import Path
 from typing import Callable, Generator, Optional, Sequence
 
 from specdesk.app.runtime.backend import ChatOutcome, ChatSettings
-from specdesk.app.runtime.compare import (CompareReport, RunResult, SweepPoint, SweepResult, compare, run_once,
-                                          stream_once, sweep)
+from specdesk.app.runtime.compare import CompareReport, SweepPoint, SweepResult, compare, sweep
+from specdesk.app.runtime.generation import RunResult, stream_once
 from specdesk.app.chat.prompting import chat_prompt, fit_chat, text_tokens
 from specdesk.app.storage.settings import DEMO, DEMO_DFLASH, DEMO_HF, DEMO_MTP
 from specdesk.engines.types import GenerationRequest, SamplingParams, SpecConfig, SpecDeskError, StepEvent

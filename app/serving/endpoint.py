@@ -35,7 +35,7 @@ import httpx2
 
 from specdesk.engines.types import SamplingParams, StepEvent
 
-from ..runtime.compare import RunResult, drain
+from ..runtime.generation import RunResult, drain
 from ..terminal import printable
 from .dialects import DIALECTS, KINDS, ServedNumbers, dialect, drafted_per_position, recognise
 from .prometheus import MetricSamples, delta, parse_metrics

@@ -45,7 +45,7 @@ from specdesk.engines.speculation.loop import check_prompt_text
 from specdesk.engines.types import GenerationRequest, RunStats, SamplingParams, SpecConfig, SpecDeskError
 
 from ..runtime.backend import ChatSettings, chat_turn
-from ..runtime.compare import RunResult, run_once
+from ..runtime.generation import RunResult, run_once
 from ..runtime.session import Session
 from .request_checks import (MAX_BODY_BYTES, Params, RequestError, as_request_error, chat_messages, completion_prompt,
                              error_body, parse_body, parse_params, private_paths)

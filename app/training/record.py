@@ -133,7 +133,7 @@ class TorchPass:
 def record_one(engine, pass_over, prompt: Prompt, settings: RecordSettings) -> Recorded:
     """The target's greedy answer to `prompt`, then `pass_over` (TorchPass or the GGUF target's
     LlamaPass) over prompt + answer."""
-    from specdesk.app.runtime.compare import run_once
+    from specdesk.app.runtime.generation import run_once
 
     tokens = prompt_tokens(engine, prompt)
     engine.reset_chat()
