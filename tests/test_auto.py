@@ -637,10 +637,69 @@ def test_compare_json_and_the_compare_tab_say_what_auto_chose(demo_family, tmp_p
 
 
 def test_the_servers_specdesk_field_carries_autos_report():
-    from specdesk.app.runtime.compare import StatsAccumulator
+    from specdesk.engines.speculation.stats import StatsAccumulator
     from specdesk.app.serving.serve import speculation_summary
 
     report = {"steps": 3, "steps_by_choice": {"draft k=4": 1.0}, "costs": {"pass_ms": [1.0, 1.2]}}
     summary = speculation_summary(StatsAccumulator(4).finish(), 3, SpecConfig("auto", k=4), report)
     assert summary["auto"] == report and summary["method"] == "auto"
     assert "auto" not in speculation_summary(StatsAccumulator(4).finish(), 3, SpecConfig("ngram", k=4))
+
+
+class BusyClock:
+    """perf_counter for the cost probe, plus whatever busy moments the wrapped passes add."""
+
+    def __init__(self):
+        import time
+
+        self.real, self.added = time.perf_counter, 0.0
+
+    def perf_counter(self) -> float:
+        return self.real() + self.added
+
+
+def _busy_passes(engine, clock: BusyClock, size: int, calls: int, seconds: float):
+    """Passes over `size` tokens take `seconds` longer for their first `calls` times: a busy moment."""
+    real, seen = engine.target_pass, {"n": 0}
+
+    def target_pass(tokens, observer):
+        if len(tokens) == size and seen["n"] < calls:
+            seen["n"] += 1
+            clock.added += seconds
+        return real(tokens, observer)
+
+    engine.target_pass = target_pass
+
+
+@pytest.mark.parametrize("calls, repaired", [(2, "measured again"), (10**6, "priced at n passes")])
+def test_a_probe_that_caught_a_busy_moment_is_taken_again_or_priced_at_n_passes(demo_family, monkeypatch,
+                                                                               calls, repaired):
+    """A pass over 4 tokens measured at far more than 4 passes over one (68x was seen on a busy
+    machine) is the machine's load, not its arithmetic: the probe measures again, and when every
+    round caught it, prices the size at 4 passes over one, so auto drafts nothing there."""
+    from specdesk.engines.llama.engine import LlamaEngine
+    from specdesk.engines.speculation.chooser import implausible_size
+
+    clock = BusyClock()
+    monkeypatch.setattr(cost_cache, "time", clock)
+    engine = LlamaEngine(demo_family["target_gguf"], n_ctx=256, n_threads=1)
+    try:
+        _busy_passes(engine, clock, size=4, calls=calls, seconds=5.0)
+        measured = cost_cache.measure_costs(engine, {}, 3)
+    finally:
+        engine.close()
+    assert implausible_size(measured.pass_s) is None and max(measured.pass_s) < 5.0
+    if repaired == "measured again":
+        assert measured.pass_s[3] < 4 * measured.pass_s[0]
+    else:
+        assert measured.pass_s[3] == pytest.approx(4 * measured.pass_s[0])
+    assert implausible_size([0.005, 0.3425]) == 2 and implausible_size([0.005, 0.0105, 0.0146]) is None
+
+
+def test_a_recorded_busy_probe_is_never_quoted_as_this_machines_costs(tmp_path):
+    from specdesk.app.models import measurements
+
+    log, target = tmp_path / "measurements.jsonl", str(tmp_path / "m.gguf")
+    measurements.record_pass_costs(target, "llama.cpp", {"pass_ms": [5.4, 11.4, 14.6]}, log)
+    measurements.record_pass_costs(target, "llama.cpp", {"pass_ms": [5.4, 370.0, 380.0]}, log)  # 68.5x: refused
+    assert measurements.pass_costs_for(target, records=measurements.read(log, pass_costs=True)) == [5.4, 11.4, 14.6]

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Iterable, Optional
 
 from specdesk.engines.methods import METHODS
+from specdesk.engines.speculation.chooser import implausible_size
 
 from ..runtime.compare import Measure
 from ..storage.paths import data_dir
@@ -85,17 +86,21 @@ def record_pass_costs(target: str, engine: str, costs: Optional[dict], path: Opt
     pass_ms = (costs or {}).get("pass_ms")
     if not pass_ms or len(pass_ms) < 2 or not all(isinstance(t, (int, float)) and t > 0 for t in pass_ms):
         return
+    if implausible_size(pass_ms) is not None:
+        return  # a busy moment, not this machine's arithmetic: pairing would quote it as the machine's
     _append({"kind": "pass_cost", "target": _real(target), "engine": engine, "placement": placement,
              "pass_ms": [round(float(t), 4) for t in pass_ms], "time": round(time.time())}, path)
 
 
 def pass_costs_for(target: str, placement: Optional[str] = None,
                    records: Optional[Iterable[dict]] = None) -> Optional[list[float]]:
-    """The newest pass costs (ms for 1..K+1 tokens) measured for `target` (on `placement`), or None."""
+    """The newest plausible pass costs (ms for 1..K+1 tokens) measured for `target` (on
+    `placement`), or None."""
     target = _real(target)
     found = [item for item in (read(pass_costs=True) if records is None else records)
              if item.get("kind") == "pass_cost" and item.get("target") == target
-             and (placement is None or item.get("placement", "CPU") == placement)]
+             and (placement is None or item.get("placement", "CPU") == placement)
+             and implausible_size(item.get("pass_ms") or [0]) is None]
     return list(found[-1]["pass_ms"]) if found else None
 
 

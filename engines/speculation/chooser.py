@@ -248,6 +248,23 @@ def choose(costs: Costs, estimates: Mapping[str, AcceptanceEstimate], max_k: int
     return Choice(method, k, speedup, f"{method}, k = {k}: expected {speedup:.2f}x", fallback)
 
 
+# A pass over n tokens reads the weights once and does n tokens' arithmetic, so it costs at
+# most about n passes over one (llama.cpp's CPU kernels reach 1.05n where they have no batched
+# path). A probe that found more caught a busy moment, not this machine's arithmetic.
+PLAUSIBLE_PER_TOKEN = 1.5
+
+
+def implausible_size(pass_s: Sequence[float]) -> Optional[int]:
+    """The first pass size n whose measured time exceeds PLAUSIBLE_PER_TOKEN * n passes over
+    one token (the measurement caught a busy moment), else None."""
+    if not pass_s or pass_s[0] <= 0:
+        return 1 if pass_s else None
+    for n, seconds in enumerate(pass_s[1:], start=2):
+        if seconds > PLAUSIBLE_PER_TOKEN * n * pass_s[0]:
+            return n
+    return None
+
+
 def pass_ratio(costs: Costs, n: int) -> float:
     """t(n)/t(1): what a pass over n tokens costs against a pass over one, on this machine."""
     return costs.pass_cost(n) / costs.pass_s[0]

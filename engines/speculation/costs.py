@@ -23,9 +23,9 @@ from typing import Mapping, Optional, Sequence
 
 import numpy as np
 
+from ..methods import method_info
 from ..types import Draft, SamplingParams
-from .chooser import Costs
-from .ngram import NgramPoolProposer
+from .chooser import Costs, implausible_size
 from .protocols import target_observer
 from .step import verified_step
 
@@ -43,6 +43,7 @@ DRIFT = 1.5
 # auto.LEARN_DRAFTING), and one slow proposal of a few milliseconds priced the draft model at
 # twice its cost for a whole run.
 DRAFT_REPEATS = 5
+PROBE_ROUNDS = 3  # extra rounds of the pass probe when it caught a busy moment (chooser.implausible_size)
 REPROBE_AFTER = 24  # passes recorded since the last probe before another may be taken (about one reply)
 
 
@@ -260,23 +261,7 @@ def measure_costs(engine, proposers: Mapping[str, object], max_k: int, observer:
     probe = list(engine.tokenize(PROBE_TEXT))
     while len(probe) < max_k + 8:
         probe = probe + probe
-    prompt, tail = probe[:-(max_k + 1)], probe[-(max_k + 1):]
-    engine.prefill(prompt, None)
-    ctx = engine.context
-    n_past = ctx.n_past
-    rng = np.random.default_rng(0)
-    best = [float("inf")] * (max_k + 1)
-    for _ in range(repeats):
-        for n in range(1, max_k + 2):
-            started = time.perf_counter()
-            output = engine.target_pass([prompt[-1], *tail[:n - 1]], None)
-            engine.verify_pass(Draft(tuple(tail[:n - 1])), output, SamplingParams(), rng)
-            best[n - 1] = min(best[n - 1], time.perf_counter() - started)
-            ctx.rollback(n_past)
-    # A pass over more tokens never costs less: a size measured above a larger one caught a
-    # slower moment (noise only adds time), so it takes the larger size's time.
-    for n in range(max_k - 1, -1, -1):
-        best[n] = min(best[n], best[n + 1])
+    best = _pass_times(engine, probe, max_k, repeats)
     draft_token_s, observe_s = {}, {}
     for method, proposer in proposers.items():
         if method == observer:
@@ -284,6 +269,34 @@ def measure_costs(engine, proposers: Mapping[str, object], max_k: int, observer:
         else:
             draft_token_s[method] = _drafting_cost(method, proposer, probe, max_k, max(repeats, DRAFT_REPEATS))
     return Costs(tuple(best), draft_token_s, observe_s)
+
+
+def _pass_times(engine, probe: list[int], max_k: int, repeats: int) -> list[float]:
+    """Seconds for a verified pass over 1..K+1 tokens: the fastest of `repeats` rounds, and of
+    up to PROBE_ROUNDS more when a size cost more than the physics allows (chooser.implausible_size:
+    a busy moment, not the arithmetic). Still implausible after them, a size is priced at n
+    passes over one token: no draft pays there until the replies' own passes say otherwise."""
+    prompt, tail = probe[:-(max_k + 1)], probe[-(max_k + 1):]
+    engine.prefill(prompt, None)
+    ctx = engine.context
+    n_past = ctx.n_past
+    rng = np.random.default_rng(0)
+    best = [float("inf")] * (max_k + 1)
+    for _attempt in range(1 + PROBE_ROUNDS):
+        for _ in range(repeats):
+            for n in range(1, max_k + 2):
+                started = time.perf_counter()
+                output = engine.target_pass([prompt[-1], *tail[:n - 1]], None)
+                engine.verify_pass(Draft(tuple(tail[:n - 1])), output, SamplingParams(), rng)
+                best[n - 1] = min(best[n - 1], time.perf_counter() - started)
+                ctx.rollback(n_past)
+        # A pass over more tokens never costs less: a size measured above a larger one caught a
+        # slower moment (noise only adds time), so it takes the larger size's time.
+        for n in range(max_k - 1, -1, -1):
+            best[n] = min(best[n], best[n + 1])
+        if implausible_size(best) is None:
+            return best
+    return [min(t, n * best[0]) for n, t in enumerate(best, start=1)]
 
 
 def _observer_costs(engine, proposer, probe: list[int], max_k: int, pass_s: list[float],
@@ -316,8 +329,8 @@ def _observer_costs(engine, proposer, probe: list[int], max_k: int, pass_s: list
 def _drafting_cost(method: str, proposer, probe: list[int], max_k: int, repeats: int) -> float:
     """Seconds per drafted token, proposing on the probe (the n-gram pool through a fresh
     pool, so the engine's learns nothing from the probe)."""
-    if method == "ngram-pool":
-        proposer = NgramPoolProposer()
+    if method_info(method).learns:
+        proposer = type(proposer)()  # a fresh one of its kind
     proposer.begin(probe)
     proposer.propose(probe, max_k)  # the first call catches up on the probe: not a step's cost
     best = float("inf")
