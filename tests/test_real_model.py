@@ -146,3 +146,17 @@ def test_compare_calls_the_arithmetic_the_arithmetic_and_a_broken_verifier_a_bug
     report = compare(engine, prompts, spec, SamplingParams(), 48, tokenize, warm=False, repeats=ONCE)
     assert report.identical_outputs is False
     assert any(d.kind == "mismatch" and "a bug" in d.describe() for d in report.divergences)
+
+
+def test_the_library_lists_it_by_its_name_not_its_training_runs(smollm2, monkeypatch, tmp_path):
+    """Its file's general.name is a training run's ("Smollm2 135M 8k Lc100K Mix1 Ep2"); the
+    library shows what the project fetched under its own name."""
+    from pathlib import Path
+
+    from specdesk.app.models.library import LibraryConfig, scan_library
+
+    monkeypatch.setenv("SPECDESK_CACHE_DIR", str(Path(smollm2).parent.parent))
+    config = LibraryConfig(hf_cache=tmp_path / "none", include_hf_cache=False, demo_root=tmp_path / "none",
+                           include_apps=False)
+    [entry] = [e for e in scan_library(config) if Path(e.path).name == Path(smollm2).name]
+    assert entry.name == "SmolLM2 135M Instruct (Q4_1)" and entry.source == "specdesk"

@@ -23,6 +23,7 @@ from specdesk.engines.files import require_regular_file
 from specdesk.engines.methods import drafter_for_config, drafter_methods
 
 from ..storage.paths import assets_dir, cache_dir
+from .known import KNOWN
 
 log = logging.getLogger(__name__)
 
@@ -351,6 +352,12 @@ def fetched_models(root: Optional[Path] = None) -> list[Path]:
         return []
 
 
+def fetched_label(path: Path) -> Optional[str]:
+    """A fetched real model's name as the project knows it ("SmolLM2 135M Instruct (Q4_1)"),
+    not its file's general.name (SmolLM2's is a training run's, "Smollm2 135M 8k Lc100K Mix1 Ep2")."""
+    return next((m.label for m in KNOWN.values() if m.filename == path.name), None)
+
+
 def demo_name(path: Path) -> str:
     """A demo file's readable name: what it is and its family, from the build's card ("Demo
     target, small family"); the build folder's hash stays in the path."""
@@ -531,7 +538,7 @@ def scan_library(config: Optional[LibraryConfig] = None,
         add(scan_hf_cache(config.hf_cache))
     if config.include_demo:
         add(read_model(p, "demo", demo_name(p)) for p in demo_family_paths(config.demo_root))
-        add(read_model(p, "specdesk") for p in fetched_models())
+        add(read_model(p, "specdesk", fetched_label(p)) for p in fetched_models())
     for user_path in config.user_paths:
         say(f"scanning {user_path}")
         add(read_model(p, "user") for p in walk_models(Path(user_path)))
