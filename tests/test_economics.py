@@ -3,7 +3,7 @@ machine recorded (app/models/economics.py), as pairing, compare and auto say it.
 
 from __future__ import annotations
 
-from specdesk.app.models import measurements
+from specdesk.app.runtime import measurements
 from specdesk.app.models.economics import file_stem, pass_economics
 from specdesk.app.models.library import ModelEntry
 

@@ -1,4 +1,5 @@
-"""The layers of docs/ARCHITECTURE.md on the real import graph: ui -> app -> engines, never upwards.
+"""The layers of docs/ARCHITECTURE.md on the real import graph: ui -> app -> engines, never upwards,
+no circle between files, and none between the folders of app/.
 
 Two views of the same rule: every import statement in the source (lazy ones inside functions
 included), and what a fresh interpreter actually loads when it imports every module of
@@ -156,3 +157,55 @@ def test_the_circle_finder_finds_a_circle():
     graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}, "e": set()}
     assert circles(graph) == [["a", "b", "c"]]
     assert circles({"a": {"b"}, "b": set()}) == []
+
+
+def folder_of(module: str, root: str = "specdesk.app") -> str:
+    """The folder of `root` a module lies in (`specdesk.app.models.pairing` -> `specdesk.app.models`);
+    a module directly in `root` (`specdesk.app.options`) is a room of its own."""
+    return ".".join(module.split(".")[: len(root.split(".")) + 1])
+
+
+def folder_graph(graph: dict[str, set[str]], root: str = "specdesk.app") -> dict[str, set[str]]:
+    """Folder -> the folders its modules import: the module graph of `root`, each module in its folder."""
+    folders: dict[str, set[str]] = {}
+    for module, imported in graph.items():
+        if module == root or not module.startswith(root + "."):
+            continue
+        edges = folders.setdefault(folder_of(module, root), set())
+        edges.update(folder_of(m, root) for m in imported if m.startswith(root + "."))
+    for folder, edges in folders.items():
+        edges.discard(folder)
+    return folders
+
+
+def crossings(graph: dict[str, set[str]], group: list[str], root: str = "specdesk.app") -> list[str]:
+    """The module imports that tie the folders of `group` together, for the failure message."""
+    return sorted(f"{module} imports {target}" for module, imported in graph.items() for target in imported
+                  if folder_of(module, root) in group and folder_of(target, root) in group
+                  and folder_of(module, root) != folder_of(target, root))
+
+
+def test_no_folder_of_app_imports_one_that_imports_it_back():
+    """The folders of app/ lie in layers too (docs/ARCHITECTURE.md): no folder imports, even lazily,
+    from a folder that imports from it, directly or around a longer circle."""
+    graph = import_graph(("app",))
+    found = circles(folder_graph(graph))
+    assert found == [], "\n".join(f"{' <-> '.join(group)}:\n  " + "\n  ".join(crossings(graph, group))
+                                  for group in found)
+
+
+def test_the_folder_check_finds_a_circle_that_no_file_circle_shows():
+    graph = {"specdesk.app.models.pairing": {"specdesk.app.training.adopt"},
+             "specdesk.app.training.adopt": {"specdesk.app.runtime.compare"},
+             "specdesk.app.training.cli": {"specdesk.app.models.library"},
+             "specdesk.app.models.library": {"specdesk.app.storage.paths"},
+             "specdesk.app.runtime.compare": set(), "specdesk.app.storage.paths": set(),
+             "specdesk.app.options": {"specdesk.app.runtime.compare"}}
+    assert circles(graph) == []
+    assert circles(folder_graph(graph)) == [["specdesk.app.models", "specdesk.app.training"]]
+    assert folder_graph(graph)["specdesk.app.options"] == {"specdesk.app.runtime"}
+    assert crossings(graph, ["specdesk.app.models", "specdesk.app.training"]) == [
+        "specdesk.app.models.pairing imports specdesk.app.training.adopt",
+        "specdesk.app.training.cli imports specdesk.app.models.library"]
+    del graph["specdesk.app.training.cli"]
+    assert circles(folder_graph(graph)) == []

@@ -10,7 +10,7 @@ import statistics
 
 import pytest
 
-from specdesk.app.models import measurements
+from specdesk.app.runtime import measurements
 from specdesk.app.models.library import read_model
 from specdesk.app.models.pairing import MemoryInfo, pair
 

@@ -215,7 +215,7 @@ def test_pass_cost_ratio_from_a_sweep():
 
 
 def test_measurements_belong_to_their_placement(demo_family, tmp_path):
-    from specdesk.app.models.measurements import read, record
+    from specdesk.app.runtime.measurements import read, record
     from specdesk.app.models.pairing import measured_on_placement
     from specdesk.app.runtime.placement import placement_label
 

@@ -481,7 +481,7 @@ def test_no_display_is_detected(monkeypatch):
 def test_screenshot_command_saves_both_views_and_the_pairing(qtbot, demo_family, demo_cache_dir, monkeypatch, tmp_path):
     from PySide6.QtGui import QImage
 
-    from specdesk.app.models import measurements
+    from specdesk.app.runtime import measurements
     from specdesk.ui.cli import main
 
     monkeypatch.setenv("SPECDESK_CACHE_DIR", str(demo_cache_dir))  # the small family the fixture built

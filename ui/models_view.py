@@ -432,7 +432,7 @@ class ModelsView(QWidget):
 
     def _show_library(self, entries: list[ModelEntry]) -> None:
         from specdesk.app.models.pairing import native_drafters
-        from specdesk.app.training.adopt import provenance_line, read_provenance
+        from specdesk.app.models.provenance import provenance_line, read_provenance
 
         self.entries = entries
         self.library.setRowCount(0)

@@ -77,7 +77,7 @@ def widen_eagle3(state: dict[str, np.ndarray], core: ModelConfig, wide_hidden: i
 
 def hf_config(core: ModelConfig, taps, hidden_size: int) -> dict:
     """config.json of the widened head: the trainer's, at the wide width and eps."""
-    from specdesk.app.training.eagle3_config import hf_config as trainer_config
+    from .eagle3_config import hf_config as trainer_config
 
     config = trainer_config(core, taps)
     config.update({"hidden_size": hidden_size, "rms_norm_eps": wide_eps(core, hidden_size)})

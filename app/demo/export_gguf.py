@@ -143,7 +143,7 @@ def _add_target_rope(writer: gguf.GGUFWriter, arch: str, vocab_from: Path) -> No
         if value is not None:
             writer.add_key_value(f"{arch}.{key}", value, value_type)
     if "rope_freqs.weight" in header.tensor_infos:
-        from specdesk.app.training.gguf_target import dequantized
+        from specdesk.engines.llama.tensors import dequantized
 
         writer.add_tensor("rope_freqs.weight", dequantized(vocab_from, "rope_freqs.weight").astype(np.float32))
 

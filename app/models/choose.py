@@ -64,7 +64,7 @@ def trained_drafts(target: ModelEntry, candidates: Iterable[ModelEntry]) -> list
     `candidates`, in the shape of pairing's native drafters with their verdict: for a PyTorch
     target the ones trained for it, for a GGUF target any of them (the caller passes the drafts
     pairing found compatible, which a draft trained from the model's Hugging Face folder is)."""
-    from specdesk.app.training.adopt import read_provenance
+    from specdesk.app.models.provenance import read_provenance
 
     found = []
     for entry in candidates:

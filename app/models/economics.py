@@ -2,7 +2,7 @@
 
 Everything rests on one measured ratio: what a pass over n tokens costs against a pass over
 one, t(n)/t(1), on this machine and placement (auto's cost probe measures it; compare and chat
-replies of method auto record it: app/models/measurements.record_pass_costs). A draft pays only
+replies of method auto record it: app/runtime/measurements.record_pass_costs). A draft pays only
 if its accepted tokens outnumber what checking them costs, so where a pass over 2 tokens costs
 2.1x one, no draft of any length pays at the acceptance real methods reach. Pairing, compare
 and auto say it the same way (engines/speculation/chooser.economics, cannot_pay).
@@ -18,7 +18,7 @@ from specdesk.engines.speculation.chooser import Costs, cannot_pay, economics, p
 
 from .hub import quantization_of
 from .library import ModelEntry
-from .measurements import pass_costs_for
+from ..runtime.measurements import pass_costs_for
 
 METHODS_PRICED = ("ngram", "ngram-pool")  # lookups: drafting costs nothing, so only the passes decide
 

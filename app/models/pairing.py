@@ -6,7 +6,7 @@ model's vocabulary as llama.cpp loads it (a vocab-only load: no weights are read
 verdict here is exactly the one the engine gives when the pair is loaded. The loads happen
 in a child process (app/models/vocab_check.py): a vocabulary llama.cpp aborts on ends that process,
 never the app's window or the CLI. The expected
-benefit is what this machine measured for the pair (app/models/measurements.py) when it has, else
+benefit is what this machine measured for the pair (app/runtime/measurements.py) when it has, else
 the standard speculative-decoding speedup model (Leviathan et al. 2023) with an assumed
 acceptance rate and the draft/target cost ratio taken from their weight bytes.
 """
@@ -158,7 +158,7 @@ class PlacementEstimate:
 def measured_on_placement(records: list, target_path: str, n_ctx: int, placement=None) -> list:
     """The measurements taken where the target would sit now (a speedup measured on a CPU says
     little about a GPU placement, app/runtime/placement.placement_label)."""
-    from specdesk.app.models.measurements import on_placement
+    from specdesk.app.runtime.measurements import on_placement
     from specdesk.app.runtime.placement import placement_label
     from specdesk.engines.llama.binding import validated_header
     from specdesk.engines.llama.devices import llama_devices
@@ -265,9 +265,9 @@ class DraftVerdict:
 
 
 def score_draft(target: ModelEntry, draft: ModelEntry, records: Optional[list] = None) -> DraftVerdict:
-    """Measured numbers when this machine has compared the pair (app/models/measurements.py), else
+    """Measured numbers when this machine has compared the pair (app/runtime/measurements.py), else
     the speedup model on an assumed acceptance, labelled as such."""
-    from .measurements import measured_for
+    from ..runtime.measurements import measured_for
 
     measured = measured_for(target.path, draft.path, "draft", records)
     if measured is not None:
@@ -302,10 +302,10 @@ def score_draft(target: ModelEntry, draft: ModelEntry, records: Optional[list] =
 def _measured_sibling(target: ModelEntry, draft: ModelEntry, records: Optional[list]):
     """(file name, Measured, the speedup model's figure for it) of another draft this machine
     measured for `target`, the most measured runs first; None when there is none."""
-    from .measurements import measured_for
+    from ..runtime.measurements import measured_for
 
     if records is None:
-        from .measurements import read
+        from ..runtime.measurements import read
 
         records = read()
     here, found = os.path.realpath(draft.path), None
@@ -399,10 +399,10 @@ def mtp_twin(target: ModelEntry, other: ModelEntry) -> bool:
 
 
 def _with_provenance(found: list[dict]) -> None:
-    """Drafters trained here carry their measured verdict (app/training/adopt.read_provenance):
+    """Drafters trained here carry their measured verdict (app/models/provenance.read_provenance):
     the why says it, and the local ones are ordered adopted first (by measured speedup), then
     drafters from elsewhere, then trained ones that did not pay, which are kept, never chosen."""
-    from specdesk.app.training.adopt import provenance_line, read_provenance
+    from .provenance import provenance_line, read_provenance
 
     for d in found:
         if d["source"] != "local" or not d.get("path"):
@@ -500,10 +500,10 @@ def pair(target_path: str | os.PathLike, entries: Iterable[ModelEntry], n_ctx: i
          table: Optional[list] = None, records: Optional[list] = None,
          placement=None, draft_placement=None) -> PairingReport:
     """Rank the library's drafts for a target, by this machine's measurements where it has
-    them (`records`: app/models/measurements.read() by default); the memory estimate counts the
+    them (`records`: app/runtime/measurements.read() by default); the memory estimate counts the
     chosen draft (draft_path), else the best compatible one, and says per device where each
     would sit (`placement`, `draft_placement`: engines/llama/placement.Placement; default auto)."""
-    from .measurements import read
+    from ..runtime.measurements import read
 
     entries = list(entries)
     records = read() if records is None else records

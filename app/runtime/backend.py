@@ -105,7 +105,7 @@ def chat_turn(backend: ChatBackend, messages: list[dict], settings: ChatSettings
     oldest messages the context could not hold go and the reply is appended, or the turn is
     rolled back by the rule above. An error, Ctrl-C included, is raised after the rollback, and a
     stopped run's text so far is kept as the reply."""
-    from specdesk.app.models.measurements import MethodTally
+    from specdesk.app.runtime.measurements import MethodTally
 
     tally = MethodTally(settings.spec.method)
     pieces: list[str] = []

@@ -131,7 +131,7 @@ def pass_cost_ratio(baseline, point) -> Optional[float]:
 
 
 def placement_label(report: Optional[dict]) -> str:
-    """The placement a measurement belongs to (app/models/measurements.py): "CPU", or the target's
+    """The placement a measurement belongs to (app/runtime/measurements.py): "CPU", or the target's
     device and layers, e.g. "RPC0[127.0.0.1:50052] 9/9". Records written before placements
     existed count as "CPU"."""
     target = (report or {}).get("target") or {}

@@ -203,7 +203,7 @@ def stream_chat(engine, messages: list[dict], settings: ChatSettings, cancel: th
 
 def record_chat_reply(engine, spec: SpecConfig, sampling: SamplingParams, result: RunResult, tally=None) -> None:
     """A chat reply's measured acceptance and tokens per second, per target, draft, method and k."""
-    from specdesk.app.models.measurements import record_chat, record_pass_costs
+    from specdesk.app.runtime.measurements import record_chat, record_pass_costs
 
     record_chat(str(engine.target.path), spec.draft_path, engine.name, spec.method, spec.draft_tokens, result.stats,
                 sampling.temperature, tally)
@@ -219,7 +219,7 @@ def run_compare(engine, prompts: Sequence[str], spec: SpecConfig, sampling: Samp
     ranking."""
     if spec.method == "none":
         raise SpecDeskError("compare needs a speculation method: choose ngram, ngram-pool or draft")
-    from specdesk.app.models.measurements import record_compare
+    from specdesk.app.runtime.measurements import record_compare
     from specdesk.app.runtime.placement import engine_placement_label
 
     report = compare(engine, list(prompts), spec, sampling, max_tokens, prompt_tokenizer(engine, chat),
@@ -236,7 +236,7 @@ def run_sweep(engine, prompt: str, spec: SpecConfig, sampling: SamplingParams, m
     until steady (app/runtime/compare.sweep); each k's median speedup is kept for pairing."""
     if spec.method == "none":
         raise SpecDeskError("the k sweep needs a speculation method: choose ngram, ngram-pool or draft")
-    from specdesk.app.models.measurements import record_sweep
+    from specdesk.app.runtime.measurements import record_sweep
     from specdesk.app.runtime.placement import engine_placement_label
 
     result = sweep(engine, prompt_tokenizer(engine, chat)(prompt), spec, sampling, max_tokens, ks, cancel, on_point,

@@ -3,20 +3,16 @@
 Both are measured with the compare runner (app/runtime/compare.py) on held-out prompts,
 greedy; the drafter is adopted when its speedup beats every existing method and plain
 decoding, and its output is the baseline's. The decision and its figures are written as
-provenance beside the drafter.
+provenance beside the drafter (app/models/provenance.py).
 """
 
 from __future__ import annotations
 
-import json
-import os
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Callable, Optional, Sequence
 
 from specdesk.engines.types import SamplingParams, SpecConfig
 
-PROVENANCE = "provenance.json"
 PLAIN = "plain decoding"
 METHOD_LABELS = {"eagle3": "EAGLE-3", "mtp": "MTP", "dflash": "DFlash", "dspark": "DSpark", "draft": "draft model",
                  "ngram": "n-gram"}
@@ -72,37 +68,3 @@ def measure(engine, label: str, spec: SpecConfig, prompts: Sequence[str], tokeni
     stats = report.speculative
     return Measured(label, report.speedup, report.identical_outputs, stats.acceptance_rate,
                     tuple(stats.per_position_acceptance), report.speedup_measure.spread, report.beyond_noise)
-
-
-def read_provenance(drafter_path) -> Optional[dict]:
-    """What train-drafter wrote about a drafter trained here, or None for any other drafter: the
-    provenance.json beside it (<out>/<method>, <out>/<method>-F16.gguf, <out>/target-mtp-F16.gguf;
-    a draft model: <out>/draft, <out>/draft-F16.gguf) that names this very file or folder. A damaged
-    record counts as none."""
-    path = Path(drafter_path)
-    try:
-        record = json.loads((path.parent / PROVENANCE).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    if not isinstance(record, dict) or not isinstance(record.get("adopted"), bool):
-        return None
-    real = os.path.realpath(path)
-    if not any(isinstance(named, str) and os.path.realpath(named) == real
-               for named in (record.get("drafter"), record.get("gguf"))):
-        return None
-    return record
-
-
-def provenance_line(record: dict) -> str:
-    """One line for the library and pairing: when it was trained here, and the verdict with its figures."""
-    when = str(record.get("trained_at", ""))[:10]
-    verdict = "adopted" if record["adopted"] else "kept, not adopted"
-    return f"trained here{' ' + when if when else ''}, {verdict}: {record.get('reason', '')}"
-
-
-def write_provenance(folder: Path, record: dict) -> Path:
-    path = folder / PROVENANCE
-    tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(json.dumps(record, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
-    os.replace(tmp, path)
-    return path

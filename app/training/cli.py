@@ -151,7 +151,9 @@ def _run(args: argparse.Namespace, progress, should_stop, say=None) -> int:
         raise SpecDeskError(f"--cooldown {args.cooldown:g}: give a share of the budget from 0 up to (not including) 1")
     from specdesk.engines.torch.engine import TorchEngine
 
-    from .adopt import METHOD_LABELS, decide, existing_methods, measure, write_provenance
+    from specdesk.app.models.provenance import write_provenance
+
+    from .adopt import METHOD_LABELS, decide, existing_methods, measure
     from .loop import CHECKPOINT, LoopSettings, terminal_live, train_loop
     from .methods import DEPTH, method_taps, plan
     from .precision import autocast, choose_precision, precision_name

@@ -75,7 +75,7 @@ def _gguf_layer(path: Path, config: ModelConfig, index: int) -> dict[str, torch.
     from specdesk.app.demo.export_gguf import unpermute_rope_rows
     from specdesk.engines.llama.binding import gguf_header
 
-    from .gguf_target import dequantized
+    from specdesk.engines.llama.tensors import dequantized
 
     header = gguf_header(path)
     interleaved = header.architecture == "llama"

@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from specdesk.engines.torch.eagle3 import Eagle3Model
 from specdesk.engines.torch.model import ModelConfig, apply_rope, rope_tables
 
-from .eagle3_config import head_config, hf_config  # noqa: F401  (torch-free: the demo's installer writes configs too)
+from specdesk.app.demo.eagle3_config import head_config, hf_config  # noqa: F401  (torch-free: the demo's installer writes configs too)
 from .record import Recorded
 
 STEP_WEIGHT = 0.8  # loss weight of step s is STEP_WEIGHT ** (s - 1), as EAGLE-3 weighs its unrolled steps

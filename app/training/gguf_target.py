@@ -16,6 +16,7 @@ from typing import Sequence
 
 import numpy as np
 
+from specdesk.engines.llama.tensors import dequantized
 from specdesk.engines.types import SpecDeskError
 
 # GGUF architectures whose blocks are the PyTorch engine's Llama block (the drafter only needs
@@ -71,26 +72,6 @@ def model_config(path: Path):
         qk_norm="blk.0.attn_q_norm.weight" in infos,
         architecture=ARCHITECTURES[arch],
     )
-
-
-def dequantized(path: Path, name: str) -> np.ndarray:
-    """Tensor `name` of the GGUF as float32 in PyTorch's (rows, columns) order, whatever its
-    quantization (gguf.quants)."""
-    from gguf import GGMLQuantizationType
-    from gguf.quants import dequantize
-
-    from specdesk.engines.llama.binding import validated_header
-
-    info = validated_header(path).tensor_infos[name]
-    shape = tuple(reversed(info.shape))  # GGUF lists the row length first
-    raw = np.memmap(path, dtype=np.uint8, mode="r", offset=info.offset, shape=(info.n_bytes,))
-    rows = int(np.prod(shape[:-1])) if len(shape) > 1 else 1
-    try:
-        values = dequantize(np.array(raw).reshape(rows, -1), GGMLQuantizationType(info.ggml_type))
-    except NotImplementedError as e:
-        raise SpecDeskError(f"{path}: tensor {name} is stored as {info.type_name}, which gguf cannot dequantize "
-                            f"({e}); use a GGUF whose embeddings and head are another type") from None
-    return np.ascontiguousarray(values, dtype=np.float32).reshape(shape)
 
 
 def heads_network(path: Path, device: str):

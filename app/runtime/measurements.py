@@ -25,7 +25,7 @@ from typing import Iterable, Optional
 from specdesk.engines.methods import METHODS
 from specdesk.engines.speculation.chooser import implausible_size
 
-from ..runtime.compare import Measure
+from .measure import Measure
 from ..storage.paths import data_dir
 
 FILE_NAME = "measurements.jsonl"
