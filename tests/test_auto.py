@@ -638,7 +638,7 @@ def test_compare_json_and_the_compare_tab_say_what_auto_chose(demo_family, tmp_p
 
 def test_the_servers_specdesk_field_carries_autos_report():
     from specdesk.engines.speculation.stats import StatsAccumulator
-    from specdesk.app.serving.serve import speculation_summary
+    from specdesk.app.serving.protocol import speculation_summary
 
     report = {"steps": 3, "steps_by_choice": {"draft k=4": 1.0}, "costs": {"pass_ms": [1.0, 1.2]}}
     summary = speculation_summary(StatsAccumulator(4).finish(), 3, SpecConfig("auto", k=4), report)

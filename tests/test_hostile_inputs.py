@@ -637,7 +637,7 @@ def test_a_cancellation_that_comes_with_the_engines_next_piece_is_never_lost(spi
     3.11's asyncio.wait_for returns the piece and drops it), and the piece stays queued."""
     import asyncio
 
-    from specdesk.app.serving.serve import next_item
+    from specdesk.app.serving.engine_queue import next_item
 
     async def scenario() -> None:
         queue: asyncio.Queue = asyncio.Queue()

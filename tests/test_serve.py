@@ -534,7 +534,8 @@ def test_an_unexpected_error_is_one_line_for_the_client_and_a_traceback_in_the_l
     import errno
 
     from specdesk.app.runtime.engine_client import EngineHostDied
-    from specdesk.app.serving.serve import RequestError, as_request_error, quiet_accept_errors
+    from specdesk.app.serving.hardening import quiet_accept_errors
+    from specdesk.app.serving.request_checks import RequestError, as_request_error
 
     try:
         raise RuntimeError("KeyError: 'x'\n  File \"/secret/path.py\", line 1")

@@ -1,4 +1,4 @@
-"""What a client sends `specdesk serve` (app/serving/serve.py), checked before the engine sees
+"""What a client sends `specdesk serve` (app/serving/asgi.py), checked before the engine sees
 it, and what a client is told when it is refused.
 
 The body's size, nesting and text are checked before it is parsed (`parse_body`); each field
