@@ -5,7 +5,8 @@ replies are parsed with markdown-it-py (CommonMark, plus GitHub's tables and
 strikethrough) and its tokens are turned into blocks of styled runs, each run carrying the
 flag of the source characters it shows. markdown-it gives block tokens source line ranges
 (`token.map`) but no character offsets for inline text, so each inline token's content is
-located in its source lines, and each child token's text in that content, in order.
+located in its source lines, and each child token's text in that content, in order
+(ui/markdown_source.py).
 
 Our choices on top of CommonMark: line breaks inside a paragraph are kept (models use them
 as line breaks); `_` never marks emphasis, because in code-heavy chats it is far more often
@@ -36,6 +37,7 @@ from markdown_it.rules_inline.state_inline import StateInline
 from markdown_it.token import Token
 
 from . import highlight
+from .markdown_source import after_link, find_part, spaced
 
 FENCE = re.compile(r"^ {0,3}(`{3,}|~{3,})\s*([\w+#.-]*)")
 CODE_START = re.compile(r"^(?:def|class|import|from|return|if|elif|else|for|while|try|except|finally|with|"
@@ -376,7 +378,7 @@ class _Builder:
 
     def _table_cell(self, token: Token) -> None:
         start, end = self._line_span(token.map[0]) if token.map else (0, 0)
-        positions, self.row_at = _find(self.text, token.content, max(self.row_at, start), end)
+        positions, self.row_at = find_part(self.text, token.content, max(self.row_at, start), end)
         runs = self._inline_runs(token, positions)
         if len(self.table) == 1:  # the header row
             runs = [replace(run, bold=True) for run in runs]
@@ -414,7 +416,7 @@ class _Builder:
                 col = len(source) - len(line)
                 positions.extend(range(start + col, start + col + len(line)))
             else:
-                found, _ = _find(self.text, line, start, end)
+                found, _ = find_part(self.text, line, start, end)
                 positions.extend(found)
         return positions
 
@@ -435,7 +437,7 @@ class _Builder:
         for child in token.children or []:
             kind = child.type
             if kind == "text":
-                where, at = _find(content, child.content, at, len(content))
+                where, at = find_part(content, child.content, at, len(content))
                 emit(child.content, where)
             elif kind == "text_special":  # an escape shows the escaped character, an entity its character
                 k = content.find(child.markup, at)
@@ -452,7 +454,7 @@ class _Builder:
             elif kind == "code_inline":
                 k = content.find(child.markup, at)
                 start = k + len(child.markup) if k >= 0 else at
-                where, end = _spaced(content, child.content, start)
+                where, end = spaced(content, child.content, start)
                 emit(child.content, where, code=True)
                 close = content.find(child.markup, end)
                 at = close + len(child.markup) if close >= 0 else end
@@ -474,79 +476,16 @@ class _Builder:
                 links.append(href if href.startswith(LINK_SCHEMES) else None)
                 autolink.append(auto)
             elif kind == "link_close":
-                at = _after_link(content, at, autolink.pop() if autolink else False)
+                at = after_link(content, at, autolink.pop() if autolink else False)
                 if links:
                     links.pop()
             elif kind == "image":  # no pictures in the transcript: the alt text, linked to the image
                 k = content.find("![", at)
-                where, end = _spaced(content, child.content, k + 2 if k >= 0 else at)
+                where, end = spaced(content, child.content, k + 2 if k >= 0 else at)
                 src = str(child.attrGet("src") or "")
                 emit(child.content, where, link=src if src.startswith(LINK_SCHEMES) else None)
-                at = _after_link(content, end, False)
+                at = after_link(content, end, False)
         return _merged(runs)
-
-
-def _find(text: str, part: str, start: int, end: int) -> tuple[list[int], int]:
-    """Offsets of `part`'s characters in text[start:end] and where the search goes on.
-
-    As one piece where it occurs whole; otherwise character by character in order (tabs
-    expanded by the parser, normalized text), with -1 for a character not found."""
-    k = text.find(part, start, end)
-    if k >= 0:
-        return list(range(k, k + len(part))), k + len(part)
-    where = []
-    for ch in part:
-        j = text.find(ch, start, end)
-        where.append(j)
-        if j >= 0:
-            start = j + 1
-    return where, start
-
-
-def _spaced(content: str, shown: str, start: int) -> tuple[list[int], int]:
-    """Offsets of inline code or alt text, where the parser turned line breaks into spaces."""
-    where, at = [], start
-    for ch in shown:
-        j = at
-        while j < len(content) and content[j] != ch and not (ch == " " and content[j] == "\n"):
-            j += 1
-        if j < len(content):
-            where.append(j)
-            at = j + 1
-        else:
-            where.append(-1)
-    return where, at
-
-
-def _after_link(content: str, at: int, auto: bool) -> int:
-    """Skip a link's closing markup: `>` of an autolink; `](destination "title")` or `][label]`."""
-    if auto:
-        k = content.find(">", at)
-        return k + 1 if k >= 0 else at
-    k = content.find("]", at)
-    if k < 0:
-        return at
-    k += 1
-    if content.startswith("(", k):
-        depth, quote = 0, ""
-        while k < len(content):
-            ch = content[k]
-            if quote:
-                quote = "" if ch == quote else quote
-            elif ch in "\"'" and depth == 1:
-                quote = ch
-            elif ch == "(":
-                depth += 1
-            elif ch == ")":
-                depth -= 1
-                if depth == 0:
-                    return k + 1
-            k += 1
-        return k
-    if content.startswith("[", k):
-        close = content.find("]", k)
-        return close + 1 if close >= 0 else k
-    return k
 
 
 def _plain(text: str, positions: Sequence[int], flags: Sequence[bool]) -> list[Run]:
