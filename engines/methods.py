@@ -66,6 +66,11 @@ METHODS: dict[str, MethodInfo] = {m.name: m for m in (
     MethodInfo("draft", "draft model", "A smaller model with the same vocabulary drafts k tokens; the target "
                "checks them in one pass.", takes="draft_model", file_required=True,
                proposer=("draft", "DraftProposer")),
+    MethodInfo("crossvocab", "draft model, any vocabulary", "A smaller model with a tokenizer of its own drafts; "
+               "its text is re-tokenized for the target, which checks it in one pass (greedy: the target's own "
+               "output; sampling: it drafts only the tokens both vocabularies share, so it stays lossless).",
+               takes="draft_model", file_required=True, short="cross-vocabulary draft",
+               proposer=("crossvocab", "CrossVocabProposer")),
     MethodInfo("mtp", "MTP heads", "The target's own multi-token-prediction layers draft k tokens from its "
                "hidden state.", reads_hidden=True, short="MTP",
                needs="needs a model with multi-token-prediction (MTP) layers", proposer=("mtp", "MtpProposer")),

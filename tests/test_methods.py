@@ -13,7 +13,7 @@ from specdesk.engines.types import Draft, GenerationRequest, SpecConfig, SpecDes
 
 
 def test_the_table_names_every_method_once_in_picker_order():
-    assert method_names() == ("none", "auto", "ngram", "ngram-pool", "draft", "mtp", "dflash", "eagle3")
+    assert method_names() == ("none", "auto", "ngram", "ngram-pool", "draft", "crossvocab", "mtp", "dflash", "eagle3")
     assert all(name == info.name for name, info in METHODS.items())
 
 
@@ -26,10 +26,10 @@ def test_an_unknown_name_gets_the_projects_error_with_the_known_ones():
 
 def test_what_each_method_takes():
     assert [m for m in method_names() if takes_drafter_file(m)] == ["dflash", "eagle3"]
-    assert [m for m in method_names() if needs_draft_model(m)] == ["draft"]
-    assert [m for m in method_names() if uses_file(m)] == ["auto", "draft", "dflash", "eagle3"]
+    assert [m for m in method_names() if needs_draft_model(m)] == ["draft", "crossvocab"]
+    assert [m for m in method_names() if uses_file(m)] == ["auto", "draft", "crossvocab", "dflash", "eagle3"]
     assert [m for m in method_names() if method_info(m).reads_hidden] == ["mtp", "dflash", "eagle3"]
-    assert proposing_methods() == ("ngram", "ngram-pool", "draft", "mtp", "dflash", "eagle3")
+    assert proposing_methods() == ("ngram", "ngram-pool", "draft", "crossvocab", "mtp", "dflash", "eagle3")
     assert method_info("eagle3").drafter == "an EAGLE-3 drafter"
     assert method_info("dflash").drafter == "a DFlash drafter"
 

@@ -9,6 +9,7 @@ import threading
 import numpy as np
 import pytest
 
+from specdesk.engines.methods import METHODS
 from specdesk.engines.speculation.loop import StepTarget
 from specdesk.engines.speculation.ngram import NgramPoolProposer, NgramProposer
 from specdesk.engines.speculation.proposers import SUPPORTED_METHODS, make_proposer, proposer_class
@@ -16,7 +17,7 @@ from specdesk.engines.speculation.protocols import Engine, Proposer, TargetObser
 from specdesk.engines.speculation.stats import ProposerCounters
 from specdesk.engines.types import GenerationRequest, SamplingParams, SpecConfig, SpecDeskError
 
-MODEL_METHODS = ("draft", "mtp", "dflash", "eagle3")
+MODEL_METHODS = tuple(name for name, info in METHODS.items() if info.proposer)  # every model method
 ENGINE_PACKAGES = ["specdesk.engines.llama", "specdesk.engines.torch"]
 
 

@@ -81,9 +81,10 @@ class LlamaEngine:
             self.notes.append(f"{path}: its chat template is not valid UTF-8 (byte {e.start}): "
                               "chatting in the default format instead")
 
-    def load_draft(self, path: str | os.PathLike,
-                   progress: Optional[Callable[[float], None]] = None) -> GgufContext:
-        """Load (once) and check a draft model; refusals say which property differed."""
+    def load_draft(self, path: str | os.PathLike, progress: Optional[Callable[[float], None]] = None,
+                   same_vocabulary: bool = True) -> GgufContext:
+        """Load (once) and check a draft model; refusals say which property differed.
+        `same_vocabulary=False`: a draft with a vocabulary of its own (cross-vocabulary drafting)."""
         key = os.path.abspath(path)
         if key not in self._drafts:
             draft_header = validated_header(path)
@@ -91,12 +92,15 @@ class LlamaEngine:
             check_context(draft_header, self.n_ctx, place.layers_on_device)  # before any weights load
             draft = GgufModel(path, progress=progress, **self._model_options(place))
             try:
-                check_compatible(self.target, draft)
+                if same_vocabulary:
+                    check_compatible(self.target, draft)
             except SpecDeskError:
                 draft.close()
                 raise
             self._drafts[key] = GgufContext(draft, self.n_ctx, self.n_threads, self.context.n_batch)
             self.placements[key] = place
+        elif same_vocabulary:
+            check_compatible(self.target, self._drafts[key].model)
         return self._drafts[key]
 
     # --- placement -----------------------------------------------------------

@@ -65,11 +65,16 @@ def make_proposer(engine: ModelSource, spec: SpecConfig, sampling: SamplingParam
     if info.takes == "drafter_file" and not spec.draft_path:
         stored, argument = engine.drafter_file
         raise SpecDeskError(f"method {spec.method!r} needs {info.drafter} {stored}: pass --draft {argument}")
+    cls = proposer_class(engine.proposer_package, spec.method)
+    # A proposer made for a draft with a vocabulary of its own (engines/speculation/crossvocab.py)
+    # says so, and is given the target to tokenize for.
+    same_vocabulary = getattr(cls, "same_vocabulary", True)
     if info.takes == "draft_model":
-        model = engine.load_draft(spec.draft_path)
+        model = engine.load_draft(spec.draft_path, same_vocabulary=same_vocabulary)
     else:
         model = engine.load_native(spec.method, spec.draft_path if info.uses_file else None)
-    return proposer_class(engine.proposer_package, spec.method)(model, sampling, rng, spec.draft_p_min)
+    proposer = cls(model, sampling, rng, spec.draft_p_min)
+    return proposer if same_vocabulary else proposer.for_target(engine.target)
 
 
 def prepare(engine: ModelSource, spec: SpecConfig) -> None:

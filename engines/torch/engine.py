@@ -84,16 +84,21 @@ class TorchEngine:
         return f"{device_name(self.device)} · {str(self.dtype).removeprefix('torch.')}"
 
     # --- models -------------------------------------------------------------
-    def load_draft(self, path: str | os.PathLike, progress: Optional[Callable[[float], None]] = None):
+    def load_draft(self, path: str | os.PathLike, progress: Optional[Callable[[float], None]] = None,
+                   same_vocabulary: bool = True):
         """Load (once) and check a draft model folder; refusals say which property differed.
-        safetensors load in one go: `progress` hears only the end."""
+        safetensors load in one go: `progress` hears only the end. `same_vocabulary=False`: a
+        draft with a vocabulary of its own (cross-vocabulary drafting)."""
         from .context import TorchContext, TorchModel
 
         key = os.path.abspath(path)
         if key not in self._drafts:
             draft = TorchModel(path, self.device, self.dtype)
-            check_compatible(self.target, draft)
+            if same_vocabulary:
+                check_compatible(self.target, draft)
             self._drafts[key] = TorchContext(draft, self.n_ctx)
+        elif same_vocabulary:
+            check_compatible(self.target, self._drafts[key].model)
         if progress is not None:
             progress(1.0)
         return self._drafts[key]

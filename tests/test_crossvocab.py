@@ -1,0 +1,234 @@
+"""Cross-vocabulary drafting (engines/speculation/crossvocab.py, retokenize.py) on real tokenizers:
+the zoo's (qwen2, llama-bpe, phi-3, command-r, gemma-4: benchmarks/zoo.py), the demo family's and
+SmolLM2-135M-Instruct's.
+
+Greedy output must be the target's own, token for token, whatever the draft proposes; sampling
+must follow plain sampling's exact distribution (tests/sampling_stats.py), and the same harness
+must catch a verifier that ignores the draft's q.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from benchmarks import zoo
+from specdesk.app.runtime.compare import load_prompts
+from specdesk.app.storage.paths import assets_dir
+from specdesk.engines.llama.binding import GgufModel
+from specdesk.engines.llama.engine import LlamaEngine
+from specdesk.engines.methods import METHODS
+from specdesk.engines.speculation.crossvocab import CrossVocabDrafting
+from specdesk.engines.speculation.retokenize import DraftText, continuation, encode, intersection
+from specdesk.engines.speculation.verify import VerifyResult, sample, sampling_probs
+from specdesk.engines.types import SamplingParams, SpecConfig, SpecDeskError
+
+from llama_helpers import generate_tokens, rewrite_gguf
+from sampling_stats import assert_follows_plain_sampling, gguf_exact
+
+# The method whose proposer drafts across vocabularies, read from the table (its row names the class).
+METHOD = next(name for name, info in METHODS.items() if CrossVocabDrafting.engine_class in repr(info.proposer))
+PROMPTS = load_prompts(assets_dir() / "prompts" / "code.jsonl")
+TEXTS = ["Hello world, héllo wörld! 你好，世界 🙂🙂 — ok", "def f(x):\n    return x  *  2\n\n\n# done",
+         "  leading spaces\tand\ttabs\r\n", "numbers 1234567 and 3.14159, emoji 👍🏽 end"]
+
+
+@pytest.fixture(scope="module")
+def zoo_paths():
+    """family -> the small zoo's paths (built once, cached on disk)."""
+    return {name: zoo.build(name, "F16", small=True) for name in sorted(zoo.FAMILIES)}
+
+
+@pytest.fixture(scope="module")
+def vocabs(zoo_paths):
+    """family -> a loaded zoo draft model (its real tokenizer)."""
+    models = {name: GgufModel(paths["draft_gguf"]) for name, paths in zoo_paths.items()}
+    yield models
+    for model in models.values():
+        model.close()
+
+
+# --- the retokenizing helpers, on real tokenizers -------------------------------------------
+
+@pytest.mark.parametrize("text", TEXTS)
+def test_encodings_spell_the_text_with_true_offsets(vocabs, text):
+    data = text.encode()
+    for name, model in vocabs.items():
+        encoded = encode(model, data)
+        assert encoded is not None, name
+        assert encoded.ends[-1] == len(data), name
+        spelled = b"".join(model.token_bytes(t) for t in encoded.ids)
+        assert spelled.endswith(data) and len(spelled) - len(data) in (0, 1), name  # a SentencePiece lead space
+
+
+def test_a_continuation_spells_the_new_text_after_any_cut(vocabs):
+    """Cut text anywhere (mid-word, mid-character): the committed part as the model's own
+    tokens, the rest as a continuation; together they spell the text whenever a continuation
+    is offered, and one is offered at every cut between words."""
+    text = "The quick brown fox jumps over the lazy dog. Ünïcödé and 😀 too.".encode()
+    for name, model in vocabs.items():
+        offered = 0
+        for cut in range(1, len(text)):
+            committed = encode(model, text[:cut]) if text[:cut].decode("utf-8", "ignore").encode() == text[:cut] \
+                else None
+            if committed is None:
+                continue
+            ids = continuation(model, committed.ids, text[cut:])
+            if ids:
+                offered += 1
+                assert b"".join(model.token_bytes(t) for t in ids) == text[cut:], (name, cut)
+            elif text[cut - 1:cut] == b" " or text[cut:cut + 1] == b" ":
+                pytest.fail(f"{name}: nothing offered at a word boundary (cut {cut})")
+        assert offered > len(text) // 2, name
+
+
+@pytest.mark.parametrize("chunk", [1, 3, 7])
+def test_draft_text_kept_in_step_spells_what_was_committed(vocabs, chunk):
+    """Text arriving a few bytes at a time (characters split too): the draft's tokens spell
+    all of it but an unfinished character (after the space a SentencePiece tokenizer puts in
+    front of fresh text), and match a fresh encoding but for a few tokens."""
+    data = "".join(TEXTS).encode()
+    for name, model in vocabs.items():
+        kept = DraftText(model)
+        lead = b" " if model.token_bytes(encode(model, b"H").ids[0]) == b" H" else b""  # SentencePiece's dummy prefix
+        for start in range(0, len(data), chunk):
+            ids = kept.extend(data[start:start + chunk])
+            spelled = b"".join(model.token_bytes(t) for t in ids).removeprefix(lead)
+            assert data[:start + chunk].startswith(spelled), name
+            assert len(data[:start + chunk]) - len(spelled) < 4, name  # at most an unfinished character
+        fresh = encode(model, data).ids
+        assert b"".join(model.token_bytes(t) for t in kept.ids) == lead + data, name
+        assert abs(len(fresh) - len(kept.ids)) <= max(3, len(fresh) // 20), name
+
+
+def test_the_intersection_pairs_tokens_of_the_same_text(vocabs):
+    target, draft = vocabs["qwen2"], vocabs["phi-3"]
+    shared = intersection(target, draft)
+    assert 1000 < shared.size < draft.n_vocab
+    for d, t in list(zip(shared.draft_ids, shared.target_ids))[::500]:
+        assert draft.token_bytes(int(d)) == target.token_bytes(int(t)) != b""
+    assert np.all(shared.draft_to_target[shared.draft_ids] == shared.target_ids)
+    assert intersection(target, draft) is shared  # built once per pair
+
+
+# --- greedy: the target's own output ---------------------------------------------------------
+
+def greedy_pairs(zoo_paths) -> list[tuple[str, str, str, int]]:
+    """(label, target, draft, prompts): each zoo vocabulary drafting for the next one, the
+    first pair on all 24 prompts; and two drafting for themselves through the method (the same
+    text both sides: high acceptance exercises the junction and the rollback)."""
+    names = sorted(zoo_paths)
+    pairs = [(f"{n}<-{names[(i + 1) % len(names)]}", zoo_paths[n]["target_gguf"],
+              zoo_paths[names[(i + 1) % len(names)]]["draft_gguf"], 24 if i == 0 else 3) for i, n in enumerate(names)]
+    return pairs + [(f"{n}<-{n}", zoo_paths[n]["target_gguf"], zoo_paths[n]["draft_gguf"], 3)
+                    for n in ("phi-3", "qwen2")]
+
+
+def assert_greedy_identical(target: str, draft: str, prompts: list[str], max_tokens: int, label: str) -> int:
+    """Every prompt: the method's tokens equal plain decoding's. Returns draft tokens accepted."""
+    engine = LlamaEngine(target, n_ctx=512, n_threads=1)
+    accepted = 0
+    try:
+        spec = SpecConfig(method=METHOD, k=4, draft_path=draft)
+        for prompt in prompts:
+            tokens = engine.tokenize(prompt)
+            plain = generate_tokens(engine, tokens, SpecConfig(method="none"), max_tokens=max_tokens)
+            crossed = generate_tokens(engine, tokens, spec, max_tokens=max_tokens)
+            assert crossed == plain, f"{label}: {prompt!r}"
+            accepted += engine.last_proposer.stats()["accepted"]
+    finally:
+        engine.close()
+    return accepted
+
+
+def test_greedy_is_plain_decoding_for_zoo_vocabularies(zoo_paths):
+    for i, (label, target, draft, n_prompts) in enumerate(greedy_pairs(zoo_paths)):
+        prompts = PROMPTS[:n_prompts] if n_prompts == 24 else PROMPTS[3 * i:3 * i + n_prompts]
+        accepted = assert_greedy_identical(target, draft, prompts, 16, label)
+        own = label.split("<-")[0] == label.split("<-")[1]
+        assert not own or accepted > 0, f"{label}: the draft's own text was never accepted"
+
+
+def test_greedy_is_plain_decoding_for_smollm2_and_the_demo_family(demo_family, smollm2):
+    """A trained draft with another vocabulary (SmolLM2's 49k BPE for the demo's 1k one),
+    some of its drafts accepted; and the other way round."""
+    accepted = assert_greedy_identical(demo_family["target_gguf"], smollm2, PROMPTS[:4], 16, "demo<-smollm2")
+    assert accepted > 0
+    assert_greedy_identical(smollm2, demo_family["draft_gguf"], PROMPTS[4:5], 8, "smollm2<-demo")
+
+
+def test_the_draft_method_still_refuses_what_crossvocab_takes(demo_family, smollm2):
+    engine = LlamaEngine(demo_family["target_gguf"], n_ctx=256, n_threads=1)
+    try:
+        tokens = engine.tokenize(PROMPTS[0])
+        generate_tokens(engine, tokens, SpecConfig(method=METHOD, k=2, draft_path=smollm2), max_tokens=4)
+        with pytest.raises(SpecDeskError, match="not compatible"):
+            generate_tokens(engine, tokens, SpecConfig(method="draft", k=2, draft_path=smollm2), max_tokens=4)
+    finally:
+        engine.close()
+
+
+# --- sampling: lossless over the shared tokens -------------------------------------------------
+
+SAMPLING = SamplingParams(temperature=0.8, top_p=0.95)
+
+
+@pytest.fixture(scope="module")
+def renamed_draft(demo_family, tmp_path_factory) -> str:
+    """The demo draft with every third token renamed: a vocabulary of its own (the draft method
+    refuses it), sharing two thirds of the target's tokens."""
+    def rename(tokens):
+        return [t + "\u00a7" if i % 3 == 2 and i > 16 else t for i, t in enumerate(tokens)]
+    return str(rewrite_gguf(demo_family["draft_gguf"], tmp_path_factory.mktemp("vocab") / "renamed.gguf",
+                            edit_tokens=rename))
+
+
+class ResamplesFromP(LlamaEngine):
+    """A verifier broken on purpose: a rejected draft token is replaced by a sample from p,
+    not from the residual max(0, p - q)."""
+
+    def verify_pass(self, draft, output, sampling, rng):
+        rows = [sampling_probs(row, sampling) for row in output]
+        for position, token in enumerate(draft.tokens):
+            p, q = rows[position], draft.probs[position]
+            if rng.random() >= min(1.0, p[token] / q[token]):
+                return VerifyResult(position, sample(p, rng))
+        return VerifyResult(len(draft.tokens), sample(rows[-1], rng))
+
+
+@pytest.mark.parametrize("engine_class,follows", [(LlamaEngine, True), (ResamplesFromP, False)], ids=["verify", "broken"])
+def test_sampling_follows_plain_sampling_across_vocabularies(demo_family, renamed_draft, engine_class, follows):
+    engine = engine_class(demo_family["target_gguf"], n_ctx=256, n_threads=1)
+    try:
+        prompt = engine.tokenize(PROMPTS[0])
+        spec = SpecConfig(method=METHOD, k=4, draft_path=renamed_draft)
+        exact = gguf_exact(demo_family["target_gguf"], prompt, SAMPLING)
+        if follows:
+            assert_follows_plain_sampling(engine, exact, prompt, spec, SAMPLING, label=METHOD)
+        else:
+            with pytest.raises(AssertionError, match="position"):
+                assert_follows_plain_sampling(engine, exact, prompt, spec, SAMPLING, label="broken")
+    finally:
+        engine.close()
+
+
+def test_sampled_drafts_keep_to_the_shared_tokens(demo_family, renamed_draft):
+    engine = LlamaEngine(demo_family["target_gguf"], n_ctx=256, n_threads=1)
+    try:
+        draft = GgufModel(renamed_draft)
+        prompt = engine.tokenize(PROMPTS[1])
+        spec = SpecConfig(method=METHOD, k=4, draft_path=renamed_draft)
+        generate_tokens(engine, prompt, spec, SamplingParams(temperature=1.0, seed=3), max_tokens=16)
+        proposer = engine.last_proposer
+        shared = set(int(t) for t in proposer.shared.target_ids)
+        assert proposer.stats()["drafted"] > 0
+        renamed = {i for i in range(17, draft.n_vocab) if i % 3 == 2}
+        assert not (renamed & set(proposer.shared.draft_ids.tolist())) and len(shared) == proposer.shared.size
+        draft.close()
+    finally:
+        engine.close()
+
+
+def test_the_method_takes_a_draft_model():
+    info = METHODS[METHOD]
+    assert info.takes == "draft_model" and info.file_required and not info.reads_hidden
