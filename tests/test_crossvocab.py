@@ -232,3 +232,24 @@ def test_sampled_drafts_keep_to_the_shared_tokens(demo_family, renamed_draft):
 def test_the_method_takes_a_draft_model():
     info = METHODS[METHOD]
     assert info.takes == "draft_model" and info.file_required and not info.reads_hidden
+
+
+def test_greedy_is_plain_decoding_on_torch(zoo_paths):
+    """The PyTorch engine runs the method too: Hugging Face folders of three zoo vocabularies
+    drafting for qwen2's, and qwen2's own draft through the method (some of it accepted)."""
+    pytest.importorskip("torch")
+    from specdesk.engines.torch.engine import TorchEngine
+
+    engine = TorchEngine(zoo_paths["qwen2"]["target_hf"], n_ctx=256, device="cpu", dtype="float32", n_threads=1)
+    try:
+        for i, family in enumerate(("llama-bpe", "phi-3", "qwen2")):
+            spec = SpecConfig(method=METHOD, k=4, draft_path=zoo_paths[family]["draft_hf"])
+            accepted = 0
+            for prompt in PROMPTS[2 * i:2 * i + 2]:
+                tokens = engine.tokenize(prompt)
+                plain = generate_tokens(engine, tokens, SpecConfig(method="none"), max_tokens=12)
+                assert generate_tokens(engine, tokens, spec, max_tokens=12) == plain, (family, prompt)
+                accepted += engine.last_proposer.stats()["accepted"]
+            assert family != "qwen2" or accepted > 0
+    finally:
+        engine.close()
