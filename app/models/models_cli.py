@@ -144,9 +144,11 @@ def cmd_pair(args) -> int:
     placement = Placement.parse(args.device, args.gpu_layers, "--gpu-layers")
     draft_placement = Placement.parse(args.draft_device, args.draft_gpu_layers, "--draft-gpu-layers")
     entries = scan(args)
-    report = pair(args.target, entries, n_ctx=args.ctx, draft_path=args.draft, placement=placement,
-                  draft_placement=draft_placement)
+    cross_draft = args.draft if args.draft and _vocabulary_differs(args.target, args.draft) else None
+    report = pair(args.target, entries, n_ctx=args.ctx, draft_path=None if cross_draft else args.draft,
+                  placement=placement, draft_placement=draft_placement)
     payload = report.to_json()
+    payload["cross_vocab"] = cross_vocab_drafts(report, cross_draft, args.cross_vocab)
     if args.json:
         print(json.dumps(payload))
         return 0
@@ -169,7 +171,38 @@ def cmd_pair(args) -> int:
         print(f"placement: {report.placement.describe()}")
     if report.economics:
         print(f"speculation here: {report.economics}")
+    for d in payload["cross_vocab"]:
+        print(f"cross-vocabulary draft {d['path']}: " + (d["prediction"]["verdict"] if "prediction" in d else
+                                                         "measure it with --cross-vocab"))
     return 0
+
+
+def _vocabulary_differs(target: str, draft: str) -> bool:
+    from .crossvocab_pair import refused_for_vocabulary
+    from .vocab_check import vocab_verdicts
+
+    return refused_for_vocabulary(vocab_verdicts(target, [draft]).get(str(draft), ()))
+
+
+MAX_MEASURED = 3  # --cross-vocab measures at most this many of the library's drafts, smallest first
+
+
+def cross_vocab_drafts(report, chosen: Optional[str], measure_all: bool) -> list[dict]:
+    """The drafts refused only for their vocabulary, which can draft across vocabularies; the
+    chosen one (and with `measure_all` the smallest few) measured: overlap, retokenizing cost,
+    acceptance and expected speedup (app/models/crossvocab_pair.py)."""
+    from .crossvocab_pair import predict_files, refused_for_vocabulary
+
+    found = [{"path": v.path, "name": v.name, "reasons": list(v.reasons)}
+             for v in report.incompatible if refused_for_vocabulary(v.reasons)]
+    if chosen and not any(Path(d["path"]).resolve() == Path(chosen).resolve() for d in found):
+        found.insert(0, {"path": chosen, "name": Path(chosen).name, "reasons": []})
+    sizes = {d["path"]: Path(d["path"]).stat().st_size if Path(d["path"]).is_file() else 0 for d in found}
+    smallest = sorted(found, key=lambda d: sizes[d["path"]])[:MAX_MEASURED] if measure_all else []
+    for d in found:
+        if d in smallest or (chosen and Path(d["path"]).resolve() == Path(chosen).resolve()):
+            d["prediction"] = predict_files(str(report.target.path), d["path"]).to_json()
+    return found
 
 
 def add_models_parser(sub) -> None:
@@ -221,6 +254,10 @@ def add_models_parser(sub) -> None:
     p.add_argument("--gpu-layers", default="auto", help="its layers there (auto, all, a number)")
     p.add_argument("--draft-device", default="auto", help="where the draft would sit")
     p.add_argument("--draft-gpu-layers", default="auto", help="its layers there")
+    p.add_argument("--cross-vocab", action="store_true",
+                   help="measure the library's drafts with a vocabulary of their own (the smallest few): overlap, "
+                        "retokenizing cost, acceptance on a few prompts and the expected speedup here (a --draft "
+                        "with another vocabulary is measured always)")
     common(p, library=True)
     p.set_defaults(func=cmd_pair)
 

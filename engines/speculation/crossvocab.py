@@ -49,6 +49,7 @@ class CrossVocabDrafting(ModelDraftProposer):
         self.text: Optional[DraftText] = None
         self.n_target = 0  # target tokens of the context turned into draft text
         self.retokenize_s = 0.0  # keeping the draft's tokens in step and encoding its text for the target
+        self.draft_tokens = 0  # the draft model's own tokens drafted (a target token may be more or fewer)
 
     def for_target(self, target, draft_prompt: Optional[Sequence[int]] = None) -> "CrossVocabDrafting":
         """Draft for `target`; `draft_prompt`: the conversation as the draft's own tokens (its
@@ -104,6 +105,7 @@ class CrossVocabDrafting(ModelDraftProposer):
             if not piece:  # a control token (the draft's end of turn): the target's own decide the end
                 break
             text += piece
+            self.draft_tokens += 1
             if i + 1 < k:
                 logits = self._next_logits([token])
         started = time.perf_counter()
@@ -129,10 +131,11 @@ class CrossVocabDrafting(ModelDraftProposer):
             row = np.zeros(self.target.n_vocab, dtype=np.float64)
             row[shared.target_ids] = q
             tokens.append(int(shared.target_ids[pick]))
+            self.draft_tokens += 1
             probs.append(row)
             if i + 1 < k:
                 logits = self._next_logits([int(shared.draft_ids[pick])])
         return Draft(tuple(tokens), np.stack(probs) if probs else None)
 
     def stats(self) -> dict:
-        return {**self.counters.as_dict(), "retokenize_s": self.retokenize_s}
+        return {**self.counters.as_dict(), "retokenize_s": self.retokenize_s, "draft_tokens": self.draft_tokens}
