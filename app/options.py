@@ -13,7 +13,7 @@ from typing import Optional
 
 from specdesk.app.runtime.backend import ChatSettings
 from specdesk.app.runtime.session import Session, resolve_demo
-from specdesk.app.storage.settings import DEMO, DEMO_DFLASH, DEMO_HF
+from specdesk.app.storage.settings import DEMO, DEMO_HF
 from specdesk.engines.methods import method_info, takes_drafter_file, uses_file
 from specdesk.engines.types import MAX_DRAFT_TOKENS, METHODS, SamplingParams, SpecConfig, SpecDeskError
 
@@ -63,8 +63,8 @@ def resolve_models(args) -> tuple[str, Optional[str]]:
         target = DEMO_HF if torch_engine else DEMO
         if draft is None and method_takes_draft_model(args.method):
             draft = DEMO
-        if draft is None and args.method == "dflash" and torch_engine:
-            draft = DEMO_DFLASH  # the demo family's drafter made for its target
+        if draft is None and method_info(args.method).demo_drafter and torch_engine:
+            draft = method_info(args.method).demo_drafter  # the demo family's drafter made for its target
         target, draft = resolve_demo(target, draft, "small" if args.small_demo else "full", progress)
     if takes_drafter_file(args.method) and torch_engine and draft is None:
         raise SpecDeskError(f"method {args.method!r} needs {method_info(args.method).drafter} folder: "

@@ -114,7 +114,7 @@ def test_the_whole_recipe_still_runs_end_to_end(tmp_path, monkeypatch):
     from specdesk.engines.torch.engine import supported_methods
 
     assert supported_methods(out / install.UNIT_PATHS["target_hf"],
-                             eagle3_folder=out / install.UNIT_PATHS["eagle3_hf"])["eagle3"] is None
+                             {"eagle3": out / install.UNIT_PATHS["eagle3_hf"]})["eagle3"] is None
     from specdesk.engines.torch.dflash import dflash_problem
     from specdesk.engines.torch.loader import open_checkpoint
 

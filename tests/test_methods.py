@@ -6,8 +6,9 @@ import threading
 
 import pytest
 
-from specdesk.engines.methods import (METHODS, MethodInfo, drafter_for_config, method_info, method_names,
-                                      needs_draft_model, proposing_methods, takes_drafter_file, uses_file)
+from specdesk.engines.methods import (METHODS, MethodInfo, Training, all_rows, drafter_for_config, method_info,
+                                      method_names, needs_draft_model, proposing_methods, registered, takes_drafter_file,
+                                      uses_file)
 from specdesk.engines.speculation.stats import ProposerCounters
 from specdesk.engines.types import Draft, GenerationRequest, SpecConfig, SpecDeskError
 
@@ -84,18 +85,25 @@ class ScriptProposer:
         return self.counters.as_dict()
 
 
-SCRIPT = MethodInfo("script", "script (drafts a fixed text)", "Drafts the tokens of a script; needs no model.")
+SCRIPTS: list[list[int]] = [[]]  # what the script method drafts: set by the test that runs it
+
+
+def script_proposer(engine, spec) -> ScriptProposer:
+    """The script method's shared proposer (its row's `shared`): needs no model, on any engine."""
+    return ScriptProposer(SCRIPTS[0])
+
+
+SCRIPT = MethodInfo("script", "script (drafts a fixed text)", "Drafts the tokens of a script; needs no model.",
+                    shared=(__name__, "script_proposer"))
 
 
 @pytest.fixture
-def script_method(monkeypatch):
-    """The one place a method is added: its row in the table and its proposer."""
-    from specdesk.engines.speculation.proposers import SHARED_PROPOSERS
-
-    scripts: list[list[int]] = [[]]
-    monkeypatch.setitem(METHODS, SCRIPT.name, SCRIPT)
-    monkeypatch.setitem(SHARED_PROPOSERS, SCRIPT.name, lambda engine, spec: ScriptProposer(scripts[0]))
-    return scripts
+def script_method():
+    """The one place a method is added: its row in the table, naming its proposer in this file."""
+    SCRIPTS[0] = []
+    with registered(SCRIPT):
+        yield SCRIPTS
+    assert "script" not in METHODS  # gone with the block
 
 
 def test_an_added_method_is_a_request_auto_may_choose(script_method):
@@ -138,3 +146,177 @@ def test_an_added_method_runs_on_the_engine_and_changes_no_token(script_method, 
     assert [t for e in events for t in e.tokens] == baseline
     drafted, accepted = sum(e.drafted for e in events), sum(e.accepted for e in events)
     assert 0 < accepted < drafted
+
+
+# --- adding a method that trains: one row, and its code in one file (this one) ---------------------
+# A toy drafter: a bigram table, trained by `specdesk train-drafter` and loaded by the PyTorch engine
+# through the table alone. Every (module, attribute) its row names is in this file, and nothing
+# else in the project learns of it: what docs/ARCHITECTURE.md's "Adding a method" says it takes.
+TOY_FILE = "bigram.npy"
+
+
+def toy_taps(network) -> tuple[int, ...]:
+    return ()  # it reads tokens only
+
+
+def toy_plan(inputs):
+    """A (V, V) table of next-token logits, distilled from the target's recorded distributions."""
+    import numpy as np
+    import torch
+
+    from specdesk.app.training.eagle3 import acceptance, kl_loss
+    from specdesk.app.training.methods import Plan, figures
+
+    vocab = inputs.network.config.vocab_size
+    table = torch.nn.Embedding(vocab, vocab).to(inputs.device)
+    torch.nn.init.zeros_(table.weight)
+    held = inputs.batch(inputs.held)
+
+    def step(rng):
+        batch = inputs.sample(rng)
+        return kl_loss([table(batch.tokens[:, 1:])], batch)
+
+    def evaluate():
+        return figures(*acceptance([table(held.tokens[:, 1:])], held))
+
+    def export(folder):
+        folder.mkdir(parents=True, exist_ok=True)
+        np.save(folder / TOY_FILE, table.weight.detach().float().cpu().numpy())
+        return folder
+
+    return Plan(inputs.method, inputs.taps, table, step, evaluate, export)
+
+
+def toy_export_gguf(folder, target_gguf, path, from_gguf):
+    raise SpecDeskError("the toy drafter runs on the PyTorch engine only")
+
+
+def load_toy(engine, path):
+    """The row's loader for the PyTorch engine: the table's greedy next token for each token."""
+    import numpy as np
+
+    return np.load(f"{path}/{TOY_FILE}").argmax(-1)
+
+
+class ToyProposer:
+    """Drafts the table's chain of greedy next tokens from the last token."""
+
+    def __init__(self, following, sampling, rng, p_min):
+        self.following = following
+        self.counters = ProposerCounters()
+
+    def begin(self, prompt) -> None:
+        pass
+
+    def propose(self, context, k: int) -> Draft:
+        token, draft = context[-1], []
+        for _ in range(k):
+            token = int(self.following[token])
+            draft.append(token)
+        self.counters.record_proposal(len(draft), 0.0)
+        return Draft(tokens=tuple(draft))
+
+    def accept(self, n_accepted: int, committed) -> None:
+        self.counters.record_accepted(n_accepted)
+
+    def stats(self) -> dict:
+        return self.counters.as_dict()
+
+
+TOY = MethodInfo("toy", "toy (a bigram table)", "A trained table of each token's likeliest successor drafts.",
+                 takes="drafter_file", file_required=True, short="toy", engines=frozenset({"torch"}),
+                 proposer={"torch": (__name__, "ToyProposer")}, native={"torch": (__name__, "load_toy")},
+                 training=Training("a toy bigram drafter", "Toy bigram drafter", taps=(__name__, "toy_taps"),
+                                   plan=(__name__, "toy_plan"), export_gguf=(__name__, "toy_export_gguf"), rank=99))
+
+
+def refs(info: MethodInfo) -> set:
+    """Every (module, attribute) a row names."""
+    named = [info.shared, *info.proposer.values(), *info.native.values(), *info.problem.values()]
+    if info.training is not None:
+        t = info.training
+        named += [t.taps, t.plan, t.export_gguf, t.refuse, t.check]
+    return {ref for ref in named if ref is not None}
+
+
+def test_adding_a_method_is_its_row_and_one_file():
+    """What "Adding a method" in docs/ARCHITECTURE.md counts: the row in engines/methods.py and
+    its own files. The toy's row names code in one file, and so does the script method's."""
+    assert {module for module, _ in refs(TOY)} == {__name__}
+    assert {module for module, _ in refs(SCRIPT)} == {__name__}
+    from pathlib import Path
+
+    doc = (Path(__file__).resolve().parent.parent / "docs" / "ARCHITECTURE.md").read_text(encoding="utf-8")
+    section = doc.split("## Adding a method", 1)[1].split("\n## ", 1)[0]
+    assert "one row in the method table and one file of its own" in section
+
+
+def test_a_toy_drafter_trains_and_runs_through_the_table_alone(demo_family, tmp_path):
+    pytest.importorskip("torch")
+    import argparse
+    import json
+
+    from specdesk.app.runtime.generation import run_once
+    from specdesk.app.training import cli
+    from specdesk.app.training.job import TrainingRequest
+    from specdesk.engines.torch.engine import TorchEngine, supported_methods
+    from specdesk.engines.types import SamplingParams
+
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt": text, "kind": "code"}) + "\n" for text in (
+        "def read_lines(path):\n", "import os\n\n\ndef main():\n", "class Counter:\n    def __init__(self):\n",
+        "for name in sorted(names):\n", "def add(a, b):\n    return", "with open(path) as f:\n")))
+    out = tmp_path / "run"
+    with registered(TOY):
+        assert TrainingRequest(demo_family["target_hf"], method="toy").argv()[3] == "toy"  # the dialog's request
+        parser = argparse.ArgumentParser()
+        cli.add_arguments(parser)
+        args = parser.parse_args(["--target", demo_family["target_hf"], "--method", "toy", "--prompts", str(prompts),
+                                  "--out", str(out), "--device", "cpu", "--threads", "1", "--max-tokens", "16",
+                                  "--compare-prompts", "1", "--compare-tokens", "16", "--batch-size", "4",
+                                  "--steps", "30", "--minutes", "1"])
+        assert cli.run(args) == 0
+        provenance = json.loads((out / "provenance.json").read_text())
+        assert provenance["method"] == "toy" and provenance["training"]["steps"] == 30
+        assert provenance["reason"].startswith("trained toy: ")
+        assert supported_methods(demo_family["target_hf"])["toy"] is None
+        engine = TorchEngine(demo_family["target_hf"], device="cpu", dtype="float32")
+        tokens = tuple(engine.tokenize("with open(path) as f:\n"))
+        runs = [run_once(engine, GenerationRequest(tokens, max_tokens=32, sampling=SamplingParams(temperature=0.0),
+                                                   spec=spec))
+                for spec in (SpecConfig(), SpecConfig(method="toy", k=3, draft_path=str(out / "toy")))]
+        engine.close()
+    assert "toy" not in METHODS
+    assert runs[0].tokens == runs[1].tokens and runs[1].stats.drafted > 0 and runs[1].stats.accepted > 0
+
+
+# --- no method is named outside the table and its own files ---------------------------------------
+GENERIC = ("none", "auto", "ngram", "draft")  # words of their own too ("draft" model, a role): not searched
+
+
+def test_no_file_names_a_method_outside_the_table_and_the_methods_own_files():
+    """`grep -rnE '"(dflash|dspark|eagle3|mtp|ngram-pool|...)"' app engines ui` lists only
+    engines/methods.py and each method's own files: those named after it (engines/llama/dflash.py,
+    app/training/dflash.py, app/demo/dflash.py) and those its row lists."""
+    import re
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    names = [info.name for info in all_rows() if info.name not in GENERIC]
+    literal = re.compile('"(' + "|".join(re.escape(name) for name in names) + ')"')
+    offences = []
+    for path in sorted(p for folder in ("app", "engines", "ui") for p in (root / folder).rglob("*.py")):
+        relative = path.relative_to(root).as_posix()
+        if relative == "engines/methods.py":
+            continue
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+            for name in literal.findall(line):
+                if path.stem != name.replace("-", "_") and relative not in _own_files(name):
+                    offences.append(f"{relative}:{number}: {line.strip()}")
+    assert not offences, "method names outside engines/methods.py and the methods' own files:\n" + "\n".join(offences)
+
+
+def _own_files(name: str) -> tuple[str, ...]:
+    from specdesk.engines.methods import own_files
+
+    return own_files(name)

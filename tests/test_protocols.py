@@ -18,7 +18,7 @@ from specdesk.engines.speculation.stats import ProposerCounters
 from specdesk.engines.types import GenerationRequest, SamplingParams, SpecConfig, SpecDeskError
 
 MODEL_METHODS = tuple(name for name, info in METHODS.items() if info.proposer)  # every model method
-ENGINE_PACKAGES = ["specdesk.engines.llama", "specdesk.engines.torch"]
+ENGINE_PACKAGES = ["llama.cpp", "torch"]  # the engines by name
 
 
 def protocol_methods(protocol: type) -> list[str]:
@@ -96,7 +96,7 @@ def test_the_factory_names_the_missing_drafter_file_per_engine():
     class Source:
         pool = NgramPoolProposer()
         drafter_file = ("folder", "DIR")
-        proposer_package = "specdesk.engines.torch"
+        name = "torch"
 
     rng = np.random.default_rng(0)
     assert make_proposer(Source(), SpecConfig(), SamplingParams(), rng) is None

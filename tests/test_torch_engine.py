@@ -260,14 +260,14 @@ def test_generation_stops_at_context_end(demo_family, family, method):
 
 
 def test_supported_methods_say_why_not(demo_family, family):
-    assert supported_methods(demo_family["target_hf"], eagle3_folder=family["eagle3_hf"])["eagle3"] is None
-    target = supported_methods(demo_family["target_hf"], demo_family["dflash_hf"])
+    assert supported_methods(demo_family["target_hf"], {"eagle3": family["eagle3_hf"]})["eagle3"] is None
+    target = supported_methods(demo_family["target_hf"], {"dflash": demo_family["dflash_hf"]})
     assert all(target[m] is None for m in ("none", "ngram", "ngram-pool", "draft", "mtp", "dflash"))
     assert "EAGLE-3 drafter folder" in target["eagle3"]
     plain = supported_methods(demo_family["draft_hf"])
     assert "no MTP layers" in plain["mtp"] and "num_nextn_predict_layers" in plain["mtp"]
     assert "DFlash drafter folder" in plain["dflash"]
-    mismatched = supported_methods(demo_family["draft_hf"], demo_family["dflash_hf"])
+    mismatched = supported_methods(demo_family["draft_hf"], {"dflash": demo_family["dflash_hf"]})
     assert "hidden_size" in mismatched["dflash"]
     assert "not a folder" in supported_methods(Path(demo_family["target_gguf"]))["none"]
 

@@ -10,7 +10,8 @@ import sys
 WITHOUT_TORCH = """
 import json, sys
 sys.modules["torch"] = None  # every `import torch` raises ImportError, as if it were not installed
-from specdesk.engines.torch.engine import SUPPORTED_METHODS, TorchEngine, supported_methods
+from specdesk.engines.speculation.proposers import SUPPORTED_METHODS
+from specdesk.engines.torch.engine import TorchEngine, supported_methods
 from specdesk.engines.types import SpecDeskError
 reasons = supported_methods(sys.argv[1])
 try:

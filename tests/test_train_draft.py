@@ -235,9 +235,9 @@ def test_the_app_offers_draft_model_training():
     assert request.out_folder() == Path("some/model-draft-trained")
     assert request.argv()[request.argv().index("--method") + 1] == "draft"
     pytest.importorskip("PySide6")
-    from specdesk.ui.train_dialog import METHOD_CHOICES
+    from specdesk.ui.train_dialog import method_choices
 
-    assert "draft" in [method for _, method in METHOD_CHOICES]
+    assert "draft" in [method for _, method in method_choices()]
 
 
 def test_the_librarys_row_of_a_trained_draft_model_gives_its_verdict(demo_family, tmp_path, qtbot):

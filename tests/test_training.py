@@ -20,6 +20,7 @@ from specdesk.app.training.adopt import Measured, decide  # noqa: E402
 from specdesk.app.training.methods import DEPTH  # noqa: E402
 from specdesk.app.training.prompts import (KINDS, Prompt, default_prompts_path, load_prompt_set,  # noqa: E402
                                            split_prompts)
+from specdesk.engines import methods as methods_table  # noqa: E402
 from specdesk.engines.types import SpecDeskError  # noqa: E402
 
 
@@ -408,7 +409,7 @@ def test_a_drafter_trained_for_one_step_is_kept_but_not_adopted(method, demo_fam
     assert provenance["training"]["precision"] in ("float32", "bfloat16 autocast")
     assert provenance["adopted"] is False
     label = {"eagle3": "EAGLE-3", "dflash": "DFlash", "dspark": "DSpark"}[method]
-    runs_as = cli.RUNS_AS.get(method, method)  # a DSpark drafter runs as dflash
+    runs_as = methods_table.runs_as(method)  # a DSpark drafter runs as dflash
     assert provenance["method"] == method
     speedups = {"plain decoding": 1.0, **{name: m["speedup"] for name, m in provenance["measured"]["existing"].items()}}
     best = max(speedups, key=speedups.get)

@@ -26,6 +26,7 @@ import pyqtgraph as pg
 from PySide6.QtCore import QEvent, QObject, QRectF, Qt, QTimer
 from PySide6.QtWidgets import QApplication, QGraphicsItem, QGridLayout, QLabel, QSizePolicy, QVBoxLayout, QWidget
 
+from specdesk.engines.methods import method_color as row_color
 from specdesk.engines.speculation.stats import StatsAccumulator
 from specdesk.engines.types import RunStats
 
@@ -129,19 +130,15 @@ def make_plot(title: str, x_label: str, parent: Optional[QWidget] = None, *short
     return plot
 
 
-# One colour per method, the same in every run (RGBA; the band's alpha keeps the curves readable).
-# auto's own four (ngram, ngram-pool, draft, mtp) and "none" are told apart at a glance.
-METHOD_COLORS = {
-    "none": (150, 150, 150), "ngram": (66, 133, 244), "ngram-pool": (67, 160, 71), "draft": (245, 124, 0),
-    "mtp": (142, 68, 173), "dflash": (0, 172, 193), "eagle3": (229, 57, 53),
-}
+# One colour per method, its row's (engines/methods.py), the same in every run (RGBA; the band's
+# alpha keeps the curves readable). auto's own four and "none" are told apart at a glance.
 OTHER_COLOR = (120, 144, 156)
 BAND_ALPHA = 72
 METHOD_LABELS = {"none": "no speculation"}
 
 
 def method_color(method: str, alpha: int = BAND_ALPHA) -> tuple[int, int, int, int]:
-    return (*METHOD_COLORS.get(method, OTHER_COLOR), alpha)
+    return (*(row_color(method) or OTHER_COLOR), alpha)
 
 
 class MethodBands:

@@ -14,7 +14,8 @@ from PySide6.QtWidgets import (QComboBox, QDoubleSpinBox, QFileDialog, QFormLayo
 
 from specdesk.app.storage.settings import DEMO, DEMO_DFLASH, DEMO_HF, DEMO_MTP, RANGES, Settings
 from specdesk.engines.llama.fit import DEFAULT_CONTEXT
-from specdesk.engines.methods import METHODS, method_info, method_names, needs_draft_model, uses_file
+from specdesk.engines.methods import (METHODS, demo_drafter_method, method_info, method_names, needs_draft_model,
+                                      uses_file)
 from specdesk.engines.types import SamplingParams, SpecConfig, SpecDeskError
 
 BROWSE = "\0browse"  # combo item data of "Open GGUF file…"
@@ -314,7 +315,7 @@ class ControlsPanel(QScrollArea):
         self._previous[key] = combo.currentIndex()
         takes_model = method_info(self.method()).takes == "draft_model"  # draft, or auto with a draft model
         if role == "draft" and combo.currentData() is not None and not takes_model:
-            self._select_method("dflash" if combo.currentData() == DEMO_DFLASH else "draft")
+            self._select_method(demo_drafter_method(combo.currentData()) or "draft")
         self._maybe_reload()
 
     def set_model(self, role: str, path: Optional[str]) -> None:

@@ -19,16 +19,20 @@ from PySide6.QtCore import Qt, QTimer, Signal
 from PySide6.QtWidgets import (QCheckBox, QComboBox, QDialog, QDoubleSpinBox, QFileDialog, QFormLayout, QHBoxLayout,
                                QLabel, QLineEdit, QPlainTextEdit, QProgressBar, QPushButton, QVBoxLayout, QWidget)
 
-from specdesk.app.training.cli import PAUSED, RUNS_AS
+from specdesk.app.training.cli import PAUSED
 from specdesk.app.training.job import TrainingJob, TrainingRequest
 from specdesk.app.training.loop import format_left
+from specdesk.engines.methods import row, runs_as, trainable, training
 
 from . import theme
 from .charts import make_plot
 
-METHOD_CHOICES = (("EAGLE-3 head", "eagle3"), ("MTP layer", "mtp"), ("DFlash block drafter", "dflash"),
-                  ("DSpark block drafter (DFlash with a Markov head)", "dspark"),
-                  ("Draft model (a smaller copy, distilled)", "draft"))
+
+
+def method_choices() -> tuple[tuple[str, str], ...]:
+    """(label, method) of what the trainer trains, in its order (the method table's training facts)."""
+    return tuple((training(method).choice, method) for method in trainable())
+
 INTRO = "The target answers the bundled prompts, then the drafter learns from its answers."
 POLL_MS = 200  # how often the dialog reads the child's events
 PROGRESS_STEPS = 1000
@@ -80,9 +84,21 @@ class TrainDrafterDialog(QDialog):
         self.setWindowTitle(f"Train a drafter for {Path(target).name}")
         self.target_name = Path(target).name
         self.resize(720, 560)
+        layout = QVBoxLayout(self)
+        layout.addLayout(self._build_form(target, gguf, hf_folder))
+        self._build_progress(layout)
+        layout.addLayout(self._build_buttons())
+        self.timer = QTimer(self)
+        self.timer.setInterval(POLL_MS)
+        self.timer.timeout.connect(self.poll)
+        self.method.currentIndexChanged.connect(self._update)
+        self.folder.textChanged.connect(self._update)
+        self._update()
 
+    def _build_form(self, target: str, gguf: bool, hf_folder: Optional[str]) -> QFormLayout:
+        """What the command asks: the Hugging Face folder of a GGUF, method, budget, device, history."""
         self.method = QComboBox(self)
-        for label, method in METHOD_CHOICES:
+        for label, method in method_choices():
             self.method.addItem(label, method)
         self.minutes = QDoubleSpinBox(self)
         self.minutes.setRange(1, 24 * 60)
@@ -123,7 +139,10 @@ class TrainDrafterDialog(QDialog):
         form.addRow("Device", self.device)
         form.addRow("", self.from_history)
         form.addRow("Saved to", self.out_label)
+        return form
 
+    def _build_progress(self, layout: QVBoxLayout) -> None:
+        """The bar, the status line, the held-out curve, the log and the verdict."""
         self.bar = QProgressBar(self)
         self.bar.setRange(0, PROGRESS_STEPS)
         self.bar.setValue(0)
@@ -143,7 +162,13 @@ class TrainDrafterDialog(QDialog):
         self.log.setFixedHeight(90)
         self.verdict = QLabel("", self)
         self.verdict.setWordWrap(True)
+        layout.addWidget(self.bar)
+        layout.addWidget(self.status)
+        layout.addWidget(self.plot, 1)
+        layout.addWidget(self.log)
+        layout.addWidget(self.verdict)
 
+    def _build_buttons(self) -> QHBoxLayout:
         self.start_button = QPushButton("Start", self)
         self.pause_button = QPushButton("Pause", self)
         self.resume_button = QPushButton("Resume", self)
@@ -157,28 +182,13 @@ class TrainDrafterDialog(QDialog):
         buttons.addStretch(1)
         buttons.addWidget(self.use_button)
         buttons.addWidget(self.close_button)
-
-        layout = QVBoxLayout(self)
-        layout.addLayout(form)
-        layout.addWidget(self.bar)
-        layout.addWidget(self.status)
-        layout.addWidget(self.plot, 1)
-        layout.addWidget(self.log)
-        layout.addWidget(self.verdict)
-        layout.addLayout(buttons)
-
-        self.timer = QTimer(self)
-        self.timer.setInterval(POLL_MS)
-        self.timer.timeout.connect(self.poll)
-        self.method.currentIndexChanged.connect(self._update)
-        self.folder.textChanged.connect(self._update)
         self.start_button.clicked.connect(lambda: self.start(resume=False))
         self.resume_button.clicked.connect(lambda: self.start(resume=True))
         self.pause_button.clicked.connect(self.pause)
         self.cancel_button.clicked.connect(self.cancel)
         self.use_button.clicked.connect(self._use_clicked)
         self.close_button.clicked.connect(self.close)
-        self._update()
+        return buttons
 
     # --- state ----------------------------------------------------------------------------
     @property
@@ -342,10 +352,10 @@ class TrainDrafterDialog(QDialog):
             return
         method = self.result.get("method", self.method.currentData())
         drafter = self.result.get("gguf") or self.result["drafter"]
-        if method == "mtp":
-            self.use_trained.emit(drafter, "", method)
+        if row(method).in_target:  # the layer came inside a copy of the target, which is then the target
+            self.use_trained.emit(drafter, "", runs_as(method))
         else:
-            self.use_trained.emit(self.target_gguf or self.target, drafter, RUNS_AS.get(method, method))
+            self.use_trained.emit(self.target_gguf or self.target, drafter, runs_as(method))
 
     def closeEvent(self, event) -> None:
         if self.job is not None and self.job.running:

@@ -23,6 +23,7 @@ from .config import DrafterTraining, ModelConfig, from_card
 from .files import load_float32
 from .widen import NEW_WEIGHT_STD
 
+METHOD = "dflash"  # its row in the method table (engines/methods.py), and its key in the card
 FILE = "dflash.safetensors"
 
 

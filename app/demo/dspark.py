@@ -20,6 +20,7 @@ from .config import ModelConfig, from_card
 from .dflash import DFlashSpec, dflash_hf_config, read_trained, wide_eps, widen_dflash, widen_seed
 from .files import load_float32
 
+METHOD = "dspark"  # its row in the method table (engines/methods.py), and its key in the card
 FILE = "dspark.safetensors"
 ARCHITECTURE = "Qwen3DSparkModel"  # DeepSpec's (engines/torch/dflash.py reads it)
 MARKOV = "markov_head."

@@ -19,6 +19,7 @@ from .dflash import wide_eps
 from .files import load_float32
 from .widen import NEW_WEIGHT_STD
 
+METHOD = "eagle3"  # its row in the method table (engines/methods.py), and its key in the card
 FILE = "eagle3.safetensors"
 
 

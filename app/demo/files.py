@@ -9,10 +9,12 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
+from specdesk.engines.methods import native_drafters
+
 TRAINED_FILES = ("tokenizer.json", "core.safetensors", "draft.safetensors", "mtp.safetensors", "dflash.safetensors",
                  "eagle3.safetensors", "dspark.safetensors")
-NATIVE_DRAFTER_FILES = {"mtp": "mtp.safetensors", "dflash": "dflash.safetensors", "eagle3": "eagle3.safetensors",
-                        "dspark": "dspark.safetensors"}  # present when the card has them
+# method -> its trained file, for the drafters that read the target's hidden states (present when the card has them)
+NATIVE_DRAFTER_FILES = {Path(name).stem: name for name in TRAINED_FILES if Path(name).stem in native_drafters()}
 
 
 def sha256_file(path: Path) -> str:

@@ -100,7 +100,7 @@ def trained_files(card: dict) -> tuple[str, ...]:
 
 
 def units_for(card: dict) -> list[str]:
-    drafters = {"dflash_hf": "dflash", "eagle3_hf": "eagle3", "dspark_hf": "dspark"}  # present when the card has them
+    drafters = {f"{m}_hf": m for m in NATIVE_DRAFTER_FILES if f"{m}_hf" in UNIT_PATHS}  # present when the card has them
     return [u for u in UNITS if u not in drafters or card.get(drafters[u])]
 
 
@@ -228,10 +228,11 @@ def _build_unit(unit: str, trained: Path, card: dict, out: Path) -> None:
         if target.is_dir():
             shutil.rmtree(target)
         export_hf(config, state, trained / "tokenizer.json", card["chat_template"], target)
-        if unit == "target_hf" and card.get("mtp"):  # the MTP layer lives inside the target's checkpoint, as real ones do
-            from .mtp import add_mtp_shard
+        if unit == "target_hf":  # the MTP layer lives inside the target's checkpoint, as real ones do
+            from . import mtp
 
-            add_mtp_shard(target, trained, card, core_config, config, seed=WIDEN_SEED)
+            if card.get(mtp.METHOD):
+                mtp.add_mtp_shard(target, trained, card, core_config, config, seed=WIDEN_SEED)
 
 
 def build_family(

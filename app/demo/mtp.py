@@ -22,6 +22,7 @@ from .files import load_float32
 from .widen import NEW_WEIGHT_STD
 
 PREFIX = "model.mtp_layers.0."
+METHOD = "mtp"  # its row in the method table (engines/methods.py), and its key in the card
 FILE = "mtp.safetensors"
 
 

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
+from . import dflash, dspark, eagle3, mtp
 from .config import ModelConfig, TrainConfig, card_entry, llama_config, parameter_count
 from .corpus import iter_corpus, split_corpus
 from .dflash import DFlashSpec, DFlashTraining
@@ -78,9 +79,9 @@ FULL = FamilySpec(
     wide_heads=12,
     wide_intermediate_size=2064,
     mtp_training=MtpTraining(steps=1000),
-    trainer_drafters=(("eagle3", TrainerRun(steps=EAGLE3_STEPS, prompts="corpus", corpus_prompts=4000)),
-                      ("dspark", TrainerRun(steps=DSPARK_STEPS, prompts="corpus", corpus_prompts=4000)),
-                      ("dflash", TrainerRun(steps=DFLASH_STEPS, prompts="corpus", corpus_prompts=4000, layers=2,
+    trainer_drafters=((eagle3.METHOD, TrainerRun(steps=EAGLE3_STEPS, prompts="corpus", corpus_prompts=4000)),
+                      (dspark.METHOD, TrainerRun(steps=DSPARK_STEPS, prompts="corpus", corpus_prompts=4000)),
+                      (dflash.METHOD, TrainerRun(steps=DFLASH_STEPS, prompts="corpus", corpus_prompts=4000, layers=2,
                                            cooldown=0.2, precision="auto"))),
 )
 
@@ -105,7 +106,7 @@ SMALL = FamilySpec(
     dflash_training=DFlashTraining(steps=120, batch_size=16, seq_len=128, blocks_per_sequence=8, peak_lr=4e-3,
                                    warmup_steps=10),
     trainer_drafters=tuple((method, TrainerRun(steps=4, max_prompts=8, max_tokens=16, batch_size=4, eval_every=2))
-                           for method in ("eagle3", "dspark")),
+                           for method in (eagle3.METHOD, dspark.METHOD)),
 )
 
 FAMILIES = {"full": FULL, "small": SMALL}
@@ -220,30 +221,26 @@ def train_native_drafters(spec: FamilySpec, core, workdir: Path, train_tokens, h
 
     from safetensors.numpy import save_file
 
-    from .dflash import train_dflash
-    from .mtp import train_mtp
-
     by_trainer = dict(spec.trainer_drafters)
     native = {}
-    if "mtp" not in by_trainer:
-        log({"event": "stage", "stage": "mtp", "family": spec.name})
-        mtp, native["mtp"] = train_mtp(core, spec.core, spec.mtp_training, train_tokens, held_out_tokens,
-                                       stage_progress("mtp"))
-        save_file({k: v.astype(np.float16) for k, v in mtp.items()}, str(workdir / "mtp.safetensors"))
-    if "dflash" not in by_trainer:
-        log({"event": "stage", "stage": "dflash", "family": spec.name})
-        dflash, dflash_info = train_dflash(core, spec.core, spec.dflash, spec.dflash_training, spec.wide_hidden_size,
-                                           train_tokens, held_out_tokens, stage_progress("dflash"))
-        save_file({k: v.astype(np.float16) for k, v in dflash.items()}, str(workdir / "dflash.safetensors"))
-        native["dflash"] = {"spec": asdict(spec.dflash), **dflash_info}
+    if mtp.METHOD not in by_trainer:
+        log({"event": "stage", "stage": mtp.METHOD, "family": spec.name})
+        layer, native[mtp.METHOD] = mtp.train_mtp(core, spec.core, spec.mtp_training, train_tokens, held_out_tokens,
+                                                  stage_progress(mtp.METHOD))
+        save_file({k: v.astype(np.float16) for k, v in layer.items()}, str(workdir / mtp.FILE))
+    if dflash.METHOD not in by_trainer:
+        log({"event": "stage", "stage": dflash.METHOD, "family": spec.name})
+        drafter, drafter_info = dflash.train_dflash(core, spec.core, spec.dflash, spec.dflash_training,
+                                                    spec.wide_hidden_size, train_tokens, held_out_tokens,
+                                                    stage_progress(dflash.METHOD))
+        save_file({k: v.astype(np.float16) for k, v in drafter.items()}, str(workdir / dflash.FILE))
+        native[dflash.METHOD] = {"spec": asdict(spec.dflash), **drafter_info}
     return native
 
 
 def trainer_drafter(method: str):
     """(file, take) of a drafter the product's trainer makes for the family."""
-    from . import dflash, dspark, eagle3, mtp
-
-    modules = {"eagle3": eagle3, "dspark": dspark, "mtp": mtp, "dflash": dflash}
+    modules = {module.METHOD: module for module in (eagle3, dspark, mtp, dflash)}
     if method not in modules:
         raise ValueError(f"the recipe trains no {method!r} drafter with the product's trainer")
     return modules[method].FILE, modules[method].take

@@ -8,6 +8,7 @@ import os
 from dataclasses import dataclass
 from typing import Iterable, Optional
 
+from specdesk.engines.methods import is_in_target
 from specdesk.engines.types import SpecDeskError
 
 from .library import ModelEntry, find_entry, read_model
@@ -95,7 +96,7 @@ def choose_for(target_path: str, entries: Iterable[ModelEntry], current_draft: O
     name = target.name or os.path.basename(target.path)
     if target.format != "gguf":  # a PyTorch target: its own drafter folders and draft models trained for it
         found = [d for d in native_drafters(target, entries) if d["source"] == "local" and d.get("path")
-                 and d["method"] != "mtp"] + trained_drafts(target, entries)
+                 and not is_in_target(d["method"])] + trained_drafts(target, entries)
         found.sort(key=_rank)  # stable: pairing's order within a rank
         local = [d for d in found if _may_default(d)]
         if current_draft and any(_same(d["path"], current_draft) for d in local):
@@ -108,7 +109,7 @@ def choose_for(target_path: str, entries: Iterable[ModelEntry], current_draft: O
     compatible = {os.path.realpath(v.path): v for v in report.compatible}
     trained = trained_drafts(target, [e for e in entries if os.path.realpath(e.path) in compatible])
     kept = {os.path.realpath(d["path"]) for d in trained if not _may_default(d)}
-    drafters = [d for d in report.native if d["source"] == "local" and d.get("path") and d["method"] != "mtp"
+    drafters = [d for d in report.native if d["source"] == "local" and d.get("path") and not is_in_target(d["method"])
                 and not _same(d["path"], target.path) and _may_default(d)]
     drafters = sorted(drafters + [d for d in trained if _may_default(d)], key=_rank)
     if current_draft and (os.path.realpath(current_draft) in compatible
@@ -124,7 +125,7 @@ def choose_for(target_path: str, entries: Iterable[ModelEntry], current_draft: O
                                                  f"({best.score:.2f}x {basis} at k = {best.k})")
     why = ("no draft here fits its vocabulary" if not report.compatible else "no draft here is expected to pay")
     why += _not_adopted(list(report.native) + trained)
-    if any(d["method"] == "mtp" and d["source"] == "in-file" for d in report.native):
+    if any(is_in_target(d["method"]) and d["source"] == "in-file" for d in report.native):
         why += "; its own MTP layers draft"
     return UseChoice(target.path, None, f"{name}: {why}; Auto drafts without one")
 

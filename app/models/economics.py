@@ -14,14 +14,12 @@ import re
 from pathlib import Path
 from typing import Iterable, Optional
 
+from specdesk.engines.methods import lookup_methods
 from specdesk.engines.speculation.chooser import Costs, cannot_pay, economics, pass_ratio
 
 from .hub import quantization_of
 from .library import ModelEntry
 from ..runtime.measurements import pass_costs_for
-
-METHODS_PRICED = ("ngram", "ngram-pool")  # lookups: drafting costs nothing, so only the passes decide
-
 
 def file_stem(path: str) -> str:
     """A GGUF file's name without its weight type: the same model in another type has the same stem."""
@@ -45,9 +43,10 @@ def pass_economics(target: ModelEntry, entries: Iterable[ModelEntry] = (),
     measured = pass_costs_for(target.path, placement, records)
     if measured is None:
         return None
-    costs = Costs(tuple(t / 1e3 for t in measured), {m: 0.0 for m in METHODS_PRICED})
+    priced = lookup_methods()  # their drafting costs nothing, so only the passes decide
+    costs = Costs(tuple(t / 1e3 for t in measured), {m: 0.0 for m in priced})
     text = economics(costs).replace(" one here", f" one here with {weight_type(target)} weights", 1)
-    if cannot_pay(costs, METHODS_PRICED, len(measured) - 1) is not None:
+    if cannot_pay(costs, priced, len(measured) - 1) is not None:
         text += ", so no draft can pay"
     stem = file_stem(target.path)
     for other in entries:

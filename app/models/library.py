@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Callable, Iterable, Iterator, Optional
 
 from specdesk.engines.files import require_regular_file
-from specdesk.engines.methods import drafter_for_config, drafter_methods
+from specdesk.engines.methods import drafter_for_config, drafter_methods, drafter_settings, known, row
 
 from ..storage.paths import assets_dir, cache_dir
 from .known import KNOWN
@@ -189,14 +189,7 @@ def read_hf_folder(folder: Path, source: str, name: Optional[str] = None,
             p, b = _safetensors_parameters(file)
             parameters, weights = parameters + p, weights + b
     drafter = drafter_for_config(config)
-    drafter_config = {}
-    if drafter == "dflash":  # z-lab's keys under dflash_config, DeepSpec DSpark's at the top level
-        drafter_config = {**(config.get("dflash_config") if isinstance(config.get("dflash_config"), dict) else {}),
-                          **{k: config[k] for k in ("block_size", "num_target_layers", "mask_token_id",
-                                                     "target_layer_ids", "markov_rank") if k in config}}
-    elif drafter == "eagle3":
-        drafter_config = {k: config[k] for k in ("draft_vocab_size", "eagle_aux_hidden_state_layer_ids",
-                                                 "eagle_config") if k in config}
+    drafter_config = drafter_settings(drafter, config) if drafter else {}  # what its row keeps
     n_head = _whole(key("num_attention_heads", 0))
     n_embd = _whole(key("hidden_size", 0))
     head_dim = _whole(key("head_dim", 0)) or (n_embd // n_head if n_head else 0)
@@ -367,7 +360,8 @@ def demo_name(path: Path) -> str:
 
     unit = next((u for u, rel in UNIT_PATHS.items() if Path(rel).name == path.name), "")
     what = unit.rsplit("_", 1)[0] if unit else path.name
-    what = {"dflash": "DFlash drafter"}.get(what, what)
+    if known(what) and row(what).demo_drafter:  # a drafter the method picker offers as built in
+        what = f"{row(what).short} drafter"
     try:
         family = json.loads((path.parent / UNIT_PATHS["card"]).read_text(encoding="utf-8")).get("family")
     except (OSError, ValueError, AttributeError):

@@ -22,7 +22,7 @@ from typing import Iterable, Optional
 
 from specdesk.engines.llama.fit import TargetShape, default_context, drafter_misfit, drafter_shape, kv_bytes
 from specdesk.engines.memory import MemoryInfo, available_memory  # noqa: F401 - part of this module's API
-from specdesk.engines.methods import method_info
+from specdesk.engines.methods import in_target_method, method_info
 from specdesk.engines.types import MAX_DRAFT_TOKENS, SpecDeskError
 
 from .library import ModelEntry, Shape, find_entry, read_model, read_table
@@ -426,8 +426,9 @@ def native_drafters(target: ModelEntry, entries: Iterable[ModelEntry], table: Op
     """MTP layers in the file, this target exported with MTP layers, drafter checkpoints found
     locally (HF folders by their config, GGUF files by their header), and ones known by name."""
     found: list[dict] = []
+    in_file = in_target_method()  # MTP: layers inside the target's own file
     if target.mtp_layers:
-        found.append({"method": "mtp", "source": "in-file", "path": target.path, "layers": target.mtp_layers})
+        found.append({"method": in_file, "source": "in-file", "path": target.path, "layers": target.mtp_layers})
     row = known_target(target, table)
     known_repos = {d.get("repo"): d for d in (row or {}).get("drafters", []) if d.get("repo")}
     local_repos = set()
@@ -436,9 +437,9 @@ def native_drafters(target: ModelEntry, entries: Iterable[ModelEntry], table: Op
         if not e.ok or os.path.realpath(e.path) == target_real:
             continue
         if target.format == "gguf" and mtp_twin(target, e):
-            found.append({"method": "mtp", "source": "local", "path": e.path, "layers": e.mtp_layers,
+            found.append({"method": in_file, "source": "local", "path": e.path, "layers": e.mtp_layers,
                           "why": f"the same model with {e.mtp_layers} MTP layer{'s' if e.mtp_layers != 1 else ''}: "
-                                 f"load it as the target and use method mtp"})
+                                 f"load it as the target and use method {in_file}"})
             continue
         if not e.drafter:
             continue
@@ -468,7 +469,7 @@ def native_drafters(target: ModelEntry, entries: Iterable[ModelEntry], table: Op
             found.append({"method": d["method"], "source": "hub", "repo": repo,
                           "why": f"published for {row['target']}: download it with `specdesk models download {repo}`"})
     if row and any(d.get("in_file") for d in row["drafters"]) and not target.mtp_layers:
-        found.append({"method": "mtp", "source": "hub", "repo": row["target"],
+        found.append({"method": in_file, "source": "hub", "repo": row["target"],
                       "why": f"{row['target']} has MTP layers; this file has none (its conversion dropped them)"})
     return found
 

@@ -26,6 +26,7 @@ from specdesk.app.runtime.compare import CompareReport, SweepPoint, SweepResult,
 from specdesk.app.runtime.generation import RunResult, stream_once
 from specdesk.app.chat.prompting import chat_prompt, fit_chat, text_tokens
 from specdesk.app.storage.settings import DEMO, DEMO_DFLASH, DEMO_HF, DEMO_MTP
+from specdesk.engines.methods import method_info
 from specdesk.engines.types import GenerationRequest, SamplingParams, SpecConfig, SpecDeskError, StepEvent
 
 
@@ -240,7 +241,7 @@ def run_sweep(engine, prompt: str, spec: SpecConfig, sampling: SamplingParams, m
     from specdesk.app.runtime.placement import engine_placement_label
 
     result = sweep(engine, prompt_tokenizer(engine, chat)(prompt), spec, sampling, max_tokens, ks, cancel, on_point,
-                   learns=spec.method == "ngram-pool")
+                   learns=method_info(spec.method).learns)
     # a point cut by Stop is no measurement: the ones before it are kept
     record_sweep(str(engine.target.path), engine.name, spec, result.points[:-1] if cancel.is_set() else result.points,
                  sampling.temperature, placement=engine_placement_label(engine))
@@ -263,7 +264,7 @@ class Session:
         self.watchdog = watchdog  # end an engine process that stops answering (a terminal has no Stop)
         self.engine = None
         self.draft_path: Optional[str] = None
-        self.draft_kind = "draft"  # or "dflash" / "eagle3": a model-native drafter
+        self.draft_kind = "draft"  # or a drafter-file method's name (DFlash, EAGLE-3): a model-native drafter
         self.info: Optional[ModelInfo] = None  # what the last load loaded
         self._demo_drafts: dict[str, str] = {}  # demo size -> the demo draft's GGUF, once the family was in use
         self._n_ctx: Optional[int] = None

@@ -11,11 +11,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Optional, Sequence
 
+from specdesk.engines.methods import method_info, rivals
 from specdesk.engines.types import SamplingParams, SpecConfig
 
 PLAIN = "plain decoding"
-METHOD_LABELS = {"eagle3": "EAGLE-3", "mtp": "MTP", "dflash": "DFlash", "dspark": "DSpark", "draft": "draft model",
-                 "ngram": "n-gram"}
 
 
 @dataclass(frozen=True)
@@ -50,13 +49,17 @@ def decide(trained: Measured, existing: Sequence[Measured]) -> tuple[bool, str]:
 
 
 def existing_methods(engine, k: int, draft: Optional[str] = None) -> list[tuple[str, SpecConfig]]:
-    """What the target can already do without the trained drafter: n-gram always, its own MTP
-    layer when it has one, a draft model when one is named."""
-    methods = [(METHOD_LABELS["ngram"], SpecConfig(method="ngram", k=k))]
-    if engine.method_availability().get("mtp") is None:
-        methods.append((METHOD_LABELS["mtp"], SpecConfig(method="mtp", k=k)))
-    if draft:
-        methods.append((METHOD_LABELS["draft"], SpecConfig(method="draft", k=k, draft_path=str(draft))))
+    """What the target can already do without the trained drafter (the table's rivals): those
+    that need no file where it can run them (n-gram, its own MTP layers), a draft model when one
+    is named. Each is labelled with its row's short name ("n-gram", "MTP", "draft model")."""
+    availability = engine.method_availability()
+    methods = []
+    for name in sorted(rivals(), key=lambda name: method_info(name).uses_file):  # a named file's last
+        info = method_info(name)
+        if info.uses_file and draft:
+            methods.append((info.short, SpecConfig(method=name, k=k, draft_path=str(draft))))
+        elif not info.uses_file and availability.get(name) is None:
+            methods.append((info.short, SpecConfig(method=name, k=k)))
     return methods
 
 

@@ -11,6 +11,7 @@ the same block rows, anchors, loss and acceptance, with every row of the block d
 
 from __future__ import annotations
 
+import sys
 from dataclasses import replace
 from pathlib import Path
 from typing import Optional, Sequence
@@ -24,6 +25,7 @@ from specdesk.engines.torch.model import ModelConfig, rope_tables
 from specdesk.engines.types import SpecDeskError
 
 from .eagle3 import Batch
+from .methods import DEPTH, Plan, PlanInputs, figures
 
 BLOCK_SIZE = 8
 POSITION_DECAY = 2.0  # loss weight exp(-i / decay) of block row i, as the demo recipe weighs them
@@ -180,3 +182,42 @@ def export_drafter(drafter: DFlashDraftModel, spec: DFlashSpec, target: ModelCon
     config = config or dflash_hf_config(spec, target, target.hidden_size, target.rms_norm_eps)
     (folder / "config.json").write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
     return folder
+
+
+# --- the method table's training facts (engines/methods.py: DFlash's and DSpark's `Training`) ------
+def plan_taps(network) -> tuple[int, ...]:
+    return taps(spec_for(network.config))
+
+
+def check(config: ModelConfig, draft_layers: Optional[int]) -> None:
+    """A layer count the target cannot give is refused before recording."""
+    spec_for(config, draft_layers)
+
+
+def block_plan(inputs: PlanInputs, block) -> Plan:
+    """A block drafter's plan; `block` is the module of its head: this one for DFlash, dspark's
+    for DSpark (the DFlash backbone with a Markov head)."""
+    network, config = inputs.network, inputs.network.config
+    spec = spec_for(config, inputs.draft_layers)
+    drafter = block.new_drafter(network, spec).to(inputs.device)
+    held_batches = [inputs.batch([s]) for s in inputs.held]
+
+    def step(rng):
+        return block.kl_loss(drafter, network, spec, inputs.sample(rng), rng)
+
+    def evaluate():
+        return figures(*block.acceptance(drafter, network, spec, held_batches, DEPTH))
+
+    return Plan(inputs.method, inputs.taps, drafter, step, evaluate,
+                lambda folder: block.export_drafter(drafter, spec, config, folder))
+
+
+def plan(inputs: PlanInputs) -> Plan:
+    return block_plan(inputs, sys.modules[__name__])
+
+
+def export_gguf(folder: Path, target_gguf: Path, path: Path, from_gguf: bool) -> Path:
+    """The drafter as a dflash GGUF for the target's GGUF (a DSpark drafter with its Markov head)."""
+    from specdesk.app.demo.native_gguf_dflash import export_dflash_folder
+
+    return export_dflash_folder(folder, target_gguf, path)

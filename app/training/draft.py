@@ -31,7 +31,8 @@ import torch
 from specdesk.engines.torch.model import ModelConfig, Transformer
 from specdesk.engines.types import SpecDeskError
 
-from .eagle3 import Batch
+from .eagle3 import Batch, kl_loss
+from .methods import DEPTH, Plan, PlanInputs, figures
 
 # What a Hugging Face folder's tokenizer is made of; the draft folder gets the target's copies.
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
@@ -211,3 +212,36 @@ def held_out_figures(draft: Transformer, batches: Sequence[Batch], depth: int) -
         sums += np.asarray(shares) * rows
         count += rows
     return [float(s) / max(1, count) for s in sums], count
+
+
+# --- the method table's training facts (engines/methods.py: the draft model's `Training`) ----------
+def plan_taps(network) -> tuple[int, ...]:
+    return ()  # a draft model reads tokens only: the target's top-k is all it learns from
+
+
+def check(config: ModelConfig, draft_layers: Optional[int]) -> None:
+    """A layer count the target cannot give is refused before recording."""
+    layer_ids(config.num_hidden_layers, draft_layers)
+
+
+def plan(inputs: PlanInputs) -> Plan:
+    """A draft model made of some of the target's layers, distilled from its recorded answers."""
+    network, config = inputs.network, inputs.network.config
+    layers = layer_ids(config.num_hidden_layers, inputs.draft_layers)
+    model = new_draft(network, layers, inputs.target)
+    held_batches = [inputs.batch(inputs.held[i:i + inputs.batch_size])
+                    for i in range(0, len(inputs.held), inputs.batch_size)]
+
+    def step(rng):
+        batch = inputs.sample(rng)
+        return kl_loss([next_logits(model, batch)], batch)
+
+    def evaluate():
+        return figures(*held_out_figures(model, held_batches, DEPTH))
+
+    return Plan(inputs.method, inputs.taps, model, step, evaluate,
+                lambda folder: export_draft(model, inputs.target, layers, folder))
+
+
+def export_gguf(folder: Path, target_gguf: Path, path: Path, from_gguf: bool) -> Path:
+    return export_gguf_draft(folder, target_gguf, path)

@@ -15,6 +15,7 @@ tensors) without the embeddings and head, which are the target's.
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Sequence
 
@@ -28,6 +29,7 @@ from specdesk.engines.torch.model import ModelConfig
 
 from . import dflash
 from .eagle3 import Batch
+from .methods import Plan, PlanInputs
 
 MAX_MARKOV_RANK = 256  # DeepSpec's for Qwen3 targets; a narrower target gets its hidden size
 
@@ -85,3 +87,9 @@ def export_drafter(drafter: DFlashDraftModel, spec: DFlashSpec, target: ModelCon
     """A DeepSpec Qwen3DSparkModel folder (config.json, model.safetensors in float16)."""
     rank = drafter.markov_head.markov_w1.weight.shape[1]
     return dflash.export_drafter(drafter, spec, target, folder, config=hf_config(spec, target, rank))
+
+
+def plan(inputs: PlanInputs) -> Plan:
+    """The method table's training plan (engines/methods.py: DSpark's `Training`): DFlash's, with
+    this module's Markov head."""
+    return dflash.block_plan(inputs, sys.modules[__name__])

@@ -14,11 +14,9 @@ starts as the target's final norm, so the exported folder is a plain EAGLE-3 che
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -26,7 +24,7 @@ from specdesk.engines.torch.eagle3 import Eagle3Model
 from specdesk.engines.torch.model import ModelConfig, apply_rope, rope_tables
 
 from specdesk.app.demo.eagle3_config import head_config, hf_config  # noqa: F401  (torch-free: the demo's installer writes configs too)
-from .record import Recorded
+from .methods import DEPTH, Batch, Plan, PlanInputs, figures, make_batch  # noqa: F401  (Batch, make_batch: here as before)
 
 STEP_WEIGHT = 0.8  # loss weight of step s is STEP_WEIGHT ** (s - 1), as EAGLE-3 weighs its unrolled steps
 
@@ -57,35 +55,6 @@ def new_head(target_network, seed: int) -> Eagle3Model:
         head.lm_head.weight.copy_(lm.float())
     head.lm_head.requires_grad_(False)
     return head
-
-
-@dataclass(frozen=True)
-class Batch:
-    tokens: torch.Tensor  # (B, T) long, padded with 0
-    features: torch.Tensor  # (B, T, n*d) float32
-    top_ids: torch.Tensor  # (B, T, k) long
-    top_p: torch.Tensor  # (B, T, k) float32: the target's top-k probabilities, renormalised
-    lengths: torch.Tensor  # (B,) real lengths
-    answer_starts: torch.Tensor  # (B,)
-
-
-def make_batch(sequences: Sequence[Recorded], max_len: int, device: str | torch.device = "cpu") -> Batch:
-    """Right-padded batch on `device`; sequences longer than max_len are cut (positions stay absolute)."""
-    T = min(max_len, max(len(s.tokens) for s in sequences))
-    B, width, k = len(sequences), sequences[0].features.shape[1], sequences[0].top_ids.shape[1]
-    tokens = torch.zeros(B, T, dtype=torch.long)
-    features = torch.zeros(B, T, width)
-    top_ids = torch.zeros(B, T, k, dtype=torch.long)
-    top_logp = torch.full((B, T, k), -1e4)
-    lengths, starts = torch.zeros(B, dtype=torch.long), torch.zeros(B, dtype=torch.long)
-    for i, s in enumerate(sequences):
-        n = min(T, len(s.tokens))
-        tokens[i, :n] = torch.from_numpy(s.tokens[:n])
-        features[i, :n] = torch.from_numpy(s.features[:n].astype(np.float32))
-        top_ids[i, :n] = torch.from_numpy(s.top_ids[:n].astype(np.int64))
-        top_logp[i, :n] = torch.from_numpy(s.top_logp[:n].astype(np.float32))
-        lengths[i], starts[i] = n, s.answer_start
-    return Batch(*(t.to(device) for t in (tokens, features, top_ids, torch.softmax(top_logp, dim=-1), lengths, starts)))
 
 
 def chained_attention(attn, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, keys: list, values: list
@@ -221,3 +190,38 @@ def load_head(folder: Path, target: ModelConfig, device: str | torch.device = "c
     head = head.to(dtype=torch.float32).to_empty(device=device)
     load_module(head, checkpoint, dtype=torch.float32, device=device)
     return head.eval(), config
+
+
+# --- the method table's training facts (engines/methods.py: EAGLE-3's `Training`) ---------------
+def plan_taps(network) -> tuple[int, ...]:
+    return default_taps(network.config.num_hidden_layers)
+
+
+def plan(inputs: PlanInputs) -> Plan:
+    """A head trained on its unrolled steps against the target's recorded distributions."""
+    network, config = inputs.network, inputs.network.config
+    head = new_head(network, seed=0).to(inputs.device)
+    config_of_head, embed = head_config(config), network.model.embed_tokens
+    held_batch = inputs.batch(inputs.held)
+
+    def step(rng):
+        batch = inputs.sample(rng)
+        return kl_loss(unroll(head, config_of_head, embed, batch, DEPTH), batch)
+
+    def evaluate():
+        return figures(*acceptance(unroll(head, config_of_head, embed, held_batch, DEPTH), held_batch))
+
+    def evaluate_reference(folder: Path):
+        reference, reference_config = load_head(folder, config, inputs.device)
+        with torch.no_grad():
+            return figures(*acceptance(unroll(reference, reference_config, embed, held_batch, DEPTH), held_batch))
+
+    return Plan(inputs.method, inputs.taps, head, step, evaluate,
+                lambda folder: export_head(head, config, inputs.taps, folder), evaluate_reference)
+
+
+def export_gguf(folder: Path, target_gguf: Path, path: Path, from_gguf: bool) -> Path:
+    """The head as an EAGLE-3 drafter GGUF for the target's GGUF."""
+    from specdesk.app.demo.native_gguf_eagle3 import export_eagle3_folder
+
+    return export_eagle3_folder(folder, target_gguf, path)

@@ -22,7 +22,6 @@ from specdesk.engines.types import SpecDeskError
 # GGUF architectures whose blocks are the PyTorch engine's Llama block (the drafter only needs
 # the target's shape, embeddings, final norm and head, but its export must describe the target)
 ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
-METHODS = ("eagle3", "mtp", "dflash")
 # llama.cpp's qwen2 graph (src/models/qwen2.cpp) does not mark its layer inputs, and asking it to
 # keep them aborts the process: EAGLE-3 and DFlash cannot be recorded from such a file
 NO_LAYER_INPUTS = ("qwen2",)
@@ -124,6 +123,7 @@ class LlamaPass:
     def __init__(self, engine, taps: Sequence[int], top_k: int, n_ctx: int):
         from specdesk.engines.llama.binding import GgufContext
         from specdesk.engines.llama.ext import ext, keep_target_rows
+        from specdesk.engines.methods import LAYER_INPUTS
 
         path = Path(engine.target.path)
         self.n_layer = model_config(path).num_hidden_layers
@@ -138,7 +138,7 @@ class LlamaPass:
                                 "an MTP layer from this file")
         self.final_norm = dequantized(path, "output_norm.weight") if self.n_layer in self.taps else None
         if self.layer_taps:
-            ext().require("dflash")  # the layer-input symbols DFlash and EAGLE-3 read
+            ext().require_symbols(LAYER_INPUTS, "recording layer inputs")  # what DFlash and EAGLE-3 read
         self.context = GgufContext(engine.target, n_ctx, engine.n_threads, n_batch=CHUNK)
         if self.layer_taps:
             keep_target_rows(self.context, self.layer_taps, True)

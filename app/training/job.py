@@ -14,7 +14,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
-from .cli import METHODS, default_out
+from specdesk.engines.methods import trainable
+
+from .cli import default_out
 
 
 @dataclass(frozen=True)
@@ -22,7 +24,7 @@ class TrainingRequest:
     """What the app's dialog asks for: the command's own options."""
 
     target: str  # a Hugging Face model folder, or a GGUF file (EAGLE-3 and DFlash)
-    method: str = "eagle3"
+    method: str = field(default_factory=lambda: trainable()[0])  # the trainer's default
     minutes: float = 20.0
     device: str = "auto"
     from_history: bool = False
@@ -32,7 +34,7 @@ class TrainingRequest:
     extra: tuple[str, ...] = field(default_factory=tuple)  # further command options (tests: a tiny run)
 
     def __post_init__(self) -> None:
-        if self.method not in METHODS:
+        if self.method not in trainable():
             raise ValueError(f"unknown training method {self.method!r}")
 
     def out_folder(self) -> Path:

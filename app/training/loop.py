@@ -112,17 +112,8 @@ def train_loop(module: torch.nn.Module, step_fn: StepFn, eval_fn: EvalFn, settin
     trainable = [p for p in module.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(trainable, lr=settings.peak_lr, betas=(0.9, 0.95), weight_decay=0.0)
     rng = np.random.default_rng(settings.seed)
-    state = LoopState()
     checkpoint = folder / CHECKPOINT
-    if resume and checkpoint.is_file():
-        saved = torch.load(checkpoint, weights_only=False)
-        module.load_state_dict(saved["module"])
-        optimizer.load_state_dict(saved["optimizer"])
-        rng.bit_generator.state = saved["rng"]
-        state = saved["state"]
-        state.paused = False
-        report(f"resuming from step {state.step} ({format_left(state.elapsed)} trained, best held-out "
-               f"mean accepted {state.best_score:.3f} at step {state.best_step})")
+    state = _restore(checkpoint, module, optimizer, rng, report) if resume and checkpoint.is_file() else LoopState()
     budget = settings.minutes * 60.0
     live = live or (lambda line: None)
     progress = progress or (lambda event: None)
@@ -167,19 +158,7 @@ def train_loop(module: torch.nn.Module, step_fn: StepFn, eval_fn: EvalFn, settin
             report(f"paused at step {state.step} ({format_left(budget - state.elapsed)} of the budget left): "
                    "run it again with --resume to continue")
             return state
-        started = time.perf_counter()
-        lr = learning_rate(settings, state.step, state.elapsed)
-        for group in optimizer.param_groups:
-            group["lr"] = lr
-        with autocast(settings.device, settings.precision):
-            loss, figures = step_fn(rng)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(trainable, settings.grad_clip)
-        optimizer.step()
-        state.step += 1
-        state.elapsed += time.perf_counter() - started
-        loss_value = float(loss.detach())
+        loss_value = _step(step_fn, optimizer, trainable, settings, state, rng)
         live(f"step {state.step} · loss {loss_value:.4f} · {format_left(budget - state.elapsed)} left")
         progress({"phase": "train", "step": state.step, "loss": loss_value, "elapsed_s": state.elapsed,
                   "budget_s": budget})
@@ -191,6 +170,38 @@ def train_loop(module: torch.nn.Module, step_fn: StepFn, eval_fn: EvalFn, settin
     if state.best_state is not None:
         module.load_state_dict(state.best_state)
     return state
+
+
+def _restore(checkpoint: Path, module: torch.nn.Module, optimizer, rng: np.random.Generator,
+             report: Report) -> LoopState:
+    """The module, optimizer, generator and loop state of a checkpoint, to resume from."""
+    saved = torch.load(checkpoint, weights_only=False)
+    module.load_state_dict(saved["module"])
+    optimizer.load_state_dict(saved["optimizer"])
+    rng.bit_generator.state = saved["rng"]
+    state = saved["state"]
+    state.paused = False
+    report(f"resuming from step {state.step} ({format_left(state.elapsed)} trained, best held-out "
+           f"mean accepted {state.best_score:.3f} at step {state.best_step})")
+    return state
+
+
+def _step(step_fn: StepFn, optimizer, trainable: list, settings: LoopSettings, state: LoopState,
+          rng: np.random.Generator) -> float:
+    """One training step at the schedule's learning rate, counted in the state; its loss."""
+    started = time.perf_counter()
+    lr = learning_rate(settings, state.step, state.elapsed)
+    for group in optimizer.param_groups:
+        group["lr"] = lr
+    with autocast(settings.device, settings.precision):
+        loss, figures = step_fn(rng)
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(trainable, settings.grad_clip)
+    optimizer.step()
+    state.step += 1
+    state.elapsed += time.perf_counter() - started
+    return float(loss.detach())
 
 
 def terminal_live(stream=None) -> Callable[[str], None]:

@@ -1,5 +1,6 @@
-"""What each trainable method needs from the command: the target layers it reads, the module
-trained, a training step, the held-out acceptance, and the export."""
+"""What the trainer asks of a method, through its row (engines/methods.py, `Training`): the
+target layers it reads, the module trained, a training step, the held-out acceptance, and the
+export. Each method's own training file holds its `plan`; this module holds what they share."""
 
 from __future__ import annotations
 
@@ -10,10 +11,40 @@ from typing import Callable, Optional, Sequence
 import numpy as np
 import torch
 
-from . import dflash, draft, dspark, eagle3, mtp
+from specdesk.engines.methods import resolve, training
+
 from .record import Recorded
 
 DEPTH = 3  # draft positions measured (and EAGLE-3 steps unrolled); the k of the speedup compare
+
+
+@dataclass(frozen=True)
+class Batch:
+    tokens: torch.Tensor  # (B, T) long, padded with 0
+    features: torch.Tensor  # (B, T, n*d) float32
+    top_ids: torch.Tensor  # (B, T, k) long
+    top_p: torch.Tensor  # (B, T, k) float32: the target's top-k probabilities, renormalised
+    lengths: torch.Tensor  # (B,) real lengths
+    answer_starts: torch.Tensor  # (B,)
+
+
+def make_batch(sequences: Sequence[Recorded], max_len: int, device: str | torch.device = "cpu") -> Batch:
+    """Right-padded batch on `device`; sequences longer than max_len are cut (positions stay absolute)."""
+    T = min(max_len, max(len(s.tokens) for s in sequences))
+    B, width, k = len(sequences), sequences[0].features.shape[1], sequences[0].top_ids.shape[1]
+    tokens = torch.zeros(B, T, dtype=torch.long)
+    features = torch.zeros(B, T, width)
+    top_ids = torch.zeros(B, T, k, dtype=torch.long)
+    top_logp = torch.full((B, T, k), -1e4)
+    lengths, starts = torch.zeros(B, dtype=torch.long), torch.zeros(B, dtype=torch.long)
+    for i, s in enumerate(sequences):
+        n = min(T, len(s.tokens))
+        tokens[i, :n] = torch.from_numpy(s.tokens[:n])
+        features[i, :n] = torch.from_numpy(s.features[:n].astype(np.float32))
+        top_ids[i, :n] = torch.from_numpy(s.top_ids[:n].astype(np.int64))
+        top_logp[i, :n] = torch.from_numpy(s.top_logp[:n].astype(np.float32))
+        lengths[i], starts[i] = n, s.answer_start
+    return Batch(*(t.to(device) for t in (tokens, features, top_ids, torch.softmax(top_logp, dim=-1), lengths, starts)))
 
 
 @dataclass
@@ -28,91 +59,47 @@ class Plan:
     evaluate_reference: Optional[Callable[[Path], tuple[float, dict]]] = None
 
 
+@dataclass(frozen=True)
+class PlanInputs:
+    """What a method's plan (its row's `Training.plan`) is made from."""
+
+    method: str
+    network: torch.nn.Module  # the target: its config, embeddings, final norm and head
+    train: Sequence[Recorded]
+    held: Sequence[Recorded]
+    batch_size: int
+    max_len: int
+    target: Path
+    taps: tuple[int, ...]  # the target layers recorded for it
+    draft_layers: Optional[int] = None  # --draft-layers
+
+    @property
+    def device(self) -> torch.device:
+        return self.network.model.embed_tokens.weight.device
+
+    def batch(self, sequences: Sequence[Recorded]):
+        """Recorded sequences as one batch on the training device."""
+        return make_batch(list(sequences), self.max_len, self.device)
+
+    def sample(self, rng: np.random.Generator):
+        """A training batch: batch_size sequences drawn without replacement."""
+        picks = rng.choice(len(self.train), size=min(self.batch_size, len(self.train)), replace=False)
+        return self.batch([self.train[i] for i in picks])
+
+
+def figures(shares: list[float], rows: int) -> tuple[float, dict]:
+    """(mean accepted drafts, the held-out figures the trainer reports) from per-position acceptance."""
+    return sum(shares), {"acceptance": [round(a, 4) for a in shares], "rows": rows}
+
+
 def method_taps(method: str, network) -> tuple[int, ...]:
-    config = network.config
-    if method == "eagle3":
-        return eagle3.default_taps(config.num_hidden_layers)
-    if method == "mtp":
-        return mtp.taps(config)
-    if method == "draft":  # a draft model reads tokens only: the target's top-k is all it learns from
-        return ()
-    return dflash.taps(dflash.spec_for(config))
+    """The target layers a recording keeps for this method (its row's `Training.taps`)."""
+    return tuple(resolve(training(method).taps)(network))
 
 
 def plan(method: str, network, train: Sequence[Recorded], held: Sequence[Recorded], batch_size: int,
          max_len: int, target: Path, draft_layers: Optional[int] = None) -> Plan:
-    config = network.config
-    taps = method_taps(method, network)
-    device = network.model.embed_tokens.weight.device
-
-    def sample(rng: np.random.Generator) -> eagle3.Batch:
-        picks = rng.choice(len(train), size=min(batch_size, len(train)), replace=False)
-        return eagle3.make_batch([train[i] for i in picks], max_len, device)
-
-    def figures(shares: list[float], rows: int) -> tuple[float, dict]:
-        return sum(shares), {"acceptance": [round(a, 4) for a in shares], "rows": rows}
-
-    if method == "eagle3":
-        head = eagle3.new_head(network, seed=0).to(device)
-        head_config, embed = eagle3.head_config(config), network.model.embed_tokens
-        held_batch = eagle3.make_batch(list(held), max_len, device)
-
-        def step(rng):
-            batch = sample(rng)
-            return eagle3.kl_loss(eagle3.unroll(head, head_config, embed, batch, DEPTH), batch)
-
-        def evaluate():
-            return figures(*eagle3.acceptance(eagle3.unroll(head, head_config, embed, held_batch, DEPTH), held_batch))
-
-        def evaluate_reference(folder: Path):
-            reference, reference_config = eagle3.load_head(folder, config, device)
-            with torch.no_grad():
-                return figures(*eagle3.acceptance(eagle3.unroll(reference, reference_config, embed, held_batch, DEPTH),
-                                                  held_batch))
-
-        return Plan(method, taps, head, step, evaluate, lambda folder: eagle3.export_head(head, config, taps, folder),
-                    evaluate_reference)
-
-    if method == "mtp":
-        layer = mtp.new_layer(network).to(device)
-        held_batch = eagle3.make_batch(list(held), max_len, device)
-
-        def mtp_step(rng):
-            batch = sample(rng)
-            return eagle3.kl_loss(mtp.unroll(layer, network, batch, DEPTH), batch)
-
-        def mtp_evaluate():
-            return figures(*eagle3.acceptance(mtp.unroll(layer, network, held_batch, DEPTH), held_batch))
-
-        return Plan(method, taps, layer, mtp_step, mtp_evaluate,
-                    lambda folder: mtp.export_target_with_mtp(layer, target, folder))
-
-    if method == "draft":
-        layers = draft.layer_ids(config.num_hidden_layers, draft_layers)
-        model = draft.new_draft(network, layers, target)
-        held_batches = [eagle3.make_batch(list(held[i:i + batch_size]), max_len, device)
-                        for i in range(0, len(held), batch_size)]
-
-        def draft_step(rng):
-            batch = sample(rng)
-            return eagle3.kl_loss([draft.next_logits(model, batch)], batch)
-
-        def draft_evaluate():
-            return figures(*draft.held_out_figures(model, held_batches, DEPTH))
-
-        return Plan(method, taps, model, draft_step, draft_evaluate,
-                    lambda folder: draft.export_draft(model, target, layers, folder))
-
-    spec = dflash.spec_for(config, draft_layers)
-    block = dspark if method == "dspark" else dflash  # DSpark: the DFlash backbone with a Markov head
-    drafter = block.new_drafter(network, spec).to(device)
-    held_batches = [eagle3.make_batch([s], max_len, device) for s in held]
-
-    def dflash_step(rng):
-        return block.kl_loss(drafter, network, spec, sample(rng), rng)
-
-    def dflash_evaluate():
-        return figures(*block.acceptance(drafter, network, spec, held_batches, DEPTH))
-
-    return Plan(method, taps, drafter, dflash_step, dflash_evaluate,
-                lambda folder: block.export_drafter(drafter, spec, config, folder))
+    """The method's plan, as its row's `Training.plan` makes it."""
+    inputs = PlanInputs(method, network, train, held, batch_size, max_len, Path(target),
+                        method_taps(method, network), draft_layers)
+    return resolve(training(method).plan)(inputs)

@@ -32,7 +32,8 @@ from specdesk.engines.torch.model import ModelConfig, rope_tables
 from specdesk.engines.torch.mtp import MtpLayer
 from specdesk.engines.types import SpecDeskError
 
-from .eagle3 import STEP_WEIGHT, Batch, chained_attention  # noqa: F401  (STEP_WEIGHT: the same weighting)
+from .eagle3 import STEP_WEIGHT, Batch, acceptance, chained_attention, kl_loss  # noqa: F401  (STEP_WEIGHT: the same weighting)
+from .methods import DEPTH, Plan, PlanInputs, figures
 
 
 def taps(config: ModelConfig) -> tuple[int, ...]:
@@ -159,3 +160,46 @@ def export_layer(layer: MtpLayer, config: ModelConfig, folder: Path) -> Path:
     config_json = dict(hf_config(config), **{LAYER_ONLY: True})
     (folder / "config.json").write_text(json.dumps(config_json, indent=2) + "\n", encoding="utf-8")
     return folder
+
+
+# --- the method table's training facts (engines/methods.py: MTP's `Training`) ----------------
+def plan_taps(network) -> tuple[int, ...]:
+    return taps(network.config)
+
+
+def plan(inputs: PlanInputs) -> Plan:
+    """One MTP layer, unrolled DEPTH steps, exported inside a copy of the target."""
+    network = inputs.network
+    layer = new_layer(network).to(inputs.device)
+    held_batch = inputs.batch(inputs.held)
+
+    def step(rng):
+        batch = inputs.sample(rng)
+        return kl_loss(unroll(layer, network, batch, DEPTH), batch)
+
+    def evaluate():
+        return figures(*acceptance(unroll(layer, network, held_batch, DEPTH), held_batch))
+
+    return Plan(inputs.method, inputs.taps, layer, step, evaluate,
+                lambda folder: export_target_with_mtp(layer, inputs.target, folder))
+
+
+def refuse_target(target: Path, from_gguf: bool) -> None:
+    """Before anything loads: a target that has MTP layers already, or a GGUF whose copy could not
+    carry the layer."""
+    if from_gguf:
+        from specdesk.app.demo.native_gguf_mtp import check_mtp_copy_source
+
+        check_mtp_copy_source(target)
+    else:
+        refuse_existing(target)
+
+
+def export_gguf(folder: Path, target_gguf: Path, path: Path, from_gguf: bool) -> Path:
+    """The target with its trained layer as one GGUF: from a GGUF target, the file's own tensors
+    (their types kept) and the layer; from a folder, the exported target converted."""
+    from specdesk.app.demo.native_gguf_mtp import export_mtp_target, export_mtp_target_from_gguf
+
+    if from_gguf:
+        return export_mtp_target_from_gguf(folder, target_gguf, path)
+    return export_mtp_target(folder, target_gguf, path)

@@ -27,6 +27,12 @@ from ..types import SpecDeskError
 from .binding import GgufContext, GgufModel
 from .ext import CachedPositions, Entry, HiddenStateProposer, LayerInputDrafter, NativeContext, check_drafter, ext
 
+def load_native(engine, path) -> "DFlashDrafter":
+    """The method table's loader (engines/methods.py): a DFlash drafter GGUF over this target."""
+    return DFlashDrafter(path, engine.target, engine.context, engine.n_threads,
+                         model_options=engine.drafter_options(path))
+
+
 class DFlashDrafter(LayerInputDrafter, CachedPositions):
     """A DFlash / DSpark drafter context over one target context; lives as long as the engine."""
 

@@ -25,6 +25,12 @@ from .binding import GgufContext, GgufModel, common_prefix
 from .ext import Entry, HiddenStateProposer, LayerInputDrafter, NativeContext, check_drafter, ext, rows
 
 
+def load_native(engine, path) -> "Eagle3Drafter":
+    """The method table's loader (engines/methods.py): an EAGLE-3 drafter GGUF over this target."""
+    return Eagle3Drafter(path, engine.target, engine.context, engine.n_threads,
+                         model_options=engine.drafter_options(path))
+
+
 class Eagle3Drafter(LayerInputDrafter):
     """An EAGLE-3 drafter context over one target context; lives as long as the engine."""
 

@@ -14,10 +14,12 @@ from typing import Callable, Iterator, Optional, Sequence
 
 import numpy as np
 
+from ..methods import method_info, method_names
+from ..methods import resolve as resolve_ref
 from ..speculation.compat import check_compatible
 from ..speculation.loop import run_steps, top_entries
 from ..speculation.ngram import NgramPoolProposer
-from ..speculation.proposers import SUPPORTED_METHODS
+from ..speculation.proposers import load_native
 from ..speculation.protocols import TargetObserver
 from ..speculation.verify import VerifyResult, verify
 from ..types import Draft, GenerationRequest, SamplingParams, SpecDeskError, StepEvent
@@ -154,42 +156,30 @@ class LlamaEngine:
         return report
 
     def load_native(self, method: str, path: str | os.PathLike | None = None):
-        """The MTP drafter of this target, or a DFlash drafter GGUF for it (created once)."""
+        """The native drafter of a method over this target (its MTP layers, a DFlash or EAGLE-3
+        drafter GGUF), loaded once by the loader its row names (engines/methods.py)."""
         key = method if path is None else f"{method}:{os.path.abspath(path)}"
         if key not in self._native:
-            if method == "mtp":
-                from .mtp import MtpDrafter
-
-                self._native[key] = MtpDrafter(self.target, self.context, self.n_threads)
-            elif method == "eagle3":
-                from .eagle3 import Eagle3Drafter
-
-                self._native[key] = Eagle3Drafter(path, self.target, self.context, self.n_threads,
-                                                  model_options=self._drafter_options(path))
-            else:
-                from .dflash import DFlashDrafter
-
-                self._native[key] = DFlashDrafter(path, self.target, self.context, self.n_threads,
-                                                  model_options=self._drafter_options(path))
+            self._native[key] = load_native(self, method, path)
         return self._native[key]
 
-    def _drafter_options(self, path) -> dict:
+    def drafter_options(self, path) -> dict:
         """A drafter GGUF (DFlash, EAGLE-3) sits where the draft placement says."""
         place = self._place(validated_header(path), self.draft_placement, "draft")
         self.placements[os.path.abspath(path)] = place
         return self._model_options(place)
 
     def method_availability(self) -> dict[str, Optional[str]]:
-        """Each method of this engine: None where this target can run it now, else why not."""
-        reasons: dict[str, Optional[str]] = {m: None for m in SUPPORTED_METHODS}
-        if "mtp" in reasons and not self.target.load_mtp:
-            reasons["mtp"] = f"{self.target.path.name} has no MTP (NextN) layers"
-        if "dflash" in reasons and not any(key.startswith("dflash:") for key in self._native):
-            reasons["dflash"] = ("needs a DFlash drafter GGUF made for this target: choose one as the draft "
-                                 "(or pass --draft FILE)")
-        if "eagle3" in reasons and not any(key.startswith("eagle3:") for key in self._native):
-            reasons["eagle3"] = ("needs an EAGLE-3 drafter GGUF made for this target: choose one as the draft "
-                                 "(or pass --draft FILE)")
+        """Each method of this engine: None where this target can run it now, else why not (its
+        row's check for this engine; a drafter file not chosen yet; llama-ext.h symbols missing)."""
+        reasons: dict[str, Optional[str]] = {m: None for m in method_names(self.name)}
+        for method in reasons:
+            info = method_info(method)
+            if self.name in info.problem:
+                reasons[method] = resolve_ref(info.problem[self.name])(self)
+            elif info.takes == "drafter_file" and not any(key.startswith(f"{method}:") for key in self._native):
+                reasons[method] = (f"needs {info.drafter} GGUF made for this target: choose one as the draft "
+                                   "(or pass --draft FILE)")
         from .ext import available_methods  # resolves the llama-ext.h symbols once
 
         for method, missing in available_methods().items():
@@ -239,7 +229,6 @@ class LlamaEngine:
 
     # --- the proposer factory's hooks (engines/speculation/proposers.py) -------------
     drafter_file = ("GGUF", "PATH")
-    proposer_package = __package__  # where draft.DraftProposer, mtp.MtpProposer, ... live
 
     def _route_hidden_states(self, observer) -> None:
         """Only an active hidden-state proposer (MTP, DFlash, EAGLE-3: a TargetObserver) makes

@@ -17,7 +17,7 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from ..methods import method_info
+from ..methods import METHODS, method_info
 from ..speculation.stats import ProposerCounters
 from ..types import Draft, SamplingParams, SpecDeskError
 from .binding import ContextHandle, GgufContext, GgufModel, check_gguf_file, common_prefix, gguf_header, llama_lib
@@ -49,15 +49,10 @@ SYMBOLS: dict[str, tuple[str, object, list]] = {
                                           [_c_model]),
 }
 
-# What each model-based method calls; a method is available when all of its symbols resolve.
-METHOD_SYMBOLS: dict[str, tuple[str, ...]] = {
-    "mtp": ("llama_set_embeddings_nextn", "llama_get_embeddings_nextn", "llama_get_embeddings_nextn_ith"),
-    "dflash": ("llama_set_embeddings_layer_inp", "llama_get_embeddings_layer_inp", "llama_set_embeddings_nextn",
-               "llama_model_target_layer_ids", "llama_model_target_layer_ids_n",
-               "llama_model_dflash_selector_top_k"),
-    "eagle3": ("llama_set_embeddings_layer_inp", "llama_get_embeddings_layer_inp", "llama_set_embeddings_nextn",
-               "llama_get_embeddings_nextn", "llama_model_target_layer_ids", "llama_model_target_layer_ids_n"),
-}
+# What each model-based method calls is its row's `symbols` (engines/methods.py); a method is
+# available when all of them resolve.
+def method_symbols() -> dict[str, tuple[str, ...]]:
+    return {name: info.symbols for name, info in METHODS.items() if info.symbols}
 
 
 class Ext:
@@ -75,13 +70,17 @@ class Ext:
             setattr(self, name, fn)
 
     def unavailable(self, method: str) -> list[str]:
-        return [name for name in METHOD_SYMBOLS.get(method, ()) if name in self.missing]
+        return [name for name in method_symbols().get(method, ()) if name in self.missing]
 
     def require(self, method: str) -> "Ext":
-        missing = self.unavailable(method)
+        return self.require_symbols(method_symbols().get(method, ()), f"method {method!r}")
+
+    def require_symbols(self, names, what: str) -> "Ext":
+        """These functions, or the project's error saying `what` is disabled without them."""
+        missing = [name for name in names if name in self.missing]
         if missing:
             raise SpecDeskError(
-                f"method {method!r} is disabled: this libllama does not export {', '.join(missing)} "
+                f"{what} is disabled: this libllama does not export {', '.join(missing)} "
                 "(SpecDesk binds the llama-ext.h symbols of llama-cpp-python 0.3.36; install that version)"
             )
         return self
@@ -104,7 +103,7 @@ def ext() -> Ext:
 def available_methods() -> dict[str, list[str]]:
     """method -> missing symbols (empty when the method can run)."""
     resolved = ext()
-    return {method: resolved.unavailable(method) for method in METHOD_SYMBOLS}
+    return {method: resolved.unavailable(method) for method in method_symbols()}
 
 
 def gguf_metadata(path) -> dict:

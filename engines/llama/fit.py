@@ -31,11 +31,10 @@ def kv_bytes(n_ctx: int, layers: Iterable[tuple[int, int, int]]) -> int:
     return n_ctx * sum(n_head_kv * (key + value) for n_head_kv, key, value in layers) * KV_BYTES_PER_VALUE
 
 
-# A drafter GGUF's key for the hidden size of the target it was made for; how many target layers
-# it must read (absent: any number); whether its fc layer's input width must be those layers x hidden.
-DRAFTER_WIDTH_KEYS = {"dflash": "embedding_length", "eagle3": "target_hidden_size"}
-DRAFTER_LAYER_COUNTS = {"eagle3": 3}
-DRAFTER_FC_CHECKED = ("dflash",)
+# A drafter GGUF's key for the hidden size of the target it was made for, how many target layers
+# it must read (None: any number), and whether its fc layer's input width must be those layers x
+# hidden, are its method's row's (engines/methods.py: gguf_width_key, gguf_target_layers,
+# gguf_fc_checked).
 
 
 @dataclass(frozen=True)
@@ -76,9 +75,10 @@ def _whole(value) -> Optional[int]:
 def drafter_shape(method: str, config: dict) -> DrafterShape:
     """A drafter's shape from its settings (drafter_config)."""
     layers = config.get("target_layers")
+    info = method_info(method)
     return DrafterShape(method, tuple(i for i in layers if _whole(i) is not None) if isinstance(layers, list) else (),
-                        _whole(config.get(DRAFTER_WIDTH_KEYS.get(method, "embedding_length"))),
-                        (_whole(config.get("fc_inputs")) or 0) if method in DRAFTER_FC_CHECKED else None)
+                        _whole(config.get(info.gguf_width_key)),
+                        (_whole(config.get("fc_inputs")) or 0) if info.gguf_fc_checked else None)
 
 
 def drafter_misfit(drafter: DrafterShape, target: TargetShape) -> Optional[str]:
@@ -90,7 +90,7 @@ def drafter_misfit(drafter: DrafterShape, target: TargetShape) -> Optional[str]:
     layers, n_layer = list(drafter.target_layers), target.trunk_layers
     if not layers:
         return f"no {drafter.method}.target_layers: it does not say which target layers it reads"
-    count = DRAFTER_LAYER_COUNTS.get(drafter.method)
+    count = method_info(drafter.method).gguf_target_layers
     if (count is not None and len(layers) != count) or not all(0 <= i < n_layer for i in layers):
         needed = f", {count} needed" if count is not None and len(layers) != count else ""
         return (f"reads target layers {layers} but {target.name} has {n_layer} layers (0..{n_layer - 1}{needed}): "

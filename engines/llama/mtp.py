@@ -18,7 +18,7 @@ does on a CPU). A draft that does not follow, or starts elsewhere, drops the pri
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Optional, Sequence
 
 import numpy as np
 
@@ -39,6 +39,16 @@ def nextn_layers(path) -> int:
         return 0
     arch = meta.get("general.architecture", "")
     return int(meta.get(f"{arch}.nextn_predict_layers", 0) or 0)
+
+
+def load_native(engine, path=None) -> "MtpDrafter":
+    """The method table's loader (engines/methods.py): the target's own MTP layers."""
+    return MtpDrafter(engine.target, engine.context, engine.n_threads)
+
+
+def native_problem(engine) -> Optional[str]:
+    """Why this target cannot run MTP (the method table's check), or None."""
+    return None if engine.target.load_mtp else f"{engine.target.path.name} has no MTP (NextN) layers"
 
 
 class MtpDrafter(CachedPositions):

@@ -19,13 +19,12 @@ import weakref
 from dataclasses import dataclass
 from typing import Mapping, Optional, Sequence
 
-from ..methods import method_info
+from ..methods import auto_methods, method_info, needs_draft_model
 from ..types import Draft, SpecConfig, SpecDeskError
 from .chooser import AcceptanceEstimate, Choice, Costs, cannot_pay, choose, could_pay, economics, speedups, worth_feeding
 from .costs import CostModel, cost_key, measured
 from .stats import ProposerCounters
 
-AUTO_METHODS = ("ngram", "ngram-pool", "draft", "mtp")  # the order ties are broken in
 REPROBE_EVERY = 8  # a method unused for this many steps drafts once, so it can come back
 # ... and each re-probe that does not bring it back doubles the wait, up to this many times: a
 # method that keeps losing costs a share of steps that falls toward nothing over a reply.
@@ -46,7 +45,7 @@ LEARN_DRAFTING = False
 class AutoPlan:
     """What an auto run chooses among, read from its request and the engine's methods."""
 
-    methods: tuple[str, ...]  # in the order the request (or AUTO_METHODS) lists them: part of the cost key
+    methods: tuple[str, ...]  # in the order the request (or the table's auto rows) lists them: part of the cost key
     max_k: int
     observer: Optional[str]  # the method that reads the target's hidden states (fed every pass)
     draft_path: Optional[str]  # the draft model's file, when "draft" is among the methods
@@ -57,19 +56,20 @@ def auto_plan(spec: SpecConfig, availability: Mapping[str, Optional[str]]) -> Au
     methods, the draft model when `spec.draft_path` names one, the target's MTP layers when it
     has them (`availability`: method -> None where it can run, as Engine.method_availability)."""
     methods = tuple(dict.fromkeys(
-        m for m in spec.auto_methods or AUTO_METHODS
-        if availability.get(m, "unknown") is None and (m != "draft" or spec.draft_path)))
+        m for m in spec.auto_methods or auto_methods()
+        if availability.get(m, "unknown") is None and (not needs_draft_model(m) or spec.draft_path)))
     observer = next((m for m in methods if method_info(m).reads_hidden), None)
-    return AutoPlan(methods, spec.k, observer, spec.draft_path if "draft" in methods else None)
+    return AutoPlan(methods, spec.k, observer,
+                    spec.draft_path if any(needs_draft_model(m) for m in methods) else None)
 
 
 def _is_lookup(method: str) -> bool:
-    info = method_info(method)
-    return info.takes == "none" and not info.reads_hidden
+    return method_info(method).lookup
 
 
 def _method_order(method: str) -> int:
-    return AUTO_METHODS.index(method) if method in AUTO_METHODS else len(AUTO_METHODS)
+    order = auto_methods()  # the order ties are broken in
+    return order.index(method) if method in order else len(order)
 
 
 class AutoProposer:

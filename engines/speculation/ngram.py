@@ -266,3 +266,14 @@ def _common_prefix_len(a: list[int], b: list[int]) -> int:
         return 0
     differ = np.flatnonzero(np.asarray(a[:shared], dtype=np.int64) != np.asarray(b[:shared], dtype=np.int64))
     return int(differ[0]) if differ.size else shared
+
+
+# --- the method table's shared proposers (engines/methods.py: ngram's and ngram-pool's `shared`) ---
+def lookup(engine, spec) -> NgramProposer:
+    """Method ngram: a fresh lookup in the prompt and reply, for one run."""
+    return NgramProposer(spec.ngram_min, spec.ngram_max)
+
+
+def pool(engine, spec) -> NgramPoolProposer:
+    """Method ngram-pool: the engine's own pool, which learns across the turns of a chat."""
+    return engine.pool

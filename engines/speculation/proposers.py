@@ -1,39 +1,33 @@
 """The one proposer factory: which proposer a request's method gets, on either engine.
 
-The n-gram methods are engine-independent (SHARED_PROPOSERS); the model methods (draft, mtp,
-dflash, eagle3) differ only in how an engine loads the model and which class drafts with it
-(the method table's `proposer`, engines/methods.py), so an engine supplies those two things
-(`ModelSource`) and nothing else.
+The n-gram methods are engine-independent (their row's `shared` proposer); the model methods
+(draft, MTP, DFlash, EAGLE-3) differ only in how an engine loads the model and which class
+drafts with it (their row's `native` loader and `proposer` class for each engine,
+engines/methods.py), so an engine supplies those two things (`ModelSource`) and nothing else.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import os
-from typing import Callable, Optional, Protocol
+from typing import Optional, Protocol
 
 import numpy as np
 
 from ..methods import METHODS as METHOD_TABLE
-from ..methods import method_info
+from ..methods import method_info, resolve
 from ..types import METHODS, SamplingParams, SpecConfig, SpecDeskError
 from .auto import AutoPlan, auto_plan, start_auto
 from .costs import load_or_measure, measured
-from .ngram import NgramPoolProposer, NgramProposer
+from .ngram import NgramPoolProposer
 from .protocols import Proposer
 
 SUPPORTED_METHODS = METHODS  # both engines run every method
-# The modules proposer_class imports by name, in each engine package (an installer bundle
-# must list them: a freezing tool cannot see imports made by name).
-PROPOSER_MODULES = tuple(info.proposer[0] for info in METHOD_TABLE.values() if info.proposer)
-
-
-# Methods that need no model: method -> its proposer for an engine and a request.
-SHARED_PROPOSERS: dict[str, Callable[["ModelSource", SpecConfig], Proposer]] = {
-    "ngram": lambda engine, spec: NgramProposer(spec.ngram_min, spec.ngram_max),
-    "ngram-pool": lambda engine, spec: engine.pool,  # learns across the turns of a chat
-}
+# The modules the rows name in each engine package, imported by name on first use (an
+# installer bundle must list them: a freezing tool cannot see imports made by name).
+PROPOSER_MODULES = tuple(dict.fromkeys(
+    module.rsplit(".", 1)[1] for info in METHOD_TABLE.values()
+    for refs in (info.proposer, info.native, info.problem) for module, _ in refs.values()))
 
 
 class ModelSource(Protocol):
@@ -48,24 +42,24 @@ class ModelSource(Protocol):
 
     def method_availability(self) -> dict[str, Optional[str]]: ...
 
-    proposer_package: str  # the engine's package: its `<method module>.<Method>Proposer` classes
+    name: str  # the engine's name: the key of the rows' `proposer` and `native` (engines/methods.py)
 
 
 def make_proposer(engine: ModelSource, spec: SpecConfig, sampling: SamplingParams,
                   rng: np.random.Generator) -> Optional[Proposer]:
     """The proposer for one run (None for baseline); `rng` is shared with the verifier."""
     info = method_info(spec.method)
-    if spec.method == "none":
+    if info.role == "baseline":
         return None
-    if spec.method == "auto":
+    if info.role == "chooser":
         plan = auto_plan(spec, engine.method_availability())
         return start_auto(engine, plan, _auto_members(engine, spec, plan, sampling, rng), sampling.greedy)
-    if spec.method in SHARED_PROPOSERS:
-        return SHARED_PROPOSERS[spec.method](engine, spec)
+    if info.shared is not None:
+        return resolve(info.shared)(engine, spec)
     if info.takes == "drafter_file" and not spec.draft_path:
         stored, argument = engine.drafter_file
         raise SpecDeskError(f"method {spec.method!r} needs {info.drafter} {stored}: pass --draft {argument}")
-    cls = proposer_class(engine.proposer_package, spec.method)
+    cls = proposer_class(engine.name, spec.method)
     # A proposer made for a draft with a vocabulary of its own (engines/speculation/crossvocab.py)
     # says so, and is given the target to tokenize for.
     same_vocabulary = getattr(cls, "same_vocabulary", True)
@@ -82,7 +76,7 @@ def prepare(engine: ModelSource, spec: SpecConfig) -> None:
     auto's costs on this machine, read from its cache or measured now by a probe, and measured
     again when the passes replies ran drifted far from it (engines/speculation/costs.py). Quick
     once done; the other methods need nothing."""
-    if spec.method != "auto":
+    if method_info(spec.method).role != "chooser":
         return
     plan = auto_plan(spec, engine.method_availability())
     model = measured(engine, plan.methods, plan.max_k, plan.draft_path)
@@ -100,8 +94,19 @@ def _auto_members(engine: ModelSource, spec: SpecConfig, plan: AutoPlan, samplin
             for method in plan.methods}
 
 
-def proposer_class(package: str, method: str) -> type:
-    """A model method's proposer class in an engine package; imported on first use, so an
-    engine that never runs a method never imports its module."""
-    module, name = method_info(method).proposer
-    return getattr(importlib.import_module(f".{module}", package), name)
+def proposer_class(engine: str, method: str) -> type:
+    """A model method's proposer class on an engine (by its `name`), as its row names it; imported
+    on first use, so an engine that never runs a method never imports its module."""
+    info = method_info(method)
+    if engine not in info.proposer:
+        raise SpecDeskError(f"method {method!r} does not run on the {engine} engine")
+    return resolve(info.proposer[engine])
+
+
+def load_native(engine, method: str, path=None):
+    """A native drafter (MTP layers, a DFlash or EAGLE-3 drafter) for an engine, loaded by the
+    loader its row names for that engine: (engine, path) -> the model its proposer drafts with."""
+    info = method_info(method)
+    if engine.name not in info.native:
+        raise SpecDeskError(f"method {method!r} has no native drafter on the {engine.name} engine")
+    return resolve(info.native[engine.name])(engine, path)

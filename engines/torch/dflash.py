@@ -38,7 +38,7 @@ from ..speculation.drafting import confident_rows
 from ..speculation.stats import ProposerCounters
 from ..types import Draft, SamplingParams, SpecDeskError
 from .cpu_linear import pack_linears
-from .loader import Checkpoint, load_module, open_checkpoint
+from .loader import Checkpoint, drafter_problem, load_module, open_checkpoint
 from .model import Attention, FeedForward, KVCache, ModelConfig, RMSNorm, apply_rope, attend, rope_tables
 
 ARCHITECTURE = "DFlashDraftModel"
@@ -119,6 +119,16 @@ def dflash_problem(folder: str | Path, target: Checkpoint) -> Optional[str]:
     except SpecDeskError as e:
         return str(e)
     return _mismatch(config, target.config, Path(folder))
+
+
+def native_problem(target: Checkpoint, folder: Optional[str | Path]) -> Optional[str]:
+    """The method table's check (engines/methods.py): why this target cannot run DFlash now."""
+    return drafter_problem("a DFlash drafter folder (z-lab DFlashDraftModel)", folder, target, dflash_problem)
+
+
+def load_native(engine, path) -> "DFlashDrafter":
+    """The method table's loader: a DFlash (or DSpark) drafter folder over this target."""
+    return DFlashDrafter.from_folder(path, engine.target, engine.n_ctx)
 
 
 def _mismatch(config: DFlashConfig, target: dict, folder: Path) -> Optional[str]:

@@ -23,7 +23,7 @@ import torch.nn as nn
 
 from ..types import SpecDeskError
 from .cpu_linear import pack_linears
-from .loader import Checkpoint, load_module, open_checkpoint
+from .loader import Checkpoint, drafter_problem, load_module, open_checkpoint
 from .model import Attention, FeedForward, KVCache, ModelConfig, RMSNorm, config_from_hf, rope_tables
 from .mtp import MtpProposer
 
@@ -66,6 +66,16 @@ class Eagle3Model(nn.Module):
         x = torch.cat([m.input_layernorm(embedded), m.hidden_norm(g)], dim=-1)  # (B, T, 2H)
         h = g + m.self_attn(x, cos, sin, start, mask)
         return h + m.mlp(m.post_attention_layernorm(h))
+
+
+def native_problem(target: Checkpoint, folder: Optional[str | Path]) -> Optional[str]:
+    """The method table's check (engines/methods.py): why this target cannot run EAGLE-3 now."""
+    return drafter_problem("an EAGLE-3 drafter folder (LlamaForCausalLMEagle3)", folder, target, eagle3_problem)
+
+
+def load_native(engine, path) -> "Eagle3Drafter":
+    """The method table's loader: an EAGLE-3 drafter folder over this target."""
+    return Eagle3Drafter.from_folder(path, engine.target, engine.n_ctx)
 
 
 def eagle3_problem(folder: str | Path, target: Checkpoint) -> Optional[str]:

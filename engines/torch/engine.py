@@ -11,14 +11,15 @@ from __future__ import annotations
 
 import os
 import threading
-from typing import Callable, Iterator, Optional
+from typing import Callable, Iterator, Mapping, Optional
 
 import numpy as np
 
+from ..methods import method_info, method_names, resolve
 from ..speculation.compat import check_compatible
 from ..speculation.loop import run_steps, top_entries
 from ..speculation.ngram import NgramPoolProposer
-from ..speculation.proposers import SUPPORTED_METHODS
+from ..speculation.proposers import load_native
 from ..speculation.protocols import TargetObserver
 from ..types import Draft, GenerationRequest, SamplingParams, SpecDeskError, StepEvent
 from .device import choose_device, choose_dtype, device_name, require_torch
@@ -26,33 +27,28 @@ from .device import choose_device, choose_dtype, device_name, require_torch
 MAX_DEFAULT_CONTEXT = 4096
 
 
-def supported_methods(folder: str | os.PathLike, dflash_folder: Optional[str | os.PathLike] = None,
-                      eagle3_folder: Optional[str | os.PathLike] = None) -> dict[str, Optional[str]]:
+def supported_methods(folder: str | os.PathLike, drafters: Optional[Mapping[str, str | os.PathLike]] = None
+                      ) -> dict[str, Optional[str]]:
     """For an HF target folder: method -> None when it can run, else the reason it cannot.
+    `drafters`: method -> the drafter folder chosen for it (DFlash, EAGLE-3), where there is one;
+    each method's row names its check on this engine (engines/methods.py).
 
     Reads config.json and the tensor index only (no weights), so a UI can ask cheaply.
     """
-    reasons: dict[str, Optional[str]] = {m: None for m in SUPPORTED_METHODS}
+    names = method_names(TorchEngine.name)
     try:
         require_torch()
     except SpecDeskError as e:
-        return {m: str(e) for m in SUPPORTED_METHODS}
-    from .dflash import dflash_problem
-    from .eagle3 import eagle3_problem
+        return {m: str(e) for m in names}
     from .loader import open_checkpoint
-    from .mtp import mtp_problem
 
     try:
         checkpoint = open_checkpoint(folder)
     except SpecDeskError as e:
-        return {m: str(e) for m in SUPPORTED_METHODS}
-    reasons["draft"] = None  # needs a draft folder, chosen separately
-    reasons["mtp"] = mtp_problem(checkpoint)
-    reasons["dflash"] = ("pick a DFlash drafter folder (z-lab DFlashDraftModel) for this target"
-                         if dflash_folder is None else dflash_problem(dflash_folder, checkpoint))
-    reasons["eagle3"] = ("pick an EAGLE-3 drafter folder (LlamaForCausalLMEagle3) for this target"
-                         if eagle3_folder is None else eagle3_problem(eagle3_folder, checkpoint))
-    return reasons
+        return {m: str(e) for m in names}
+    drafters = drafters or {}
+    return {m: resolve(method_info(m).problem[TorchEngine.name])(checkpoint, drafters.get(m))
+            if TorchEngine.name in method_info(m).problem else None for m in names}
 
 
 class TorchEngine:
@@ -104,28 +100,17 @@ class TorchEngine:
         return self._drafts[key]
 
     def load_native(self, method: str, path: str | os.PathLike | None = None):
-        """The MTP drafter of this target, or a DFlash / EAGLE-3 drafter folder for it (created once)."""
+        """The native drafter of a method over this target (its MTP layers, a DFlash or EAGLE-3
+        drafter folder), loaded once by the loader its row names (engines/methods.py)."""
         key = method if path is None else f"{method}:{os.path.abspath(path)}"
         if key not in self._native:
-            if method == "mtp":
-                from .mtp import MtpDrafter
-
-                self._native[key] = MtpDrafter.from_target(self.target, self.n_ctx)
-            elif method == "eagle3":
-                from .eagle3 import Eagle3Drafter
-
-                self._native[key] = Eagle3Drafter.from_folder(path, self.target, self.n_ctx)
-            else:
-                from .dflash import DFlashDrafter
-
-                self._native[key] = DFlashDrafter.from_folder(path, self.target, self.n_ctx)
+            self._native[key] = load_native(self, method, path)
         return self._native[key]
 
     def method_availability(self) -> dict[str, Optional[str]]:
         """Each method of this engine: None where this target can run it now, else why not."""
         native = {key.split(":", 1)[0]: key.split(":", 1)[1] for key in self._native if ":" in key}
-        return supported_methods(self.target.path, dflash_folder=native.get("dflash"),
-                                 eagle3_folder=native.get("eagle3"))
+        return supported_methods(self.target.path, native)
 
     def tokenize(self, text: str, add_bos: bool = True) -> list[int]:
         return self.target.tokenize(text, add_bos=add_bos and self.target.vocab.add_bos)
@@ -165,7 +150,6 @@ class TorchEngine:
 
     # --- the proposer factory's hooks (engines/speculation/proposers.py) -------------
     drafter_file = ("folder", "DIR")
-    proposer_package = __package__  # where draft.DraftProposer, mtp.MtpProposer, ... live
 
     # --- generation: the shared loop (engines/speculation/loop.py) and its hooks -------
     def generate(self, request: GenerationRequest, cancel: threading.Event) -> Iterator[StepEvent]:

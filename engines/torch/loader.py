@@ -76,6 +76,14 @@ def open_checkpoint(folder: str | Path) -> Checkpoint:
     return Checkpoint(folder, config, {name: SINGLE_NAME for name in _safetensors_names(single)})
 
 
+def drafter_problem(what: str, folder: Optional[str | Path], target: Checkpoint, check) -> Optional[str]:
+    """Why a drafter-file method cannot run on `target` now: no drafter folder chosen yet (`what`
+    to pick), or `check(folder, target)`'s reason; None when it can."""
+    if folder is None:
+        return f"pick {what} for this target"
+    return check(folder, target)
+
+
 def _open_safetensors(path: Path):
     from safetensors import safe_open
 

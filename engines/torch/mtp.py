@@ -58,6 +58,16 @@ def mtp_problem(checkpoint: Checkpoint) -> Optional[str]:
     return None
 
 
+def native_problem(checkpoint: Checkpoint, folder=None) -> Optional[str]:
+    """The method table's check (engines/methods.py): why this target cannot run MTP, or None."""
+    return mtp_problem(checkpoint)
+
+
+def load_native(engine, path=None) -> "MtpDrafter":
+    """The method table's loader: the target's own MTP layers."""
+    return MtpDrafter.from_target(engine.target, engine.n_ctx)
+
+
 class SharedHead(nn.Module):
     def __init__(self, config: ModelConfig):
         super().__init__()
