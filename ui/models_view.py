@@ -29,6 +29,7 @@ from specdesk.app.models.library import LibraryConfig, ModelEntry
 from specdesk.engines.methods import method_info
 from specdesk.engines.types import SpecDeskError
 
+from .crossvocab_pairs import CrossVocabDrafts
 from .dialogs import show_error
 from .job_thread import Job, JobRunner, JobThread, running_threads  # noqa: F401  (running_threads: for tests)
 from .jobs import Throttle
@@ -652,6 +653,7 @@ class ModelsView(QWidget):
         from specdesk.app.models.pairing import pair
 
         dialog = PairingDialog(target, self)
+        dialog.cross_vocab = CrossVocabDrafts(dialog, self.submit)  # drafts with a vocabulary of their own
         dialog.use.connect(self.use_pair)
         dialog.train.connect(self.open_training)
         entries = list(self.entries)
@@ -716,6 +718,7 @@ class ModelsView(QWidget):
         dialog = self._dialogs.pop(job_id, None)
         if dialog is not None:
             dialog.show_report(report)
+            dialog.cross_vocab.show_report(report)
         self.pairing_ready.emit(report)
 
     def _pairing_refused(self, job_id: int, message: str) -> None:
