@@ -47,6 +47,7 @@ class SpecConfig:
     ngram_max: int = 4
     draft_p_min: float = 0.0  # a draft model stops drafting when its top probability falls below this
     auto_methods: tuple[str, ...] = ()  # method "auto": the methods it may choose from (empty: every one available)
+    draft_prompt: str = ""  # a draft with another vocabulary: the conversation in its own template ("": the prompt's text)
 
     def __post_init__(self) -> None:
         method_info(self.method)

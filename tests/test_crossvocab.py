@@ -9,6 +9,8 @@ must catch a verifier that ignores the draft's q.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -253,3 +255,44 @@ def test_greedy_is_plain_decoding_on_torch(zoo_paths):
             assert family != "qwen2" or accepted > 0
     finally:
         engine.close()
+
+
+# --- templates: the draft reads the conversation in its own ----------------------------------
+
+def test_the_draft_reads_the_conversation_in_its_own_template(zoo_paths):
+    """qwen2's ChatML target, phi-3's template for its draft (rendered by the app,
+    crossvocab_pair.draft_conversation): the draft's cache starts with phi-3's own special tokens,
+    the output is still the target's, and it ends at the target's own end of turn."""
+    from specdesk.app.chat.prompting import chat_prompt
+    from specdesk.app.models.crossvocab_pair import draft_conversation
+
+    messages = [{"role": "user", "content": "Write a function that reads the lines of a file."}]
+    engine = LlamaEngine(zoo_paths["qwen2"]["target_gguf"], n_ctx=512, n_threads=1)
+    try:
+        draft = engine.load_draft(zoo_paths["phi-3"]["draft_gguf"], same_vocabulary=False).model
+        rendered = draft_conversation(draft, messages)
+        assert "<|user|>" in rendered and "<|im_start|>" not in rendered
+        prompt = chat_prompt(engine, messages)
+        spec = SpecConfig(method=METHOD, k=4, draft_path=zoo_paths["phi-3"]["draft_gguf"], draft_prompt=rendered)
+        plain = generate_tokens(engine, prompt, SpecConfig(method="none"), max_tokens=16)
+        assert generate_tokens(engine, prompt, spec, max_tokens=16) == plain
+        own = draft.tokenize(rendered, parse_special=True)
+        assert engine.last_proposer.text.ids[:len(own)] == own
+        assert any(draft.token_bytes(t) == b"" for t in own)  # its template's control tokens, not their text
+    finally:
+        engine.close()
+
+
+def test_a_draft_without_a_template_reads_the_messages_as_text(zoo_paths, tmp_path):
+    import json
+    import shutil
+
+    from specdesk.app.models.crossvocab_pair import draft_conversation
+    from specdesk.engines.torch.tokenizer import HfTokenizer
+
+    folder = Path(shutil.copytree(zoo_paths["llama-bpe"]["draft_hf"], tmp_path / "draft"))
+    config = json.loads((folder / "tokenizer_config.json").read_text())
+    config.pop("chat_template", None)
+    (folder / "tokenizer_config.json").write_text(json.dumps(config))
+    messages = [{"role": "system", "content": "Be terse."}, {"role": "user", "content": "Name a prime."}]
+    assert draft_conversation(HfTokenizer(folder), messages) == "Be terse.\n\nName a prime.\n\n"

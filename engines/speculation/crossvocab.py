@@ -15,8 +15,8 @@ draft's cache keeps the common prefix, which rolls it back to the accepted text)
   mapped to target ids, one draft token to one target token, so the acceptance ratio
   min(1, p/q) uses the real q and rejection sampling stays lossless.
 
-The draft reads the prompt as plain text (control tokens stand for no text), or as its own
-rendering of the conversation when the run gives one (`draft_prompt`). Stop tokens are the
+The draft reads the prompt as plain text (control tokens stand for no text), or the
+conversation as its own chat template renders it when the run gives that (`draft_prompt`). Stop tokens are the
 target's: a draft token that stands for no text (its own end of turn) ends the draft.
 """
 
@@ -44,25 +44,25 @@ class CrossVocabDrafting(ModelDraftProposer):
         super().__init__(context, sampling, rng, p_min)
         self.draft = context.model
         self.target = None  # the target model (its tokenizer, its vocabulary's size): for_target
-        self.draft_prompt: Optional[tuple[int, ...]] = None
+        self.draft_prompt = ""
         self.shared = None  # the shared tokens, for sampled drafts
         self.text: Optional[DraftText] = None
         self.n_target = 0  # target tokens of the context turned into draft text
         self.retokenize_s = 0.0  # keeping the draft's tokens in step and encoding its text for the target
         self.draft_tokens = 0  # the draft model's own tokens drafted (a target token may be more or fewer)
 
-    def for_target(self, target, draft_prompt: Optional[Sequence[int]] = None) -> "CrossVocabDrafting":
-        """Draft for `target`; `draft_prompt`: the conversation as the draft's own tokens (its
-        template's rendering), else the draft reads the prompt's text."""
+    def for_target(self, target, draft_prompt: str = "") -> "CrossVocabDrafting":
+        """Draft for `target`; `draft_prompt`: the conversation as the draft's own chat template
+        renders it (special tokens as text), else the draft reads the prompt's text."""
         self.target = target
-        self.draft_prompt = tuple(draft_prompt) if draft_prompt else None
+        self.draft_prompt = draft_prompt
         self.shared = None if self.sampling.greedy else intersection(target, self.draft)
         return self
 
     def begin(self, prompt: Sequence[int]) -> None:
         started = time.perf_counter()
-        if self.draft_prompt is not None:
-            self.text = DraftText(self.draft, self.draft_prompt)
+        if self.draft_prompt:
+            self.text = DraftText(self.draft, self.draft.tokenize(self.draft_prompt, parse_special=True))
         else:
             bos = [self.draft.vocab.bos] if self.draft.vocab.add_bos and self.draft.vocab.bos is not None else []
             self.text = DraftText(self.draft, bos, self._bytes(prompt))

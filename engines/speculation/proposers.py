@@ -68,7 +68,7 @@ def make_proposer(engine: ModelSource, spec: SpecConfig, sampling: SamplingParam
     else:
         model = engine.load_native(spec.method, spec.draft_path if info.uses_file else None)
     proposer = cls(model, sampling, rng, spec.draft_p_min)
-    return proposer if same_vocabulary else proposer.for_target(engine.target)
+    return proposer if same_vocabulary else proposer.for_target(engine.target, spec.draft_prompt)
 
 
 def prepare(engine: ModelSource, spec: SpecConfig) -> None:
