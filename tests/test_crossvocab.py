@@ -296,3 +296,19 @@ def test_a_draft_without_a_template_reads_the_messages_as_text(zoo_paths, tmp_pa
     (folder / "tokenizer_config.json").write_text(json.dumps(config))
     messages = [{"role": "system", "content": "Be terse."}, {"role": "user", "content": "Name a prime."}]
     assert draft_conversation(HfTokenizer(folder), messages) == "Be terse.\n\nName a prime.\n\n"
+
+
+def test_auto_chooses_among_a_cross_vocabulary_draft_with_its_costs_measured(demo_family, smollm2):
+    """Method auto given the method among its candidates: its probe measures what the draft's
+    tokens cost (retokenizing included), and the output is still the target's."""
+    engine = LlamaEngine(demo_family["target_gguf"], n_ctx=256, n_threads=1)
+    try:
+        prompt = engine.tokenize(PROMPTS[0])
+        plain = generate_tokens(engine, prompt, SpecConfig(method="none"), max_tokens=16)
+        spec = SpecConfig(method="auto", k=4, draft_path=smollm2, auto_methods=("ngram", METHOD))
+        assert generate_tokens(engine, prompt, spec, max_tokens=16) == plain
+        auto = engine.last_proposer
+        assert set(auto.proposers) == {"ngram", METHOD}
+        assert auto.report()["costs"]["draft_token_ms"][METHOD] > 0
+    finally:
+        engine.close()
