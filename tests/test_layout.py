@@ -24,7 +24,7 @@ from specdesk.ui import theme  # noqa: E402
 from specdesk.ui.clipping import clipped  # noqa: E402
 from specdesk.ui.layout import FoldingSplitter  # noqa: E402
 from specdesk.ui.main_window import MainWindow  # noqa: E402
-from specdesk.ui.models_view import model_label  # noqa: E402
+from specdesk.ui.model_tables import model_label  # noqa: E402
 
 
 @pytest.fixture

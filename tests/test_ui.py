@@ -20,7 +20,7 @@ from specdesk.app.storage.history import History  # noqa: E402
 from specdesk.app.storage.settings import Settings, load_settings  # noqa: E402
 from specdesk.ui import markdown, theme  # noqa: E402
 from specdesk.ui.main_window import MainWindow  # noqa: E402
-from specdesk.ui.models_view import PairingDialog  # noqa: E402
+from specdesk.ui.pairing_dialog import PairingDialog  # noqa: E402
 from specdesk.ui.worker import running_threads  # noqa: E402
 
 LOAD_TIMEOUT_MS = 120_000  # bounds on a broken run only: a loaded 2-core machine is slow
@@ -486,7 +486,7 @@ def test_screenshot_command_saves_both_views_and_the_pairing(qtbot, demo_family,
 
     monkeypatch.setenv("SPECDESK_CACHE_DIR", str(demo_cache_dir))  # the small family the fixture built
     pairings = []
-    monkeypatch.setattr("specdesk.ui.models_view.PairingDialog.show_report",
+    monkeypatch.setattr("specdesk.ui.pairing_dialog.PairingDialog.show_report",
                         lambda dialog, report, show=PairingDialog.show_report: (pairings.append(report), show(dialog, report)))
     assert main(["screenshot", "--out", str(tmp_path / "shots"), "--threads", "1"]) == 0
     for name in ("main-window.png", "compare.png"):

@@ -1,6 +1,6 @@
 """The Models tab: search the hub, list a repository's files, a download queue with progress
-and cancel, the local library with its metadata, and a pairing dialog that shows the
-compatible drafts and why each other model is not one.
+and cancel, the local library with its metadata, and a pairing dialog (ui/pairing_dialog.py)
+that shows the compatible drafts and why each other model is not one.
 
 The GUI thread never waits: library scans, searches, listings and pairing run one after
 another on one worker thread, downloads one after another on a second (so a long download
@@ -12,216 +12,35 @@ file, so "Resume" continues where it stopped.
 from __future__ import annotations
 
 import itertools
-import logging
 import time
-import traceback
-from dataclasses import dataclass
-from pathlib import Path
-from typing import Any, Callable, ClassVar, Optional
+from typing import Any, Callable, Optional
 
 from PySide6.QtCore import Qt, Signal, Slot
-from PySide6.QtWidgets import (QAbstractItemView, QCheckBox, QDialog, QDialogButtonBox, QFileDialog, QGridLayout,
-                               QGroupBox, QHBoxLayout, QHeaderView, QLabel, QLineEdit, QMenu, QProgressBar, QPushButton,
-                               QSplitter, QTableWidget, QTableWidgetItem, QVBoxLayout, QWidget)
+from PySide6.QtWidgets import (QAbstractItemView, QCheckBox, QFileDialog, QGridLayout, QGroupBox, QHBoxLayout, QLabel,
+                               QLineEdit, QMenu, QProgressBar, QPushButton, QSplitter, QVBoxLayout, QWidget)
 
-from specdesk.app.models.hub import DownloadCancelled, DownloadProgress, human_bytes
+from specdesk.app.models.hub import DownloadProgress, human_bytes
 from specdesk.app.models.library import LibraryConfig, ModelEntry
 from specdesk.engines.methods import method_info
 from specdesk.engines.types import SpecDeskError
 
 from .crossvocab_pairs import CrossVocabDrafts
 from .dialogs import show_error
-from .job_thread import Job, JobRunner, JobThread, running_threads  # noqa: F401  (running_threads: for tests)
+from .job_thread import JobThread, running_threads  # noqa: F401  (running_threads: for tests)
 from .jobs import Throttle
+from .model_tables import cell, model_label, table
+from .models_jobs import DownloadRow, Task, TaskRunner
+from .pairing_dialog import PairingDialog
 
-log = logging.getLogger(__name__)
 PROGRESS_INTERVAL_S = 0.05  # a download reports to the GUI at most this often
 PROGRESS_STEPS = 1000  # progress bars count permille (QProgressBar is 32-bit; files are not)
 SOURCES_PER_ROW = 3  # the library's "Also scan" check boxes
-
-@dataclass(kw_only=True)
-class _Task(Job):
-    """A Models-tab job: `work` runs on its lane's thread; `shown` gets its value and
-    `refused` its failure (message, cancelled) on the GUI thread (None: the tab reports it)."""
-
-    kind: ClassVar[str] = "models"
-    work: Callable[["_Task"], Any]
-    shown: Callable[[Any], None]
-    refused: Optional[Callable[[str, bool], None]] = None
-
-
-class _TaskRunner(JobRunner):
-    """Runs the tab's tasks on a lane's thread; a failure is (message, cancelled)."""
-
-    def perform(self, job: _Task) -> Any:
-        if job.cancel.is_set():
-            raise DownloadCancelled("cancelled before it started")
-        return job.work(job)
-
-    def failure(self, job: _Task, error: Exception) -> tuple[str, bool]:
-        if isinstance(error, DownloadCancelled):
-            return str(error), True
-        if isinstance(error, SpecDeskError):
-            return str(error), False
-        log.error("models job failed:\n%s", "".join(traceback.format_exception(error)))  # a bug
-        return f"{type(error).__name__}: {error}", False
-
-
-def _item(text: Any, tip: Optional[str] = None, data: Any = None) -> QTableWidgetItem:
-    item = QTableWidgetItem("" if text is None else str(text))
-    item.setFlags(item.flags() & ~Qt.ItemIsEditable)
-    if tip:
-        item.setToolTip(tip)
-    if data is not None:
-        item.setData(Qt.UserRole, data)
-    return item
-
-
-def _table(headers: list[str], parent: QWidget) -> QTableWidget:
-    table = QTableWidget(0, len(headers), parent)
-    table.setHorizontalHeaderLabels(headers)
-    table.setSelectionBehavior(QAbstractItemView.SelectRows)
-    table.setSelectionMode(QAbstractItemView.SingleSelection)
-    table.verticalHeader().setVisible(False)
-    table.horizontalHeader().setSectionResizeMode(QHeaderView.Interactive)
-    table.horizontalHeader().setStretchLastSection(True)
-    return table
-
-
-def model_label(name: str, path: str) -> str:
-    """A model's name with its file name when the name does not say it: the files of one model
-    (its quantizations, a target and its drafts from one conversion) often share the name in
-    their header, and only the file tells them apart."""
-    file = Path(path).name
-    if not file or file in name or name == file or file.startswith("sha256-"):  # Ollama blobs: the tag names them
-        return name
-    return f"{name} ({file})"
 
 
 def _parameters(n: Optional[int]) -> str:
     if not n:
         return "-"
     return f"{n / 1e9:.1f} B" if n >= 1e9 else f"{n / 1e6:.1f} M"
-
-
-@dataclass
-class DownloadRow:
-    download_id: int
-    repo_id: str
-    filename: str
-    row: int
-    bar: QProgressBar
-    button: QPushButton
-    job: Optional[_Task] = None
-    state: str = "queued"  # queued, running, done, cancelled, failed
-    path: Optional[str] = None
-    message: str = ""
-
-
-class PairingDialog(QDialog):
-    """Compatible drafts (best first), every other model with the reasons it cannot draft,
-    native drafters, and the memory verdict for a target."""
-
-    MAX_COLUMN_WIDTH = 420  # px: columns before "why" (names, paths) give it room to wrap in
-    use = Signal(str, str)  # "Use this pair": the target with the chosen compatible draft
-    train = Signal(str)  # "Train a drafter…" for this target
-
-    def __init__(self, target: ModelEntry, parent: Optional[QWidget] = None):
-        super().__init__(parent)
-        self.target = target
-        self.report = None
-        self.setWindowTitle(f"Drafts for {model_label(target.name, target.path)}")
-        self.resize(900, 560)
-        self.summary = QLabel(f"checking the library against {model_label(target.name, target.path)}…", self)
-        self.summary.setToolTip(target.path)
-        self.summary.setWordWrap(True)
-        self.compatible = _table(["draft", "expected speedup", "k", "why"], self)
-        self.incompatible = _table(["model", "why not"], self)
-        self.native = _table(["method", "where", "why"], self)
-        for table in (self.compatible, self.incompatible, self.native):
-            # the last column ("why") takes the width left and wraps its text; rows grow to fit it
-            table.setWordWrap(True)
-            table.setTextElideMode(Qt.ElideMiddle)  # a capped path column keeps the file name in view
-            table.horizontalHeader().setSectionResizeMode(table.columnCount() - 1, QHeaderView.Stretch)
-            table.verticalHeader().setSectionResizeMode(QHeaderView.ResizeToContents)
-        self.memory = QLabel("", self)
-        self.memory.setWordWrap(True)
-        buttons = QDialogButtonBox(QDialogButtonBox.Close, self)
-        buttons.rejected.connect(self.reject)
-        self.use_button = buttons.addButton("Use this pair", QDialogButtonBox.AcceptRole)
-        self.use_button.setToolTip("load the target with the selected draft")
-        self.use_button.setEnabled(False)
-        self.use_button.clicked.connect(self._use_clicked)
-        self.train_button = buttons.addButton("Train a drafter…", QDialogButtonBox.ActionRole)
-        self.train_button.setToolTip("train an EAGLE-3 head, MTP layer or DFlash drafter for this target here, "
-                                     "from its own answers, and adopt it only if it pays")
-        self.train_button.clicked.connect(lambda: self.train.emit(self.target.path))
-        self.compatible.itemSelectionChanged.connect(
-            lambda: self.use_button.setEnabled(self.compatible.currentRow() >= 0))
-        self.compatible.itemDoubleClicked.connect(lambda item: self._use_clicked())
-        layout = QVBoxLayout(self)
-        layout.addWidget(self.summary)
-        layout.addWidget(QLabel("Compatible drafts", self))
-        layout.addWidget(self.compatible, 2)
-        layout.addWidget(QLabel("Not compatible", self))
-        layout.addWidget(self.incompatible, 2)
-        layout.addWidget(QLabel("Native drafters", self))
-        layout.addWidget(self.native, 1)
-        layout.addWidget(self.memory)
-        layout.addWidget(buttons)
-
-    def show_report(self, report) -> None:
-        self.report = report
-        self.compatible.setRowCount(0)
-        for v in report.compatible:
-            row = self.compatible.rowCount()
-            self.compatible.insertRow(row)
-            self.compatible.setItem(row, 0, _item(model_label(v.name, v.path), v.path, v.path))
-            self.compatible.setItem(row, 1, _item(f"{v.score:.2f}x {v.basis}"))  # measured here, or assumed
-            self.compatible.setItem(row, 2, _item(v.k))
-            self.compatible.setItem(row, 3, _item("; ".join(v.reasons)))
-        self.incompatible.setRowCount(0)
-        for v in report.incompatible:
-            row = self.incompatible.rowCount()
-            self.incompatible.insertRow(row)
-            self.incompatible.setItem(row, 0, _item(model_label(v.name, v.path), v.path, v.path))
-            self.incompatible.setItem(row, 1, _item("; ".join(v.reasons), "\n".join(v.reasons)))
-        self.native.setRowCount(0)
-        for d in report.native:
-            row = self.native.rowCount()
-            self.native.insertRow(row)
-            self.native.setItem(row, 0, _item(d["method"]))
-            where = d.get("path") or d.get("repo")
-            self.native.setItem(row, 1, _item(Path(where).name if d.get("path") else where, where))
-            self.native.setItem(row, 2, _item(d.get("why") or d["source"]))
-        for table in (self.compatible, self.incompatible, self.native):
-            for column in range(table.columnCount() - 1):
-                table.resizeColumnToContents(column)
-                table.setColumnWidth(column, min(table.columnWidth(column), self.MAX_COLUMN_WIDTH))
-        self.summary.setText(f"{len(report.compatible)} compatible draft(s), {len(report.incompatible)} other "
-                             f"model(s) cannot draft for {model_label(self.target.name, self.target.path)}")
-        m = report.memory
-        draft = f" + draft {Path(report.memory_draft).name}" if report.memory_draft else ""
-        verdict = "fits" if m.fits else "does NOT fit"
-        vram = f"; GPU {human_bytes(m.vram_free_bytes)} free" if m.vram_free_bytes is not None else ""
-        self.memory.setText(f"Memory at context {m.n_ctx}: target{draft} need {human_bytes(m.required_bytes)} "
-                            f"(weights {human_bytes(m.weights_bytes + m.draft_weights_bytes)}, KV cache "
-                            f"{human_bytes(m.kv_cache_bytes + m.draft_kv_cache_bytes)}); "
-                            f"{human_bytes(m.available_bytes)} RAM free{vram}: {verdict}")
-        if report.placement is not None:  # where each model will sit, per device
-            self.memory.setText(f"{self.memory.text()}\nPlacement: {report.placement.describe()}")
-
-        if report.compatible:
-            self.compatible.selectRow(0)
-
-    def _use_clicked(self) -> None:
-        item = self.compatible.item(self.compatible.currentRow(), 0)
-        if item is not None:
-            self.use.emit(self.target.path, item.data(Qt.UserRole))
-            self.accept()
-
-    def show_error(self, message: str) -> None:
-        self.summary.setText(message)
 
 
 class ModelsView(QWidget):
@@ -246,8 +65,8 @@ class ModelsView(QWidget):
             config_source = (lambda: LibraryConfig.from_settings(settings)) if settings is not None else LibraryConfig
         self._config_source = config_source
         ids = itertools.count(1)
-        self._jobs = JobThread("specdesk-models", _TaskRunner, ids, self)
-        self._downloads_lane = JobThread("specdesk-downloads", _TaskRunner, ids, self)
+        self._jobs = JobThread("specdesk-models", TaskRunner, ids, self)
+        self._downloads_lane = JobThread("specdesk-downloads", TaskRunner, ids, self)
         for lane in (self._jobs, self._downloads_lane):
             lane.done.connect(self._on_done)
             lane.failed.connect(self._on_failed)
@@ -265,6 +84,26 @@ class ModelsView(QWidget):
 
     # --- layout ----------------------------------------------------------------
     def _build(self) -> None:
+        self._make_widgets()
+        self._make_source_boxes()
+        hub_box = self._hub_box()
+        downloads_box = QGroupBox("Downloads", self)
+        QVBoxLayout(downloads_box).addWidget(self.download_table)
+        downloads_box.hide()  # until the first download: the library gets the room
+        self.downloads_box = downloads_box
+        library_box = self._library_box()
+        body = QSplitter(Qt.Vertical, self)
+        for box in (hub_box, downloads_box, library_box):
+            body.addWidget(box)
+        body.setStretchFactor(0, 2)
+        body.setStretchFactor(1, 1)
+        body.setStretchFactor(2, 4)
+        layout = QVBoxLayout(self)
+        layout.addWidget(body, 1)
+        layout.addWidget(self.status)
+        self._connect()
+
+    def _make_widgets(self) -> None:
         self.query = QLineEdit(self)
         self.query.setPlaceholderText("search the hub, e.g. Qwen3")
         self.query.setToolTip("Search the Hugging Face hub by name, e.g. Qwen3 GGUF")
@@ -274,11 +113,11 @@ class ModelsView(QWidget):
         self.gguf_only = QCheckBox("GGUF only", self)
         self.gguf_only.setChecked(True)
         self.search_button = QPushButton("Search", self)
-        self.results = _table(["repository", "downloads", "format"], self)
-        self.files = _table(["file", "size", "quantization", "sha256"], self)
+        self.results = table(["repository", "downloads", "format"], self)
+        self.files = table(["file", "size", "quantization", "sha256"], self)
         self.download_button = QPushButton("Download selected file", self)
-        self.download_table = _table(["file", "progress", "status", ""], self)
-        self.library = _table(["name", "source", "format", "architecture", "parameters", "quantization", "context",
+        self.download_table = table(["file", "progress", "status", ""], self)
+        self.library = table(["name", "source", "format", "architecture", "parameters", "quantization", "context",
                                "vocab", "size", "native drafters", "path"], self)
         self.library.setSelectionMode(QAbstractItemView.SingleSelection)
         self.refresh_button = QPushButton("Rescan", self)
@@ -291,8 +130,11 @@ class ModelsView(QWidget):
         self.use_draft_button = QPushButton("Use as draft", self)
         self.use_draft_button.setToolTip("draft for the loaded target with it")
         self.status = QLabel("", self)
+
+    def _make_source_boxes(self) -> None:
+        """Other apps' folders, each switchable (kept in settings)."""
         self.source_boxes: dict[str, QCheckBox] = {}
-        if self._settings is not None:  # other apps' folders, each switchable (kept in settings)
+        if self._settings is not None:
             from specdesk.app.models.library import load_sources
 
             for name, spec in load_sources().items():
@@ -302,6 +144,7 @@ class ModelsView(QWidget):
                 box.toggled.connect(lambda on, name=name: self.set_source(name, on))
                 self.source_boxes[name] = box
 
+    def _hub_box(self) -> QGroupBox:
         search_row = QHBoxLayout()
         for w, stretch in ((self.query, 1), (self.author, 0), (self.gguf_only, 0), (self.search_button, 0)):
             search_row.addWidget(w, stretch)
@@ -317,10 +160,9 @@ class ModelsView(QWidget):
         file_layout.addWidget(self.download_button)
         lists.addWidget(file_side)
         hub_layout.addWidget(lists, 1)
-        downloads_box = QGroupBox("Downloads", self)
-        QVBoxLayout(downloads_box).addWidget(self.download_table)
-        downloads_box.hide()  # until the first download: the library gets the room
-        self.downloads_box = downloads_box
+        return hub_box
+
+    def _library_box(self) -> QGroupBox:
         library_box = QGroupBox("Library", self)
         library_layout = QVBoxLayout(library_box)
         library_layout.addWidget(self.library, 1)
@@ -340,16 +182,9 @@ class ModelsView(QWidget):
                 sources.addWidget(box, i // SOURCES_PER_ROW, 1 + i % SOURCES_PER_ROW)
             sources.setColumnStretch(SOURCES_PER_ROW + 1, 1)
             library_layout.addLayout(sources)
-        body = QSplitter(Qt.Vertical, self)
-        for box in (hub_box, downloads_box, library_box):
-            body.addWidget(box)
-        body.setStretchFactor(0, 2)
-        body.setStretchFactor(1, 1)
-        body.setStretchFactor(2, 4)
-        layout = QVBoxLayout(self)
-        layout.addWidget(body, 1)
-        layout.addWidget(self.status)
+        return library_box
 
+    def _connect(self) -> None:
         self.search_button.clicked.connect(lambda: self.search(self.query.text()))
         self.query.returnPressed.connect(lambda: self.search(self.query.text()))
         self.results.itemSelectionChanged.connect(self._result_selected)
@@ -400,7 +235,7 @@ class ModelsView(QWidget):
         self._scanned = True
         config = self._config_source()
         self.status.setText("scanning the model library…")
-        return self._jobs.submit(_Task(work=lambda job: scan_library(config), shown=self._show_library)).job_id
+        return self._jobs.submit(Task(work=lambda job: scan_library(config), shown=self._show_library)).job_id
 
     def set_source(self, name: str, enabled: bool) -> Optional[int]:
         """Switch one app's model folder on or off (remembered in settings) and rescan."""
@@ -449,7 +284,7 @@ class ModelsView(QWidget):
                       e.quantization or "-", e.context_length or "-", e.vocab_size or "-",
                       human_bytes(e.size_bytes) if e.size_bytes else "-", native, e.path]
             for column, value in enumerate(values):
-                self.library.setItem(row, column, _item(value, e.error, e.path if column == 0 else None))
+                self.library.setItem(row, column, cell(value, e.error, e.path if column == 0 else None))
             if e.error:
                 self.library.item(row, 0).setText(f"⚠ {model_label(e.name, e.path)}")
                 # a file whose header was read but that cannot run keeps its facts; the tooltip says why
@@ -471,7 +306,7 @@ class ModelsView(QWidget):
 
         gguf, author = self.gguf_only.isChecked(), self.author.text().strip() or None
         self.status.setText(f"searching for {text!r}…")
-        return self._jobs.submit(_Task(work=lambda job: search(text, gguf_only=gguf, author=author),
+        return self._jobs.submit(Task(work=lambda job: search(text, gguf_only=gguf, author=author),
                                        shown=self._show_results)).job_id
 
     def _show_results(self, results) -> None:
@@ -479,9 +314,9 @@ class ModelsView(QWidget):
         for r in results:
             row = self.results.rowCount()
             self.results.insertRow(row)
-            self.results.setItem(row, 0, _item(r.repo_id, data=r.repo_id))
-            self.results.setItem(row, 1, _item(r.downloads))
-            self.results.setItem(row, 2, _item("GGUF" if r.gguf else "", ", ".join(r.tags)))
+            self.results.setItem(row, 0, cell(r.repo_id, data=r.repo_id))
+            self.results.setItem(row, 1, cell(r.downloads))
+            self.results.setItem(row, 2, cell("GGUF" if r.gguf else "", ", ".join(r.tags)))
         self.results.resizeColumnsToContents()
         self.status.setText(f"{len(results)} repositories found")
         self.search_done.emit(results)
@@ -497,7 +332,7 @@ class ModelsView(QWidget):
         self.current_repo = repo_id
         self.files.setRowCount(0)
         self.status.setText(f"listing {repo_id}…")
-        return self._jobs.submit(_Task(work=lambda job: list_files(repo_id),
+        return self._jobs.submit(Task(work=lambda job: list_files(repo_id),
                                        shown=lambda files: self._show_files(repo_id, files))).job_id
 
     def _show_files(self, repo_id: str, files) -> None:
@@ -507,10 +342,10 @@ class ModelsView(QWidget):
         for f in files:
             row = self.files.rowCount()
             self.files.insertRow(row)
-            self.files.setItem(row, 0, _item(f.path, data=f.path))
-            self.files.setItem(row, 1, _item(human_bytes(f.size)))
-            self.files.setItem(row, 2, _item(f.quantization or ""))
-            self.files.setItem(row, 3, _item((f.sha256 or "")[:16], f.sha256))
+            self.files.setItem(row, 0, cell(f.path, data=f.path))
+            self.files.setItem(row, 1, cell(human_bytes(f.size)))
+            self.files.setItem(row, 2, cell(f.quantization or ""))
+            self.files.setItem(row, 3, cell((f.sha256 or "")[:16], f.sha256))
         self.files.resizeColumnsToContents()
         self.status.setText(f"{repo_id}: {len(files)} files")
         self._update_buttons()
@@ -526,12 +361,12 @@ class ModelsView(QWidget):
         download_id = next(self._download_ids)
         row = self.download_table.rowCount()
         self.download_table.insertRow(row)
-        self.download_table.setItem(row, 0, _item(f"{repo_id}/{filename}"))
+        self.download_table.setItem(row, 0, cell(f"{repo_id}/{filename}"))
         bar = QProgressBar(self.download_table)
         bar.setRange(0, PROGRESS_STEPS)
         button = QPushButton("Cancel", self.download_table)
         self.download_table.setCellWidget(row, 1, bar)
-        self.download_table.setItem(row, 2, _item("queued"))
+        self.download_table.setItem(row, 2, cell("queued"))
         self.download_table.setCellWidget(row, 3, button)
         entry = DownloadRow(download_id, repo_id, filename, row, bar, button)
         self.downloads[download_id] = entry
@@ -546,7 +381,7 @@ class ModelsView(QWidget):
         lane = self._downloads_lane
         throttle = Throttle(PROGRESS_INTERVAL_S, clock=time.monotonic)
 
-        def work(job: _Task):
+        def work(job: Task):
             def report(p: DownloadProgress) -> None:
                 if throttle.due() or p.done == p.total:
                     throttle.mark()
@@ -554,7 +389,7 @@ class ModelsView(QWidget):
 
             return str(download(d.repo_id, d.filename, cancel=job.cancel, progress=report))
 
-        d.job = lane.submit(_Task(work=work, shown=lambda path: self._download_done(d, path),
+        d.job = lane.submit(Task(work=work, shown=lambda path: self._download_done(d, path),
                                   refused=lambda message, cancelled: self._download_refused(d, message, cancelled)))
         self._by_job[d.job.job_id] = d.download_id
         self._set_state(d, "queued", "queued")
@@ -603,7 +438,7 @@ class ModelsView(QWidget):
                refused: Optional[Callable[[str, bool], None]] = None) -> int:
         """Run `work(job)` on the tab's lane (library, hub, pairing); `shown` gets its value on the
         GUI thread, `refused` its failure (message, cancelled); without it the tab reports it."""
-        return self._jobs.submit(_Task(work=work, shown=shown, refused=refused)).job_id
+        return self._jobs.submit(Task(work=work, shown=shown, refused=refused)).job_id
 
     def row_menu(self) -> Optional[QMenu]:
         """The selected row's menu (None without a usable row)."""
@@ -658,7 +493,7 @@ class ModelsView(QWidget):
         dialog.train.connect(self.open_training)
         entries = list(self.entries)
         placement, draft_placement = self._placements()
-        job = self._jobs.submit(_Task(work=lambda job: pair(target.path, entries, n_ctx=n_ctx, placement=placement,
+        job = self._jobs.submit(Task(work=lambda job: pair(target.path, entries, n_ctx=n_ctx, placement=placement,
                                                             draft_placement=draft_placement),
                                       shown=lambda report: self._pairing_done(job.job_id, report),
                                       refused=lambda message, cancelled: self._pairing_refused(job.job_id, message)))

@@ -89,7 +89,6 @@ def take_screenshots(out: Path, size: tuple[int, int] = (1280, 800), dark: bool 
     the pairing dialog is the demo's only."""
     os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
     from specdesk.app.storage.history import History
-    from specdesk.app.storage.settings import DEMO, Settings
 
     from .app import make_app
     from .main_window import MainWindow
@@ -100,14 +99,7 @@ def take_screenshots(out: Path, size: tuple[int, int] = (1280, 800), dark: bool 
     app = make_app([], dark=dark)
     scratch_folder = tempfile.TemporaryDirectory(prefix="specdesk-screenshot-")  # removed when done
     scratch = Path(scratch_folder.name)
-    if target is None:
-        settings = Settings(target_path=DEMO, draft_path=DEMO, demo_size=demo_size, method="draft", k=4,
-                            temperature=0.7, seed=1, max_tokens=160, threads=threads, n_ctx=1024,
-                            compare_prompt=COMPARE_PROMPT, first_run_done=True)
-    else:  # the Compare tab suits its prompt to the chat model once it loads
-        settings = Settings(target_path=str(Path(target).resolve()), draft_path=None, method="auto", k=4,
-                            temperature=0.7, seed=1, max_tokens=REAL_MAX_TOKENS, threads=threads, n_ctx=2048,
-                            compare_prompt=COMPARE_PROMPT, first_run_done=True)
+    settings = _settings(target, demo_size, threads)
     quit_on_close = app.quitOnLastWindowClosed()
     app.setQuitOnLastWindowClosed(False)  # closing our window must not end the caller's event loop
     window = MainWindow(settings, History(scratch / "history.sqlite3"), settings_file=scratch / "settings.json",
@@ -121,35 +113,8 @@ def take_screenshots(out: Path, size: tuple[int, int] = (1280, 800), dark: bool 
     os.environ["SPECDESK_DATA_DIR"] = str(scratch / "data")  # measurements: the pairing shows only this run's
     try:
         window.worker.progress.connect(say)
-        window.load_models()
-        wait_signal(app, window.worker.finished, lambda r: r.kind == "load", 900)
-        if errors:
-            raise SpecDeskError(errors[0])
-        say("chatting")
-        window.chat_view.input.setPlainText(CHAT_PROMPT if target is None else REAL_CHAT_PROMPT)
-        window.chat_view.send_button.click()
-        wait_signal(app, window.worker.finished, lambda r: r.kind == "chat", RUN_LIMIT_S)
-        _settle(app)
-        saved.append(_grab(window, out / f"main-window{suffix}.png"))
-
-        say("comparing")
-        window.tabs.setCurrentWidget(window.compare_view)
-        window.compare_view.temperature_spin.setValue(0.0)  # greedy: the verdict can say "identical"
-        if target is None:
-            window.controls.max_tokens_spin.setValue(640)  # longer runs: timings of a tiny model are less noisy
-            # The small family's target is so small that its draft model costs about as much as it
-            # saves; prompt lookup drafts for free, so the compare shows a real speedup.
-            window.controls.method_combo.setCurrentIndex(window.controls.method_combo.findData("ngram"))
-            window.compare_view.chat_box.setChecked(False)
-        window.compare_view.run_button.click()
-        wait_signal(app, window.worker.finished, lambda r: r.kind == "compare", RUN_LIMIT_S)
-        if target is None:  # a model of one's own: no sweep (nine points of repeated runs take long on a CPU)
-            window.compare_view.sweep_button.click()
-            wait_signal(app, window.worker.finished, lambda r: r.kind == "sweep", RUN_LIMIT_S)
-        if errors:
-            raise SpecDeskError(errors[0])
-        _settle(app)
-        saved.append(_grab(window, out / f"compare{suffix}.png"))
+        saved.append(_chat_shot(app, window, out / f"main-window{suffix}.png", target, errors, say))
+        saved.append(_compare_shot(app, window, out / f"compare{suffix}.png", target, errors, say))
         if target is None:
             saved.append(_pairing(app, window, out / f"pairing{suffix}.png", demo_size, say, errors, scratch))
         if sizes:
@@ -167,6 +132,56 @@ def take_screenshots(out: Path, size: tuple[int, int] = (1280, 800), dark: bool 
         app.setQuitOnLastWindowClosed(quit_on_close)
         scratch_folder.cleanup()
     return saved
+
+
+def _settings(target: Optional[str], demo_size: str, threads: int):
+    """The window's settings: the demo family with its draft model, or `target` with method auto."""
+    from specdesk.app.storage.settings import DEMO, Settings
+
+    if target is None:
+        return Settings(target_path=DEMO, draft_path=DEMO, demo_size=demo_size, method="draft", k=4,
+                        temperature=0.7, seed=1, max_tokens=160, threads=threads, n_ctx=1024,
+                        compare_prompt=COMPARE_PROMPT, first_run_done=True)
+    # the Compare tab suits its prompt to the chat model once it loads
+    return Settings(target_path=str(Path(target).resolve()), draft_path=None, method="auto", k=4,
+                    temperature=0.7, seed=1, max_tokens=REAL_MAX_TOKENS, threads=threads, n_ctx=2048,
+                    compare_prompt=COMPARE_PROMPT, first_run_done=True)
+
+
+def _chat_shot(app, window, path: Path, target: Optional[str], errors: list, say: Callable[[str], None]) -> Path:
+    """Load the models, chat once, grab the Chat tab."""
+    window.load_models()
+    wait_signal(app, window.worker.finished, lambda r: r.kind == "load", 900)
+    if errors:
+        raise SpecDeskError(errors[0])
+    say("chatting")
+    window.chat_view.input.setPlainText(CHAT_PROMPT if target is None else REAL_CHAT_PROMPT)
+    window.chat_view.send_button.click()
+    wait_signal(app, window.worker.finished, lambda r: r.kind == "chat", RUN_LIMIT_S)
+    _settle(app)
+    return _grab(window, path)
+
+
+def _compare_shot(app, window, path: Path, target: Optional[str], errors: list, say: Callable[[str], None]) -> Path:
+    """A greedy compare (and on the demo a k sweep with prompt lookup), then grab the Compare tab."""
+    say("comparing")
+    window.tabs.setCurrentWidget(window.compare_view)
+    window.compare_view.temperature_spin.setValue(0.0)  # greedy: the verdict can say "identical"
+    if target is None:
+        window.controls.max_tokens_spin.setValue(640)  # longer runs: timings of a tiny model are less noisy
+        # The small family's target is so small that its draft model costs about as much as it
+        # saves; prompt lookup drafts for free, so the compare shows a real speedup.
+        window.controls.method_combo.setCurrentIndex(window.controls.method_combo.findData("ngram"))
+        window.compare_view.chat_box.setChecked(False)
+    window.compare_view.run_button.click()
+    wait_signal(app, window.worker.finished, lambda r: r.kind == "compare", RUN_LIMIT_S)
+    if target is None:  # a model of one's own: no sweep (nine points of repeated runs take long on a CPU)
+        window.compare_view.sweep_button.click()
+        wait_signal(app, window.worker.finished, lambda r: r.kind == "sweep", RUN_LIMIT_S)
+    if errors:
+        raise SpecDeskError(errors[0])
+    _settle(app)
+    return _grab(window, path)
 
 
 def _pairing(app, window, path: Path, demo_size: str, say: Callable[[str], None], errors: list,
