@@ -37,7 +37,7 @@ from urllib.parse import urljoin, urlparse
 
 from specdesk.engines.types import SpecDeskError
 
-from .library import hf_cache_dir
+from ..storage.paths import hf_cache_dir
 
 DEFAULT_ENDPOINT = "https://huggingface.co"
 REPO_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,95}/[A-Za-z0-9][A-Za-z0-9._-]{0,95}$")

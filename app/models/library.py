@@ -22,7 +22,7 @@ from typing import Callable, Iterable, Iterator, Optional
 from specdesk.engines.files import require_regular_file
 from specdesk.engines.methods import drafter_for_config, drafter_methods, drafter_settings, known, row
 
-from ..storage.paths import assets_dir, cache_dir
+from ..storage.paths import assets_dir, cache_dir, hf_cache_dir
 from .known import KNOWN
 
 log = logging.getLogger(__name__)
@@ -281,16 +281,6 @@ def read_model(path: str | os.PathLike, source: str = "user", name: Optional[str
 
 
 # --- sources -------------------------------------------------------------------------
-def hf_cache_dir() -> Path:
-    """The hub cache every HF tool uses, from the same variables (read now, not at import)."""
-    if os.environ.get("HF_HUB_CACHE"):
-        return Path(os.path.expandvars(os.path.expanduser(os.environ["HF_HUB_CACHE"])))
-    if os.environ.get("HF_HOME"):
-        return Path(os.path.expandvars(os.path.expanduser(os.environ["HF_HOME"]))) / "hub"
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "huggingface" / "hub"
-
-
 def scan_hf_cache(root: Optional[Path] = None) -> Iterator[ModelEntry]:
     """GGUF files and checkpoint folders in the hub cache, newest revision of each repository."""
     from huggingface_hub import scan_cache_dir

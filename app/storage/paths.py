@@ -48,3 +48,13 @@ def building(folder: str | os.PathLike) -> Iterator[None]:
     folder.parent.mkdir(parents=True, exist_ok=True)
     with FileLock(str(folder.parent / f".{folder.name}.lock")):
         yield
+
+
+def hf_cache_dir() -> Path:
+    """The hub cache every HF tool uses, from the same variables (read now, not at import)."""
+    if os.environ.get("HF_HUB_CACHE"):
+        return Path(os.path.expandvars(os.path.expanduser(os.environ["HF_HUB_CACHE"])))
+    if os.environ.get("HF_HOME"):
+        return Path(os.path.expandvars(os.path.expanduser(os.environ["HF_HOME"]))) / "hub"
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "huggingface" / "hub"
