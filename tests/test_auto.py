@@ -697,9 +697,40 @@ def test_a_probe_that_caught_a_busy_moment_is_taken_again_or_priced_at_n_passes(
 
 
 def test_a_recorded_busy_probe_is_never_quoted_as_this_machines_costs(tmp_path):
-    from specdesk.app.models import measurements
+    from specdesk.app.runtime import measurements
 
     log, target = tmp_path / "measurements.jsonl", str(tmp_path / "m.gguf")
     measurements.record_pass_costs(target, "llama.cpp", {"pass_ms": [5.4, 11.4, 14.6]}, log)
     measurements.record_pass_costs(target, "llama.cpp", {"pass_ms": [5.4, 370.0, 380.0]}, log)  # 68.5x: refused
     assert measurements.pass_costs_for(target, records=measurements.read(log, pass_costs=True)) == [5.4, 11.4, 14.6]
+
+
+class Confident(Counting):
+    """A model drafter's knobs: drafts k tokens, with the draft_p_min auto sets on it."""
+
+    def __init__(self, p_min: float = 0.0):
+        super().__init__()
+        self.p_min = p_min
+
+
+def test_auto_cuts_unlikely_draft_tails_by_what_a_row_costs_to_verify_here():
+    """Where a pass over one more token costs nearly one more pass (Q4_1 on a CPU without a
+    batched kernel), a draft row must be likely to pay; where passes are flat, a long tail is
+    cheap; and the draft_p_min a run asked for is never lowered."""
+    from specdesk.engines.speculation.chooser import MAX_TAIL_P_MIN, tail_p_min
+
+    flat = Costs((0.010, 0.0102, 0.0104, 0.0106, 0.0108), {"draft": 1e-4})
+    steep = Costs((0.010, 0.0115, 0.013, 0.0145, 0.016), {"draft": 1e-4})
+    assert tail_p_min(flat, "draft", 4, 2.0) == pytest.approx((0.0002 + 1e-4) * 2.0 / 0.010)
+    assert tail_p_min(steep, "draft", 4, 1.3) == pytest.approx((0.0015 + 1e-4) * 1.3 / 0.010)
+    assert tail_p_min(steep, "draft", 4, 9.0) == MAX_TAIL_P_MIN and tail_p_min(steep, "draft", 1, 1.3) == 0.0
+    for costs, asked in ((flat, 0.0), (steep, 0.0), (flat, 0.5)):
+        drafter = Confident(asked)
+        auto = AutoProposer({"draft": drafter}, costs, 4, learn_costs=False)
+        auto.begin([1, 2, 3])
+        auto.propose([1, 2, 3], 4)
+        assert auto.choice.method == "draft"
+        expected = max(asked, tail_p_min(costs, "draft", auto.choice.k, auto.choice.expected_speedup))
+        assert drafter.p_min == pytest.approx(expected) and auto.report()["draft_p_min"]["draft"] == round(expected, 3)
+        assert auto.choice.k >= 2 and drafter.p_min > 0.0  # a tail was priced, not left uncut
+    assert Confident().p_min == 0.0

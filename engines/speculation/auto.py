@@ -21,7 +21,8 @@ from typing import Mapping, Optional, Sequence
 
 from ..methods import auto_methods, method_info, needs_draft_model
 from ..types import Draft, SpecConfig, SpecDeskError
-from .chooser import AcceptanceEstimate, Choice, Costs, cannot_pay, choose, could_pay, economics, speedups, worth_feeding
+from .chooser import (AcceptanceEstimate, Choice, Costs, cannot_pay, choose, could_pay, economics, speedups,
+                      tail_p_min, worth_feeding)
 from .costs import CostModel, cost_key, measured
 from .stats import ProposerCounters
 
@@ -109,6 +110,8 @@ class AutoProposer:
         self._seen: dict[str, int] = {}
         self._context_len = 0
         self._previous_drafter: Optional[str] = None  # the method that drafted the step before
+        self._p_floor: dict[str, float] = {}  # method -> the draft_p_min the run asked for
+        self.p_min_used: dict[str, float] = {}  # method -> the draft_p_min its last draft stopped at
 
     @property
     def costs(self) -> Costs:
@@ -210,6 +213,7 @@ class AutoProposer:
             if method in looked:
                 draft = Draft(looked[method].tokens[:min(k, self.choice.k)])
             else:
+                self._cut_tails(method, min(k, self.choice.k))
                 draft = self.proposers[method].propose(context, min(k, self.choice.k))
             self._pending = (method, min(k, self.choice.k), len(draft.tokens))
             if not draft.tokens and self.choice.fallback is not None:
@@ -219,6 +223,7 @@ class AutoProposer:
                 self._missed = method
                 fallback, fallback_k = self.choice.fallback
                 self.last_used[fallback] = self.last_chosen[fallback] = self.steps
+                self._cut_tails(fallback, min(k, fallback_k))
                 draft = self.proposers[fallback].propose(context, min(k, fallback_k))
                 self._pending = (fallback, min(k, fallback_k), len(draft.tokens))
                 self.choice = Choice(fallback, fallback_k, self.choice.expected_speedup,
@@ -230,6 +235,16 @@ class AutoProposer:
         self.usage[label] = self.usage.get(label, 0) + 1
         self.counters.record_proposal(len(draft.tokens), time.perf_counter() - started)
         return draft
+
+    def _cut_tails(self, method: str, k: int) -> None:
+        """A model drafter (one with a draft_p_min) stops at a row too unlikely to pay for its
+        verification on this machine (chooser.tail_p_min); never below the p_min asked for."""
+        proposer = self.proposers[method]
+        if not hasattr(proposer, "p_min"):
+            return
+        floor = self._p_floor.setdefault(method, proposer.p_min)
+        proposer.p_min = max(floor, tail_p_min(self.costs, method, k, self.choice.expected_speedup))
+        self.p_min_used[method] = proposer.p_min
 
     def accept(self, n_accepted: int, committed: Sequence[int]) -> None:
         self.counters.record_accepted(n_accepted)
@@ -283,7 +298,8 @@ class AutoProposer:
         return {"steps_by_choice": {label: round(n / steps, 3) for label, n in
                                     sorted(self.usage.items(), key=lambda item: -item[1])},
                 "steps": sum(self.usage.values()), "costs": self.cost_model.describe(),
-                "economics": economics(self.costs), "verdict": self.verdict()}
+                "economics": economics(self.costs), "verdict": self.verdict(),
+                "draft_p_min": {m: round(p, 3) for m, p in self.p_min_used.items()}}
 
 
 # engine -> (cost key, greedy) -> method -> its acceptance estimate, carried from one run to the next

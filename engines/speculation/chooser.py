@@ -265,6 +265,21 @@ def implausible_size(pass_s: Sequence[float]) -> Optional[int]:
     return None
 
 
+MAX_TAIL_P_MIN = 0.9  # a draft row is never asked to be surer than this to be verified
+
+
+def tail_p_min(costs: Costs, method: str, k: int, expected_speedup: float) -> float:
+    """How sure a draft model must be of a row beyond its first for verifying it to pay
+    (its draft_p_min): the row adds its drafting and t(k+1) - t(k) to the step, and brings one
+    token with about that probability, worth t(1)/speedup at the rate the step expects. Flat
+    pass costs (a GPU, F16 on a fast CPU) ask little; passes that cost nearly n singles (Q4_1
+    on a CPU without a batched kernel) ask a lot, so unlikely tails are cut before the pass."""
+    if k < 2 or expected_speedup <= 0 or costs.pass_s[0] <= 0:
+        return 0.0
+    marginal = costs.pass_cost(k + 1) - costs.pass_cost(k) + costs.draft_token_s.get(method, 0.0)
+    return min(MAX_TAIL_P_MIN, max(0.0, marginal * expected_speedup / costs.pass_s[0]))
+
+
 def pass_ratio(costs: Costs, n: int) -> float:
     """t(n)/t(1): what a pass over n tokens costs against a pass over one, on this machine."""
     return costs.pass_cost(n) / costs.pass_s[0]
