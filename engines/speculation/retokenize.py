@@ -75,7 +75,7 @@ def split_at(ends: Sequence[int], offset: int) -> Optional[int]:
 
 class Vocab:
     """One model's tokens by their bytes (normal tokens only: a control token stands for
-    none), and whether its tokenizer puts a space in front of fresh text. Built once per model."""
+    none; a duplicated piece keeps its lowest id). Built once per model."""
 
     def __init__(self, model):
         self.n_vocab = int(model.n_vocab)
@@ -83,7 +83,7 @@ class Vocab:
         for token in range(self.n_vocab):
             piece = model.token_bytes(token)
             if piece:
-                by_bytes.setdefault(piece, token)  # the lowest id of a duplicated piece
+                by_bytes.setdefault(piece, token)
         self.by_bytes = by_bytes
 
 
