@@ -312,3 +312,18 @@ def test_auto_chooses_among_a_cross_vocabulary_draft_with_its_costs_measured(dem
         assert auto.report()["costs"]["draft_token_ms"][METHOD] > 0
     finally:
         engine.close()
+
+
+def test_a_draft_whose_tokens_outrun_the_context_stops_drafting(demo_family, smollm2):
+    """SmolLM2 as the target, the demo's 1k vocabulary drafting: the draft needs more tokens for
+    the same text, so near the context's end its own context fills first; drafting stops there
+    and the run still ends as plain decoding does."""
+    engine = LlamaEngine(smollm2, n_ctx=48, n_threads=1)
+    try:
+        tokens = engine.tokenize(PROMPTS[0])[:24]
+        plain = generate_tokens(engine, tokens, SpecConfig(method="none"), max_tokens=40, stop_at_eos=False)
+        spec = SpecConfig(method=METHOD, k=4, draft_path=demo_family["draft_gguf"])
+        assert generate_tokens(engine, tokens, spec, max_tokens=40, stop_at_eos=False) == plain
+        assert len(plain) == 48 - len(tokens)  # it ran to the context's end
+    finally:
+        engine.close()

@@ -11,6 +11,8 @@ from benchmarks import zoo
 from specdesk.app.models.crossvocab_pair import predict_files, refused_for_vocabulary, vocab_overlap
 from specdesk.engines.llama.binding import GgufModel
 
+from llama_helpers import rewrite_gguf
+
 
 def test_only_vocabulary_refusals_make_a_cross_vocabulary_draft():
     assert refused_for_vocabulary(["vocab type spm vs bpe (target vs draft)", "vocab size 262144 vs 49152",
@@ -44,17 +46,23 @@ def test_a_prediction_says_whether_it_pays(demo_family, smollm2):
 
 
 def test_models_pair_prints_a_cross_vocabulary_draft_as_json(demo_family, smollm2, monkeypatch, tmp_path, capsys):
+    """SmolLM2 in the library is listed as a cross-vocabulary draft; the draft --draft names (the
+    demo draft with renamed tokens: a vocabulary of its own, quick to measure) is measured."""
     from specdesk.app.main import main
 
     monkeypatch.setenv("SPECDESK_CONFIG_DIR", str(tmp_path / "config"))
     monkeypatch.setenv("SPECDESK_CACHE_DIR", str(tmp_path / "cache"))  # not this machine's demo family
+    renamed = str(rewrite_gguf(demo_family["draft_gguf"], tmp_path / "renamed.gguf",
+                               edit_tokens=lambda tokens: [t + "\u00a7" if i % 3 == 2 and i > 16 else t
+                                                           for i, t in enumerate(tokens)]))
     args = ["models", "pair", "--target", demo_family["target_gguf"], "--path", demo_family["draft_gguf"],
-            "--path", smollm2, "--no-apps", "--no-hf-cache", "--ctx", "128", "--draft", smollm2]
+            "--path", smollm2, "--no-apps", "--no-hf-cache", "--ctx", "128", "--draft", renamed]
     assert main(args + ["--json"]) == 0
     report = json.loads(capsys.readouterr().out)
     crossed = {Path(d["path"]).resolve(): d for d in report["cross_vocab"]}
-    assert Path(smollm2).resolve() in crossed
-    prediction = crossed[Path(smollm2).resolve()]["prediction"]
+    assert Path(smollm2).resolve() in crossed and "prediction" not in crossed[Path(smollm2).resolve()]
+    prediction = crossed[Path(renamed).resolve()]["prediction"]
+    assert prediction["acceptance"] > 0 and 0.5 < prediction["overlap"] < 1
     assert {"overlap", "acceptance", "expected_speedup", "retokenize_ms_per_token", "pays", "verdict"} <= set(prediction)
     assert report["compatible"][0]["path"] == demo_family["draft_gguf"]  # the same-vocabulary draft is still ranked
     assert main(args) == 0

@@ -85,6 +85,9 @@ class CrossVocabDrafting(ModelDraftProposer):
         started = time.perf_counter()
         ids = self._draft_ids(context)
         self.retokenize_s += time.perf_counter() - started
+        if len(ids) + k > self.context.n_ctx:  # the draft's tokens may outrun the target's: its context is full
+            self.counters.record_proposal(0, time.perf_counter() - started)
+            return Draft(())
         kept = self.context.sync_prefix(ids)
         if kept == len(ids):  # at least one token must be evaluated to get logits
             self.context.rollback(kept - 1)
