@@ -116,12 +116,15 @@ def test_the_intersection_pairs_tokens_of_the_same_text(vocabs):
 # --- greedy: the target's own output ---------------------------------------------------------
 
 def greedy_pairs(zoo_paths) -> list[tuple[str, str, str, int]]:
-    """(label, target, draft, prompts): each zoo vocabulary drafting for the next one, the
-    first pair on all 24 prompts; and two drafting for themselves through the method (the same
-    text both sides: high acceptance exercises the junction and the rollback)."""
+    """(label, target, draft, prompts): each zoo vocabulary drafting for the next one, phi-3's
+    SentencePiece target with qwen2's BPE draft on all 24 prompts (the others on a few: the
+    262k and 256k vocabularies are slow to load and tokenize); and two drafting for themselves
+    through the method (the same text both sides: high acceptance exercises the junction and
+    the rollback)."""
     names = sorted(zoo_paths)
     pairs = [(f"{n}<-{names[(i + 1) % len(names)]}", zoo_paths[n]["target_gguf"],
-              zoo_paths[names[(i + 1) % len(names)]]["draft_gguf"], 24 if i == 0 else 3) for i, n in enumerate(names)]
+              zoo_paths[names[(i + 1) % len(names)]]["draft_gguf"], 24 if n == "phi-3" else 2)
+             for i, n in enumerate(names)]
     return pairs + [(f"{n}<-{n}", zoo_paths[n]["target_gguf"], zoo_paths[n]["draft_gguf"], 3)
                     for n in ("phi-3", "qwen2")]
 
@@ -146,7 +149,7 @@ def assert_greedy_identical(target: str, draft: str, prompts: list[str], max_tok
 def test_greedy_is_plain_decoding_for_zoo_vocabularies(zoo_paths):
     for i, (label, target, draft, n_prompts) in enumerate(greedy_pairs(zoo_paths)):
         prompts = PROMPTS[:n_prompts] if n_prompts == 24 else PROMPTS[3 * i:3 * i + n_prompts]
-        accepted = assert_greedy_identical(target, draft, prompts, 16, label)
+        accepted = assert_greedy_identical(target, draft, prompts, 12, label)
         own = label.split("<-")[0] == label.split("<-")[1]
         assert not own or accepted > 0, f"{label}: the draft's own text was never accepted"
 
