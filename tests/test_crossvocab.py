@@ -330,3 +330,22 @@ def test_a_draft_whose_tokens_outrun_the_context_stops_drafting(demo_family, smo
         assert len(plain) == 48 - len(tokens)  # it ran to the context's end
     finally:
         engine.close()
+
+
+def test_auto_with_a_draft_of_another_vocabulary_drafts_across_vocabularies(demo_family, smollm2):
+    """Method auto given a draft the draft method refuses: the cross-vocabulary method takes its
+    place among auto's candidates, its costs measured by auto's probe; a same-vocabulary draft
+    stays with the draft method."""
+    engine = LlamaEngine(demo_family["target_gguf"], n_ctx=256, n_threads=1)
+    try:
+        prompt = engine.tokenize(PROMPTS[1])
+        plain = generate_tokens(engine, prompt, SpecConfig(method="none"), max_tokens=12)
+        assert generate_tokens(engine, prompt, SpecConfig(method="auto", k=4, draft_path=smollm2),
+                               max_tokens=12) == plain
+        assert METHOD in engine.last_proposer.proposers and "draft" not in engine.last_proposer.proposers
+        assert METHOD in engine.last_proposer.report()["costs"]["draft_token_ms"]
+        generate_tokens(engine, prompt, SpecConfig(method="auto", k=4, draft_path=demo_family["draft_gguf"]),
+                        max_tokens=4)
+        assert "draft" in engine.last_proposer.proposers and METHOD not in engine.last_proposer.proposers
+    finally:
+        engine.close()

@@ -10,14 +10,16 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import weakref
 from typing import Optional, Protocol
 
 import numpy as np
 
 from ..methods import METHODS as METHOD_TABLE
-from ..methods import method_info, resolve
+from ..methods import auto_methods, method_info, needs_draft_model, resolve
 from ..types import METHODS, SamplingParams, SpecConfig, SpecDeskError
 from .auto import AutoPlan, auto_plan, start_auto
+from .compat import incompatibilities
 from .costs import load_or_measure, measured
 from .ngram import NgramPoolProposer
 from .protocols import Proposer
@@ -52,6 +54,7 @@ def make_proposer(engine: ModelSource, spec: SpecConfig, sampling: SamplingParam
     if info.role == "baseline":
         return None
     if info.role == "chooser":
+        spec = auto_spec(engine, spec)
         plan = auto_plan(spec, engine.method_availability())
         return start_auto(engine, plan, _auto_members(engine, spec, plan, sampling, rng), sampling.greedy)
     if info.shared is not None:
@@ -78,6 +81,7 @@ def prepare(engine: ModelSource, spec: SpecConfig) -> None:
     once done; the other methods need nothing."""
     if method_info(spec.method).role != "chooser":
         return
+    spec = auto_spec(engine, spec)
     plan = auto_plan(spec, engine.method_availability())
     model = measured(engine, plan.methods, plan.max_k, plan.draft_path)
     if model is not None and not model.drifted():
@@ -85,6 +89,27 @@ def prepare(engine: ModelSource, spec: SpecConfig) -> None:
     # Proposers of its own, greedy and seeded: the probe draws nothing from a run's generator.
     members = _auto_members(engine, spec, plan, SamplingParams(), np.random.default_rng(0))
     load_or_measure(engine, members, plan.max_k, plan.draft_path, plan.observer)
+
+
+_vocabulary_differs: "weakref.WeakKeyDictionary[object, bool]" = weakref.WeakKeyDictionary()
+
+
+def auto_spec(engine: ModelSource, spec: SpecConfig) -> SpecConfig:
+    """Auto's request with a draft model whose vocabulary differs from the target's: the
+    cross-vocabulary method takes the draft method's place among its candidates (measured like
+    any other), where the draft method would refuse the draft."""
+    candidates = spec.auto_methods or auto_methods()
+    if not spec.draft_path or not any(needs_draft_model(m) for m in candidates):
+        return spec
+    cross = next((m for m, row in METHOD_TABLE.items() if row.takes == "draft_model" and row.proposer
+                  and not getattr(proposer_class(engine.name, m), "same_vocabulary", True)), None)
+    draft = engine.load_draft(spec.draft_path, same_vocabulary=False).model
+    if draft not in _vocabulary_differs:  # a draft model belongs to one engine, so to one target
+        _vocabulary_differs[draft] = bool(incompatibilities(engine.target, draft, max_reasons=1))
+    if cross is None or not _vocabulary_differs[draft]:
+        return spec
+    methods = (cross if needs_draft_model(m) else m for m in candidates)
+    return dataclasses.replace(spec, auto_methods=tuple(dict.fromkeys(methods)))
 
 
 def _auto_members(engine: ModelSource, spec: SpecConfig, plan: AutoPlan, sampling: SamplingParams,
