@@ -16,7 +16,9 @@ from typing import Any, Callable, Optional
 
 from specdesk.app.options import (add_model_options, build_configs, open_session, progress, resolve_models,
                                   sampling_params)
-from specdesk.app.runtime.backend import ChatBackend, ChatOutcome, ChatSettings, chat_turn
+from specdesk.app.runtime.backend import ChatBackend, ChatOutcome, ChatSettings
+from specdesk.app.runtime.chat_controller import ChatController, ThisThread, TurnRequest
+from specdesk.app.storage.history import History
 from specdesk.app.terminal import printable
 from specdesk.engines.types import SpecConfig, SpecDeskError
 
@@ -178,57 +180,60 @@ def cmd_chat(args) -> int:
 
 
 def terminal_chat(backend: ChatBackend, settings: ChatSettings, system: Optional[str] = None) -> list[dict]:
-    """Read turns until an empty line or the end of input; each is answered by chat_turn. Ctrl-C
-    stops the reply in progress (the chat goes on); an error that leaves the backend usable
-    (a message too long for the context, a server that dropped the stream) is one line, and
-    the chat goes on; one that every next message would meet again (an engine process that
-    died, a server that redirects elsewhere) ends it. Returns the conversation."""
+    """Read turns until an empty line or the end of input; each is a turn of the chat controller
+    (app/runtime/chat_controller.py, as in the app), taken here by chat_turn. Ctrl-C stops the
+    reply in progress (the chat goes on); an error that leaves the backend usable (a message too
+    long for the context, a server that dropped the stream) is one line, and the chat goes on;
+    one that every next message would meet again (an engine process that died, a server that
+    redirects elsewhere) ends it. The chat lasts the session, as a terminal's scrollback does.
+    Returns the conversation."""
     from specdesk.app.runtime.engine_client import EngineHostDied
 
-    messages = start_conversation(system)
-    while True:
-        line = next_user_line()
-        if line is None:
-            return messages
-        if line.strip() in ("/reset", "/new"):
-            messages[:] = start_conversation(system)
-            backend.new_chat()
-            print("[a new chat]", file=sys.stderr)
-            continue
-        if line.strip() == "/save" or line.startswith("/save "):
+    request = TurnRequest(settings.spec, settings.sampling, settings.max_tokens, backend)
+    # a model's or a server's text, never a terminal command
+    runner = ThisThread(backend, show=lambda text: print(printable(text), end="", flush=True))
+    history = History.temporary()
+    chat = ChatController(history, runner, lambda: request, system_prompt=lambda: system or "")
+    try:
+        while True:
+            line = next_user_line()
+            if line is None:
+                return chat.conversation(chat.messages)
+            if line.strip() in ("/reset", "/new"):
+                chat.new_chat()
+                print("[a new chat]", file=sys.stderr)
+                continue
+            if line.strip() == "/save" or line.startswith("/save "):
+                try:
+                    saved = save_conversation(chat.conversation(chat.messages), line[len('/save'):].strip())
+                    print(f"[saved to {saved}]", file=sys.stderr)
+                except SpecDeskError as e:
+                    print(f"specdesk: {e}", file=sys.stderr)
+                continue
+            before = len(chat.messages)
+            print("model> ", end="", flush=True)
             try:
-                print(f"[saved to {save_conversation(messages, line[len('/save'):].strip())}]", file=sys.stderr)
+                turn = chat.send(line)
+            except KeyboardInterrupt:
+                print("\n[stopped]")
+                continue
+            except EngineHostDied:
+                print()
+                raise  # the engine process ended: nothing left to chat with
             except SpecDeskError as e:
+                print()
+                if getattr(e, "ends_chat", False):  # nothing a next message could change (a redirect elsewhere)
+                    raise
+                if len(chat.messages) == before + 2:  # what came before the failure stays as the reply
+                    print(f"[partial reply, {len(chat.messages[-1].text)} characters]", file=sys.stderr)
                 print(f"specdesk: {e}", file=sys.stderr)
-            continue
-        messages.append({"role": "user", "content": line})
-        before = len(messages)
-        print("model> ", end="", flush=True)
-        try:
-            outcome = chat_turn(backend, messages, settings, threading.Event(),
-                                # a model's or a server's text, never a terminal command
-                                on_event=lambda e: print(printable(e.text), end="", flush=True))
-        except KeyboardInterrupt:
-            print("\n[stopped]")
-            continue
-        except EngineHostDied:
+                continue
             print()
-            raise  # the engine process ended: nothing left to chat with
-        except SpecDeskError as e:
-            print()
-            if getattr(e, "ends_chat", False):  # nothing a next message could change (a redirect elsewhere)
-                raise
-            if len(messages) == before + 1:  # what came before the failure stays as the reply
-                print(f"[partial reply, {len(messages[-1]['content'])} characters]", file=sys.stderr)
-            print(f"specdesk: {e}", file=sys.stderr)
-            continue
-        print()
-        note = f"\n[{printable(outcome.note, one_line=True)}]" if outcome.note else ""
-        print(f"[{describe_reply(outcome)}]{note}", file=sys.stderr)
-
-
-def start_conversation(system: Optional[str]) -> list[dict]:
-    return [{"role": "system", "content": system}] if system else []
+            outcome = turn.outcome
+            note = f"\n[{printable(outcome.note, one_line=True)}]" if outcome.note else ""
+            print(f"[{describe_reply(outcome)}]{note}", file=sys.stderr)
+    finally:
+        history.close()
 
 
 def conversation_markdown(messages: list[dict], title: str = "SpecDesk chat") -> str:

@@ -56,7 +56,7 @@ def reply_to(qtbot, window, act):
 
 def send(qtbot, window, text: str):
     window.chat_view.input.setPlainText(text)
-    return reply_to(qtbot, window, lambda: window.chat_view.send_button.click() or window._chat_job)
+    return reply_to(qtbot, window, lambda: window.chat_view.send_button.click() or window.chat.turn)
 
 
 # --- pure pieces -------------------------------------------------------------------------
@@ -143,7 +143,7 @@ def test_enter_sends_and_shift_enter_starts_a_new_line(qtbot, open_window):
     qtbot.keyClicks(box, "first line")
     qtbot.keyClick(box, Qt.Key_Return, Qt.ShiftModifier)
     qtbot.keyClicks(box, "second line")
-    assert box.toPlainText() == "first line\nsecond line" and window._chat_job is None
+    assert box.toPlainText() == "first line\nsecond line" and window.chat.turn is None
     with wait_for(qtbot, window, "chat"):
         qtbot.keyClick(box, Qt.Key_Return)
         assert box.toPlainText() == ""
@@ -159,17 +159,17 @@ def test_edit_and_regenerate_keep_both_branches_and_the_arrows_switch(qtbot, ope
     click(view, action_href("edit", 0))
     assert view.input.toPlainText() == "def parse_args(argv):"
     view.stop_requested.emit()  # Esc: not an edit any more
-    assert view.input.toPlainText() == "" and window._editing is None
+    assert view.input.toPlainText() == "" and window.chat.editing is None
     click(view, action_href("edit", 0))
     view.input.setPlainText("def main():")
-    reply_to(qtbot, window, lambda: view.send_button.click() or window._chat_job)
+    reply_to(qtbot, window, lambda: view.send_button.click() or window.chat.turn)
     assert [m.text for m in view.messages][0] == "def main():"
     assert (view.messages[0].alternative, view.messages[0].alternatives) == (1, 2)
     edited_reply = view.messages[1].text
     assert len(window.history.alternatives(first_user)) == 2
     # Regenerate the reply under the edit: a second version of it, the first kept
     window.controls.seed_spin.setValue(4)
-    reply_to(qtbot, window, lambda: click(view, action_href("regenerate", 1)) or window._chat_job)
+    reply_to(qtbot, window, lambda: click(view, action_href("regenerate", 1)) or window.chat.turn)
     assert (view.messages[1].alternative, view.messages[1].alternatives) == (1, 2)
     assert action_href("previous", 1) in anchors(view)
     every = window.history.all_messages(window.chat_id)
@@ -198,7 +198,7 @@ def test_regenerate_and_copy_a_reply_that_is_not_the_last(qtbot, open_window):
     click(view, action_href("copy", 1))
     assert QGuiApplication.clipboard().text() == first.text
     window.controls.seed_spin.setValue(8)
-    outcome = reply_to(qtbot, window, lambda: click(view, action_href("regenerate", 1)) or window._chat_job)
+    outcome = reply_to(qtbot, window, lambda: click(view, action_href("regenerate", 1)) or window.chat.turn)
     # the second version answers the first question; the first version and the turn after it stay
     assert [m.role for m in view.messages] == ["user", "assistant"]
     assert view.messages[1].text == outcome.result.text and view.messages[1].alternatives == 2

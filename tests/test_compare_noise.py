@@ -249,8 +249,9 @@ def test_a_run_too_short_to_measure_is_said(view, clock):
 
 
 def test_an_auto_pane_says_that_auto_chooses_k():
-    from specdesk.ui.compare_view import arm_titles
+    from specdesk.app.runtime.session import Session
 
-    baseline, speculative = arm_titles(SpecConfig(method="auto", k=4), None)
+    local = Session()  # the local models, as the Compare tab's titles read them (nothing loaded)
+    baseline, speculative = local.arm_titles(SpecConfig(method="auto", k=4))
     assert baseline == "no speculation" and speculative == "auto picks the method and k ≤ 4"
-    assert arm_titles(SPEC, None)[1] == "draft, k = 4"
+    assert local.arm_titles(SPEC)[1] == "draft, k = 4"

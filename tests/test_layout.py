@@ -301,13 +301,12 @@ def busy_auto_report():
 @pytest.mark.parametrize("size", [(1024, 640), (1280, 800)])
 def test_a_finished_auto_compare_keeps_the_window_its_size_with_nothing_cut(qtbot, window, size):
     from specdesk.engines.types import SpecConfig
-    from specdesk.ui.compare_view import arm_titles
 
     w = window(Settings(first_run_done=True))
     show_at(qtbot, w, *size)
     view = w.compare_view
     w.tabs.setCurrentWidget(view)
-    baseline, speculative = arm_titles(SpecConfig(method="auto", k=4), None)
+    baseline, speculative = w.backend.arm_titles(SpecConfig(method="auto", k=4))
     view.baseline_pane.setTitle(f"Baseline ({baseline})")
     view.speculative_pane.setTitle(f"Speculative ({speculative})")
     view.set_placement("target CPU · draft CPU")

@@ -66,7 +66,7 @@ def test_add_server_lists_models_says_what_it_reports_and_chats_with_its_charts(
             assert ("session only" in dialog.key_note) is (not keyring_available())
             assert "sk-team" not in (Path(window._settings_file).read_text()
                                      if Path(window._settings_file).exists() else "")
-            assert window.backend is not None and "vLLM" in window.status_label.text()
+            assert not window.backend.local and "vLLM" in window.status_label.text()
             models_group = next(g for g in window.controls.findChildren(QGroupBox) if g.title() == "Models")
             assert not models_group.isEnabled()  # the local pickers do not apply to the server's replies
 
@@ -144,7 +144,7 @@ def test_a_reply_that_fails_before_any_text_takes_its_turn_back_and_local_models
     with Replay(load("vllm_counters.json"), drop_after=0) as replay:
         _, ok = connect(qtbot, window, replay.url)
         ok.click()
-        assert window.backend is not None and replay.url in window.windowTitle()
+        assert not window.backend.local and replay.url in window.windowTitle()
         window.chat_view.input.setPlainText("hello")
         window.chat_view.send_button.click()
         assert window.chat_view.input.toPlainText() == ""
@@ -155,7 +155,7 @@ def test_a_reply_that_fails_before_any_text_takes_its_turn_back_and_local_models
     models_group = window.controls.target_combo.parentWidget()
     assert not models_group.isEnabled()
     window.served.local_action.trigger()  # Servers > Use local models
-    assert window.backend is None and models_group.isEnabled()
+    assert window.backend.local and models_group.isEnabled()
     assert replay.url not in window.windowTitle() and window.windowTitle() == "SpecDesk"
 
 

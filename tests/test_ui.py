@@ -531,7 +531,7 @@ def finished(result):
         ask("second question", 4000)
 
 def streamed(batch):
-    if jobs.get("second") is True and window._chat_job is not None and window.chat_view.messages[-2].text == "second question":
+    if jobs.get("second") is True and window.chat.turn is not None and window.chat_view.messages[-2].text == "second question":
         jobs["second"] = "announced"
         print("generating", flush=True)
 

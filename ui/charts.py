@@ -26,6 +26,7 @@ import pyqtgraph as pg
 from PySide6.QtCore import QEvent, QObject, QRectF, Qt, QTimer
 from PySide6.QtWidgets import QApplication, QGraphicsItem, QGridLayout, QLabel, QSizePolicy, QVBoxLayout, QWidget
 
+from specdesk.app.runtime.chat_controller import format_status
 from specdesk.engines.methods import method_color as row_color
 from specdesk.engines.speculation.stats import StatsAccumulator
 from specdesk.engines.types import RunStats
@@ -221,19 +222,6 @@ def rate_title(unit: str) -> str:
     """The rate chart's title for what its events count: "tokens / s", or "characters / s (why)"."""
     name, _, why = unit.partition(" (")
     return f"{name} / s" + (f" ({why}" if why else "")
-
-
-def format_status(stats: RunStats, k: int) -> str:
-    parts = [f"{stats.tokens} tokens", f"{stats.tok_per_s:.1f} tok/s"]
-    if k > 0:
-        parts += [f"acceptance {stats.acceptance_rate:.2f}", f"{stats.mean_accepted_length:.2f} tok/pass"]
-    else:
-        parts += ["no speculation"]
-    busy = stats.draft_s + stats.verify_s
-    if busy > 0:
-        share = stats.draft_s / busy
-        parts.append(f"draft/verify {share:.0%}/{1 - share:.0%}")
-    return " · ".join(parts)
 
 
 class ChartPanel(QWidget):

@@ -4,13 +4,14 @@ Replies are shown as Markdown (ui/markdown.py) with every character keeping its 
 flag: code tokens in their colors, tables as tables, and a "Copy" link over each code
 block. Under each message a line of links acts on it: Copy and Regenerate for a reply,
 Edit for the user's message, and "‹ 2/3 ›" to step through a message's alternatives (the
-chat's branches, app/storage/history.py); the window does what they ask. Enter sends
-(ui/chat_input.py).
+chat's branches, app/storage/history.py). The chat controller (app/runtime/chat_controller.py)
+does what they ask, through the window, and this view draws its transcript (it is the
+controller's `ChatDisplay`). Enter sends (ui/chat_input.py).
 
-Streamed tokens are buffered by `append_pieces` and drawn by `flush()`, which the
-window calls from its repaint timer: a fast model costs one document edit per frame, not
-one per token, and only the reply's last Markdown block is redrawn (the blocks before it
-cannot change any more).
+Streamed tokens are marked by `reply_grew` (or added by `append_pieces`) and drawn by
+`flush()`, which the window calls from its repaint timer: a fast model costs one document
+edit per frame, not one per token, and only the reply's last Markdown block is redrawn (the
+blocks before it cannot change any more).
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ from PySide6.QtGui import (QDesktopServices, QFont, QFontDatabase, QGuiApplicati
                            QTextBlockFormat, QTextCharFormat, QTextCursor, QTextFormat, QTextLength)
 from PySide6.QtWidgets import (QCheckBox, QHBoxLayout, QLabel, QPushButton, QSizePolicy, QTextBrowser, QVBoxLayout,
                                QWidget)
+
+from specdesk.app.runtime.chat_controller import ChatMessage
 
 from . import markdown, theme
 from .chat_input import ChatInput
@@ -59,50 +62,6 @@ def message_actions(role: str, alternative: int, alternatives: int) -> list[tupl
             links.append(("next", "›"))
     links += [("copy", "Copy"), ("regenerate", "Regenerate")] if role == "assistant" else [("edit", "Edit")]
     return links
-
-
-@dataclass
-class ChatMessage:
-    role: str  # "user" or "assistant"
-    pieces: list[str] = field(default_factory=list)  # text per token (a user message is one piece)
-    from_draft: list[bool] = field(default_factory=list)  # (len(pieces),)
-    db_id: Optional[int] = None
-    footer: str = ""  # numbers of the run, under a reply
-    alternative: int = 0  # its place among its alternatives in the history, from 0
-    alternatives: int = 1  # how many alternatives it has, itself included
-
-    @property
-    def text(self) -> str:
-        return "".join(self.pieces)
-
-    def draft_spans(self) -> list[list]:
-        """Run-length [n_chars, from_draft] pairs: how highlighting is stored in history."""
-        spans: list[list] = []
-        for piece, drafted in zip(self.pieces, self.from_draft):
-            if not piece:
-                continue
-            if spans and spans[-1][1] == drafted:
-                spans[-1][0] += len(piece)
-            else:
-                spans.append([len(piece), drafted])
-        return spans
-
-    @classmethod
-    def from_spans(cls, role: str, text: str, spans, db_id: Optional[int] = None, footer: str = "",
-                   alternative: int = 0, alternatives: int = 1) -> "ChatMessage":
-        pieces, flags, at = [], [], 0
-        for span in spans or []:
-            try:
-                length, drafted = int(span[0]), bool(span[1])
-            except (TypeError, ValueError, IndexError):
-                break
-            pieces.append(text[at:at + length])
-            flags.append(drafted)
-            at += length
-        if at < len(text):  # spans missing or shorter than the text: the rest is plain
-            pieces.append(text[at:])
-            flags.append(False)
-        return cls(role, pieces, flags, db_id, footer, alternative, alternatives)
 
 
 @dataclass
@@ -281,8 +240,19 @@ class ChatView(QWidget):
         """Add streamed tokens to a reply; if it is the one on screen, they show at the next flush()."""
         message.pieces.extend(pieces)
         message.from_draft.extend(from_draft)
+        self.reply_grew(message)
+
+    def reply_grew(self, message: ChatMessage) -> None:
+        """A reply got tokens (the chat controller added them): shown at the next flush() if on screen."""
         if self.showing(message):
             self._pending = True
+
+    def offer_input(self, text: str) -> bool:
+        """A rolled-back turn's text back in the input, unless something was typed there since."""
+        if self.input.toPlainText().strip():
+            return False
+        self.input.setPlainText(text)
+        return True
 
     def showing(self, message: ChatMessage) -> bool:
         return bool(self.messages) and self.messages[-1] is message

@@ -17,12 +17,13 @@ from PySide6.QtWidgets import (QAbstractItemView, QCheckBox, QDoubleSpinBox, QGr
                                QLabel, QPlainTextEdit, QPushButton, QSplitter, QTableWidget, QTableWidgetItem,
                                QTextBrowser, QVBoxLayout, QWidget)
 
-from specdesk.engines.types import SamplingParams, SpecConfig, SpecDeskError
+from specdesk.app.runtime.chat_controller import TurnRequest
+from specdesk.engines.types import SpecDeskError
 
 from . import theme
 from .charts import integer_ticks, make_plot
 
-RequestSource = Callable[[], tuple[SpecConfig, SamplingParams, int]]
+RequestSource = Callable[[], TurnRequest]  # (spec, sampling, max tokens, backend): the window's
 SWEEP_KS = tuple(range(1, 9))
 PASS_COST_TITLE = "pass cost against k"
 PLOT_MIN_HEIGHT = 100  # pixels: a plot with room for its bars or points under its title and axis
@@ -161,15 +162,6 @@ class RunPane(QGroupBox):
         self.text.ensureCursorVisible()
 
 
-def arm_titles(spec, backend) -> tuple[str, str]:
-    """What the baseline and the speculative panes ran on: the method and k, or the servers."""
-    if backend is None:
-        if spec.method == "auto":  # k is a bound there: auto picks the method and k each step
-            return "no speculation", f"auto picks the method and k ≤ {spec.k}"
-        return "no speculation", f"{spec.method}, k = {spec.k}"
-    return backend.baseline_label, backend.label
-
-
 class CompareView(QWidget):
     apply_k = Signal(int)
     refused = Signal(str)  # a run that cannot start (no prompt, no method, a server without a baseline), in one line
@@ -187,6 +179,23 @@ class CompareView(QWidget):
         self._sweep_baseline = None
         self._sweep_allowed = True  # the k sweep runs on local models only
 
+        layout = QVBoxLayout(self)
+        layout.setContentsMargins(4, 4, 4, 4)
+        layout.addLayout(self._build_prompt_row(prompt, temperature))
+        layout.addWidget(self._build_panes(), 3)
+        layout.addWidget(self.verdict)
+        layout.addWidget(self.details)
+        layout.addWidget(self.auto_table)
+        layout.addLayout(self._build_plots(), 2)
+        layout.addLayout(self._build_sweep_row())
+
+        worker.stream.connect(self._on_stream)
+        worker.partial.connect(self._on_partial)
+        worker.finished.connect(self._on_finished)
+        worker.errored.connect(self._on_errored)
+
+    def _build_prompt_row(self, prompt: str, temperature: float) -> QHBoxLayout:
+        """The prompt, and beside it Run, Sweep, Stop, Chat template and the compare's temperature."""
         self.prompt = QPlainTextEdit(self)
         self.prompt.setPlaceholderText("A prompt to run without and with speculation")
         self.prompt.setPlainText(prompt)
@@ -225,7 +234,10 @@ class CompareView(QWidget):
         buttons.addWidget(temperature_label, 1, 1, Qt.AlignRight)
         buttons.addWidget(self.temperature_spin, 1, 2)
         top.addLayout(buttons)
+        return top
 
+    def _build_panes(self) -> QSplitter:
+        """The two runs side by side; under them the verdict, its details and auto's choices."""
         self.baseline_pane = RunPane("Baseline (no speculation)", self)
         self.speculative_pane = RunPane("Speculative", self)
         panes = QSplitter(self)
@@ -246,7 +258,10 @@ class CompareView(QWidget):
         rows = self.auto_table.verticalHeader().defaultSectionSize()  # three rows in view, the rest scroll
         self.auto_table.setMaximumHeight(rows * 3 + self.auto_table.horizontalHeader().sizeHint().height() + 4)
         self.auto_table.setVisible(False)
+        return panes
 
+    def _build_plots(self) -> QHBoxLayout:
+        """Acceptance per draft position, throughput against k, and the pass cost against k."""
         self.position_plot = make_plot("speculative: acceptance per draft position", "draft position", self,
                                        "acceptance per draft position", "acceptance per position")
         self.position_plot.setYRange(0, 1.05, padding=0)
@@ -276,35 +291,23 @@ class CompareView(QWidget):
                                               symbolSize=7, symbolBrush=theme.secondary(self.palette()))
         self.cost_plot.setXRange(SWEEP_KS[0] - 0.5, SWEEP_KS[-1] + 0.5, padding=0)
         integer_ticks(self.cost_plot, SWEEP_KS)
+        charts = QHBoxLayout()
+        for plot in (self.position_plot, self.sweep_plot, self.cost_plot):
+            plot.setMinimumHeight(PLOT_MIN_HEIGHT)
+            charts.addWidget(plot, 1)
+        return charts
+
+    def _build_sweep_row(self) -> QHBoxLayout:
+        """The sweep's verdict under the plots, across them (the plots keep their height), and Use the best k."""
         self.apply_button = QPushButton("Use the best k", self)
         self.apply_button.setEnabled(False)
         self.apply_button.clicked.connect(self._apply_best)
         self.sweep_status = QLabel("", self)
         self.sweep_status.setWordWrap(True)
-        for plot in (self.position_plot, self.sweep_plot, self.cost_plot):
-            plot.setMinimumHeight(PLOT_MIN_HEIGHT)
-        charts = QHBoxLayout()
-        charts.addWidget(self.position_plot, 1)
-        charts.addWidget(self.sweep_plot, 1)
-        charts.addWidget(self.cost_plot, 1)
-        sweep_row = QHBoxLayout()  # the sweep's verdict under the plots, across them: the plots keep their height
+        sweep_row = QHBoxLayout()
         sweep_row.addWidget(self.sweep_status, 1)
         sweep_row.addWidget(self.apply_button)
-
-        layout = QVBoxLayout(self)
-        layout.setContentsMargins(4, 4, 4, 4)
-        layout.addLayout(top)
-        layout.addWidget(panes, 3)
-        layout.addWidget(self.verdict)
-        layout.addWidget(self.details)
-        layout.addWidget(self.auto_table)
-        layout.addLayout(charts, 2)
-        layout.addLayout(sweep_row)
-
-        worker.stream.connect(self._on_stream)
-        worker.partial.connect(self._on_partial)
-        worker.finished.connect(self._on_finished)
-        worker.errored.connect(self._on_errored)
+        return sweep_row
 
     # --- actions ------------------------------------------------------------------------
     @property
@@ -349,7 +352,7 @@ class CompareView(QWidget):
     def run_compare(self) -> Optional[int]:
         """Baseline then speculative on the backend in use (the local models, or a server)."""
         text, spec, sampling, max_tokens, backend = self._request()
-        baseline, speculative = arm_titles(spec, backend)
+        baseline, speculative = backend.arm_titles(spec)
         self.baseline_pane.clear()
         self.speculative_pane.clear()
         self.baseline_pane.setTitle(f"Baseline ({baseline})")
@@ -364,7 +367,7 @@ class CompareView(QWidget):
 
     def run_sweep(self) -> Optional[int]:
         text, spec, sampling, max_tokens, backend = self._request()
-        if backend is not None:
+        if not backend.local:
             raise SpecDeskError("the k sweep runs on local models: Servers > Use local models first")
         self._sweep_points = []
         self._sweep_baseline = None

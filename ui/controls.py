@@ -76,6 +76,25 @@ class ControlsPanel(QScrollArea):
         self._draft_verdicts: dict[str, tuple[str, ...]] = {}  # draft choice -> why it cannot serve the target
         self._draft_checked: set = set()  # the draft choices the last load checked against its target
 
+        boxes = (self._build_models(body), self._build_sampling(body), self._build_limits(body), self._build_chat(body))
+        # The window puts it under this panel (a list one had to scroll the settings to find was
+        # off screen in a short window).
+        self.chats_box = QGroupBox("Chats")
+        chats_layout = QVBoxLayout(self.chats_box)
+        chats_layout.setContentsMargins(4, 4, 4, 4)
+
+        layout = QVBoxLayout(body)
+        layout.setContentsMargins(4, 4, 4, 4)
+        for box in boxes:
+            layout.addWidget(box)
+        layout.addStretch(1)
+
+        self.apply_settings(settings)
+        self._connect()
+        self._loaded_key = self.model_key()
+
+    def _build_models(self, body: QWidget) -> QGroupBox:
+        """Target, method, draft and k."""
         models = QGroupBox("Models", body)
         form = QFormLayout(models)
         self.target_combo = QComboBox(models)
@@ -93,7 +112,9 @@ class ControlsPanel(QScrollArea):
         self.k_spin.setToolTip("Draft tokens proposed per step (the upper bound for variable-length proposers)")
         add_rows(form, ("Target", self.target_combo), ("Method", self.method_combo), ("Draft", self.draft_combo),
                  ("k", self.k_spin))
+        return models
 
+    def _build_sampling(self, body: QWidget) -> QGroupBox:
         sampling = QGroupBox("Sampling", body)
         form = QFormLayout(sampling)
         self.temperature_spin = spin_box(sampling, "temperature", step=0.1, special="0 (greedy)")
@@ -103,7 +124,10 @@ class ControlsPanel(QScrollArea):
         self.seed_spin = spin_box(sampling, "seed")
         add_rows(form, ("Temperature", self.temperature_spin), ("Top-p", self.top_p_spin), ("Top-k", self.top_k_spin),
                  ("Seed", self.seed_spin))
+        return sampling
 
+    def _build_limits(self, body: QWidget) -> QGroupBox:
+        """Max tokens, threads, context, and where a GGUF's layers sit (llama.cpp's -dev/-ngl, -devd/-ngld, --rpc)."""
         limits = QGroupBox("Limits", body)
         form = QFormLayout(limits)
         self.max_tokens_spin = spin_box(limits, "max_tokens")
@@ -111,7 +135,6 @@ class ControlsPanel(QScrollArea):
         self.ctx_spin = spin_box(limits, "n_ctx", step=256, special="model's")
         self.ctx_spin.setToolTip(f"Context size in tokens (default: the model's own, at most {DEFAULT_CONTEXT})")
         add_rows(form, ("Max tokens", self.max_tokens_spin), ("Threads", self.threads_spin), ("Context", self.ctx_spin))
-        # Where a GGUF's layers sit (llama.cpp's -dev/-ngl, -devd/-ngld, --rpc)
         self.device_combo = self._choice_combo(limits, DEVICE_CHOICES, "Target's device: auto (the first GPU or RPC "
                                                "device), CPU, or a name `specdesk devices` lists")
         self.gpu_layers_combo = self._choice_combo(limits, LAYER_CHOICES, "Target's layers on its device: auto "
@@ -125,7 +148,10 @@ class ControlsPanel(QScrollArea):
         add_rows(form, ("Device", self.device_combo), ("GPU layers", self.gpu_layers_combo),
                  ("Draft device", self.draft_device_combo), ("Draft GPU layers", self.draft_gpu_layers_combo),
                  ("RPC servers", self.rpc_edit))
+        return limits
 
+    def _build_chat(self, body: QWidget) -> QGroupBox:
+        """The preset and the system prompt."""
         chat = QGroupBox("Chat", body)
         form = QFormLayout(chat)
         self.preset_combo = QComboBox(chat)
@@ -137,20 +163,10 @@ class ControlsPanel(QScrollArea):
         self.system_prompt_edit.setTabChangesFocus(True)
         self.system_prompt_edit.setFixedHeight(self.system_prompt_edit.fontMetrics().lineSpacing() * 4 + 12)
         add_rows(form, ("Preset", self.preset_combo), ("System", self.system_prompt_edit))
+        return chat
 
-        # The window puts it under this panel (a list one had to scroll the settings to find was
-        # off screen in a short window).
-        self.chats_box = QGroupBox("Chats")
-        chats_layout = QVBoxLayout(self.chats_box)
-        chats_layout.setContentsMargins(4, 4, 4, 4)
-
-        layout = QVBoxLayout(body)
-        layout.setContentsMargins(4, 4, 4, 4)
-        for box in (models, sampling, limits, chat):
-            layout.addWidget(box)
-        layout.addStretch(1)
-
-        self.apply_settings(settings)
+    def _connect(self) -> None:
+        """A picked model, a changed method, limit or placement, a preset, an edited system prompt."""
         self.target_combo.activated.connect(lambda index: self._model_picked(self.target_combo, "target"))
         self.draft_combo.activated.connect(lambda index: self._model_picked(self.draft_combo, "draft"))
         self.method_combo.currentIndexChanged.connect(self._update_enabled)
@@ -163,7 +179,6 @@ class ControlsPanel(QScrollArea):
         self.preset_combo.activated.connect(lambda index: self.use_preset(self.preset_combo.itemData(index)))
         self.system_prompt_edit.textChanged.connect(
             lambda: self.system_prompt_changed.emit(self.system_prompt_edit.toPlainText()))
-        self._loaded_key = self.model_key()
 
     def minimumSizeHint(self) -> QSize:
         """Wide enough for the form (it scrolls only vertically) up to MAX_MIN_WIDTH; the height

@@ -7,7 +7,8 @@ own (a `ProbeJob`, so Add server… never waits for a reply streaming), lists th
 models and says which charts it can fill. Once accepted, the window's chat and compare run on
 that server: `ServedChat` hands the window a backend (app/serving/served.ServedSession), and
 the window's one chat controller and one worker run it as they run the local models
-(ui/worker.py: a job carries its backend). "Use local models" hands back None.
+(ui/worker.py: a job carries its backend). "Use local models" hands back the worker's
+local backend.
 """
 
 from __future__ import annotations
@@ -200,7 +201,7 @@ class ServedChat(QObject):
 
     def use_local(self) -> None:
         self.local_action.setEnabled(False)
-        self.window.use_backend(None)
+        self.window.use_backend(self.window.worker.local)
 
     def shutdown(self, timeout_ms: int = 2_000) -> bool:
         """The window closes: end a Connect in progress. True when its thread ended."""

@@ -3,11 +3,12 @@
 `EngineWorker` lives in the GUI thread and is the only way the UI talks to the engine or a
 server: its methods queue a typed job (a `Job` dataclass below) on a `JobThread`
 (ui/job_thread.py) and return a job id at once; results come back as queued signals. A chat
-or compare job carries its backend (app/runtime/backend.py): None for the local models, whose
-`Session` (app/runtime/session.py) the worker thread owns (the engine is created, used and
-closed on that thread only), or a server's `ServedSession` (app/serving/served.py). A chat job
-is one `chat_turn`: its `messages` come back updated (the reply appended, or the turn rolled
-back).
+or compare job carries its backend (app/runtime/backend.py): the local models' `Session`
+(app/runtime/session.py, `EngineWorker.local`), which the worker thread owns (the engine is
+created, used and closed on that thread only; the GUI thread reads only how it describes
+itself), or a server's `ServedSession` (app/serving/served.py). A chat job is one turn of the
+chat controller (app/runtime/chat_controller.py: the worker is its `TurnRunner`), one
+`chat_turn` whose `messages` come back updated (the reply appended, or the turn rolled back).
 
 Cancel is a `threading.Event` per job, set directly from the GUI thread (the worker is
 busy inside the generator and would not see a queued call); the engine checks it between
@@ -28,6 +29,7 @@ from typing import Any, ClassVar, Optional
 from PySide6.QtCore import QObject, Qt, Signal, Slot
 
 from specdesk.app.runtime.backend import ChatBackend, ChatSettings, chat_turn
+from specdesk.app.runtime.chat_controller import ChatController, Turn
 from specdesk.app.runtime.engine_client import EngineHostDied
 from specdesk.app.runtime.session import ModelInfo, Session
 from specdesk.engines.types import SamplingParams, SpecConfig, SpecDeskError, StepEvent
@@ -56,13 +58,13 @@ class LoadJob(Job):
 
 @dataclass(kw_only=True)
 class _RunJob(Job):
-    """A job that generates: its method, sampling and length, and what runs it (None: the
-    local models the worker loaded)."""
+    """A job that generates: its method, sampling and length, and what runs it (the local
+    models the worker loaded, or a server)."""
 
     spec: SpecConfig
     sampling: SamplingParams
     max_tokens: int
-    backend: Optional[ChatBackend] = None
+    backend: ChatBackend
 
     @property
     def settings(self) -> ChatSettings:
@@ -190,11 +192,8 @@ class _Runner(JobRunner):
                 self.fraction.emit(percent / 100)
         return report
 
-    def _backend(self, job: _RunJob) -> ChatBackend:
-        return job.backend if job.backend is not None else self.session
-
     def _chat(self, job: ChatJob):
-        backend = self._backend(job)
+        backend = job.backend
         settings = job.settings
         batcher = jobs.EventBatcher(job.job_id, "chat", backend.chart_k(settings), backend.token_bytes(),
                                     self.stream.emit)
@@ -204,7 +203,7 @@ class _Runner(JobRunner):
             batcher.flush()  # a failed or stopped reply's text so far reaches the window before the outcome
 
     def _compare(self, job: CompareJob):
-        backend = self._backend(job)
+        backend = job.backend
         settings = job.settings
         token_bytes = backend.token_bytes()
         batchers: dict[str, jobs.EventBatcher] = {}
@@ -254,6 +253,11 @@ class EngineWorker(QObject):
 
     # --- state ----------------------------------------------------------------
     @property
+    def local(self) -> ChatBackend:
+        """The local models' backend: its jobs run on the worker thread, which owns its engine."""
+        return self._runner.session
+
+    @property
     def busy(self) -> bool:
         return bool(self._thread.pending)
 
@@ -277,24 +281,25 @@ class EngineWorker(QObject):
         return self.submit(LoadJob(target=target, draft=draft, demo_size=demo_size, n_ctx=n_ctx, threads=threads,
                                    drafts=tuple(drafts), placement=tuple((placement or {}).items())))
 
-    def chat(self, messages: list[dict], spec: SpecConfig, sampling: SamplingParams, max_tokens: int,
-             backend: Optional[ChatBackend] = None) -> ChatJob:
-        """One turn on `backend` (None: the local models); the job's `messages` show how it ended."""
-        job = ChatJob(messages=[dict(m) for m in messages], spec=spec, sampling=sampling, max_tokens=max_tokens,
-                      backend=backend)
-        self.submit(job)
-        return job
+    def run_turn(self, turn: Turn, controller: ChatController) -> None:
+        """A chat controller's turn as a ChatJob (app/runtime/chat_controller.TurnRunner): the turn's
+        `messages` show how it ended; its stream, outcome or error come back as this worker's
+        signals, which the window draws and hands on to `controller`."""
+        spec, sampling, max_tokens, backend = turn.request
+        turn.job_id = self.submit(ChatJob(messages=turn.messages, spec=spec, sampling=sampling,
+                                          max_tokens=max_tokens, backend=backend))
 
     def compare(self, prompt: str, spec: SpecConfig, sampling: SamplingParams, max_tokens: int,
-                chat: bool = True, backend: Optional[ChatBackend] = None) -> int:
+                backend: ChatBackend, chat: bool = True) -> int:
         """Baseline then speculative on one prompt (a chat message, or raw text with chat=False)."""
         return self.submit(CompareJob(prompt=prompt, spec=spec, sampling=sampling, max_tokens=max_tokens, chat=chat,
                                       backend=backend))
 
     def sweep(self, prompt: str, spec: SpecConfig, sampling: SamplingParams, max_tokens: int,
               ks=tuple(range(1, 9)), chat: bool = True) -> int:
+        """Baseline once, then `spec`'s method at each of `ks` (on the local models only)."""
         return self.submit(SweepJob(prompt=prompt, spec=spec, sampling=sampling, max_tokens=max_tokens,
-                                    ks=tuple(ks), chat=chat))
+                                    ks=tuple(ks), chat=chat, backend=self.local))
 
     def new_chat(self) -> int:
         """The engine forgets what the n-gram pool learned from the previous chat."""

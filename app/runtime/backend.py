@@ -55,7 +55,11 @@ class ChatOutcome:
 
 
 class ChatBackend(Protocol):
-    """A local engine or a server, as a chat and a compare see it."""
+    """A local engine or a server, as a chat and a compare see it, and as the window and the
+    chat history describe it."""
+
+    local: bool  # the models this machine loads (the left panel's pickers, method and k apply); False: a server
+    label: str  # what answers, in a line (a window's title)
 
     def chat(self, messages: list[dict], settings: ChatSettings, cancel: threading.Event
              ) -> Generator[StepEvent, None, ChatOutcome]:
@@ -79,6 +83,22 @@ class ChatBackend(Protocol):
 
     def token_bytes(self) -> Optional[Callable[[int], bytes]]:
         """Each token's bytes, for a per-token tint; None where events carry text only (a server)."""
+
+    def stream_unit(self) -> str:
+        """What a streamed reply's events count: "tokens", or what a server's stream lets us count."""
+
+    def answered_by(self, spec: SpecConfig, last_choice: Optional[str] = None) -> str:
+        """What answered a reply, in its footer: the method and k (auto: its `last_choice`), or
+        the server's model."""
+
+    def origin(self, spec: SpecConfig) -> dict:
+        """What answered a reply, as the chat history keeps it (never an API key)."""
+
+    def compare_refusal(self, spec: SpecConfig) -> Optional[str]:
+        """Why a compare cannot run with `spec` here, in one line; None when it can."""
+
+    def arm_titles(self, spec: SpecConfig) -> tuple[str, str]:
+        """What a compare's baseline and speculative arms run on."""
 
     def new_chat(self) -> None:
         """What the backend learned from the previous chat is forgotten."""

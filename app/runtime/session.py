@@ -366,6 +366,31 @@ class Session:
     def token_bytes(self) -> Callable[[int], bytes]:
         return self.need_engine().target.token_bytes
 
+    # what answers, as the window and the chat history describe it
+    local = True
+    label = "the local models"
+
+    def stream_unit(self) -> str:
+        return "tokens"
+
+    def answered_by(self, spec: SpecConfig, last_choice: Optional[str] = None) -> str:
+        if last_choice:
+            return f"auto (last: {last_choice})"
+        return spec.method if spec.method == "none" else f"{spec.method}, k = {spec.k}"
+
+    def origin(self, spec: SpecConfig) -> dict:
+        return {"method": spec.method, "k": spec.k}
+
+    def compare_refusal(self, spec: SpecConfig) -> Optional[str]:
+        if spec.method == "none":
+            return "compare needs a speculation method: choose ngram, ngram-pool or draft in the left panel"
+        return None
+
+    def arm_titles(self, spec: SpecConfig) -> tuple[str, str]:
+        if spec.method == "auto":  # k is a bound there: auto picks the method and k each step
+            return "no speculation", f"auto picks the method and k ≤ {spec.k}"
+        return "no speculation", f"{spec.method}, k = {spec.k}"
+
     def compare_json(self, report: CompareReport) -> dict:
         """The compare's JSON report, with where each model sat and what llama.cpp allocated."""
         payload = report.to_json()

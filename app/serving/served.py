@@ -16,7 +16,7 @@ import threading
 from dataclasses import dataclass
 from typing import Callable, Generator, Optional, Sequence
 
-from specdesk.engines.types import SamplingParams, SpecDeskError, StepEvent
+from specdesk.engines.types import SamplingParams, SpecConfig, SpecDeskError, StepEvent
 
 from ..runtime.backend import ChatOutcome, ChatSettings
 from ..runtime.compare import CompareReport, PromptResult
@@ -128,6 +128,27 @@ class ServedSession:
     def meta(self) -> dict:
         """Where a reply came from, as the chat history keeps it (never the API key)."""
         return {"url": self.endpoint.url, "model": self.endpoint.model}
+
+    local = False  # the server chooses its own method; the window's model pickers do not apply
+
+    def stream_unit(self) -> str:
+        """What its stream counts: tokens, or characters where it cannot tell."""
+        return self.endpoint.stream_unit()
+
+    def answered_by(self, spec: SpecConfig, last_choice: Optional[str] = None) -> str:
+        return self.endpoint.model
+
+    def origin(self, spec: SpecConfig) -> dict:
+        return {"server": self.meta()}
+
+    def compare_refusal(self, spec: SpecConfig) -> Optional[str]:
+        if not self.needs_baseline:
+            return None
+        return (f"{self.endpoint.url} ({self.endpoint.info.kind}) cannot switch speculation off per request: add the "
+                "server again with a baseline server (the same model without speculation)")
+
+    def arm_titles(self, spec: SpecConfig) -> tuple[str, str]:
+        return self.baseline_label, self.label
 
     def chat(self, messages: list[dict], settings: ChatSettings, cancel: threading.Event
              ) -> Generator[StepEvent, None, ChatOutcome]:
