@@ -264,10 +264,10 @@ def test_greedy_is_plain_decoding_on_torch(zoo_paths):
 
 def test_the_draft_reads_the_conversation_in_its_own_template(zoo_paths):
     """qwen2's ChatML target, phi-3's template for its draft (rendered by the app,
-    crossvocab_pair.draft_conversation): the draft's cache starts with phi-3's own special tokens,
+    prompting.draft_conversation): the draft's cache starts with phi-3's own special tokens,
     the output is still the target's, and it ends at the target's own end of turn."""
     from specdesk.app.chat.prompting import chat_prompt
-    from specdesk.app.models.crossvocab_pair import draft_conversation
+    from specdesk.app.chat.prompting import draft_conversation
 
     messages = [{"role": "user", "content": "Write a function that reads the lines of a file."}]
     engine = LlamaEngine(zoo_paths["qwen2"]["target_gguf"], n_ctx=512, n_threads=1)
@@ -290,7 +290,7 @@ def test_a_draft_without_a_template_reads_the_messages_as_text(zoo_paths, tmp_pa
     import json
     import shutil
 
-    from specdesk.app.models.crossvocab_pair import draft_conversation
+    from specdesk.app.chat.prompting import draft_conversation
     from specdesk.engines.torch.tokenizer import HfTokenizer
 
     folder = Path(shutil.copytree(zoo_paths["llama-bpe"]["draft_hf"], tmp_path / "draft"))
@@ -347,5 +347,35 @@ def test_auto_with_a_draft_of_another_vocabulary_drafts_across_vocabularies(demo
         generate_tokens(engine, prompt, SpecConfig(method="auto", k=4, draft_path=demo_family["draft_gguf"]),
                         max_tokens=4)
         assert "draft" in engine.last_proposer.proposers and METHOD not in engine.last_proposer.proposers
+    finally:
+        engine.close()
+
+
+def test_a_chat_gives_the_draft_the_conversation_in_its_own_template(zoo_paths):
+    """A chat's turn (app/runtime/session.stream_chat, what the window, the terminal and serve
+    run) renders the conversation in the cross-vocabulary draft's template, for the method and
+    for auto given that draft; a draft of the target's own vocabulary, or none, gets nothing."""
+    import threading
+
+    from specdesk.app.chat.prompting import draft_conversation, draft_prompt
+    from specdesk.app.runtime.backend import ChatSettings
+    from specdesk.app.runtime.generation import drain
+    from specdesk.app.runtime.session import stream_chat
+
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Name three rivers."}]
+    engine = LlamaEngine(zoo_paths["qwen2"]["target_gguf"], n_ctx=512, n_threads=1)
+    try:
+        phi3 = zoo_paths["phi-3"]["draft_gguf"]
+        rendered = draft_conversation(engine.load_draft(phi3, same_vocabulary=False).model, messages)
+        assert draft_prompt(engine, SpecConfig(method=METHOD, k=3, draft_path=phi3), messages) == rendered
+        assert draft_prompt(engine, SpecConfig(method="auto", k=3, draft_path=phi3), messages) == rendered
+        assert draft_prompt(engine, SpecConfig(method="draft", k=3, draft_path=zoo_paths["qwen2"]["draft_gguf"]),
+                            messages) == ""
+        assert draft_prompt(engine, SpecConfig(method="ngram", k=3), messages) == ""
+        settings = ChatSettings(SpecConfig(method=METHOD, k=3, draft_path=phi3), SamplingParams(), 8, record=False)
+        drain(stream_chat(engine, list(messages), settings, threading.Event()))
+        draft = engine.last_proposer.draft
+        own = draft.tokenize(rendered, parse_special=True)
+        assert engine.last_proposer.text.ids[:len(own)] == own
     finally:
         engine.close()

@@ -370,3 +370,16 @@ def test_the_cli_ends_an_engine_that_stops_answering_in_one_line(demo_family):
     assert re.match(r"specdesk: error: the engine process for specdesk-demo-target-F16\.gguf sent nothing for \d+ s "
                     r"while [a-z ]+ \(it is stopped or stuck\) and was ended$", errors[0]), errors[0]
     assert not Path(f"/proc/{host}").exists() or "Z" in Path(f"/proc/{host}/stat").read_text().split()[2]
+
+
+def test_the_host_renders_a_cross_vocabulary_drafts_conversation_in_its_template(client, smollm2):
+    """The demo target (a vocabulary of its own) with SmolLM2 (ChatML) as a cross-vocabulary
+    draft: the host renders the conversation in SmolLM2's template, where the draft lives."""
+    from specdesk.engines.methods import METHODS
+    from specdesk.engines.speculation.crossvocab import CrossVocabDrafting
+
+    method = next(name for name, info in METHODS.items() if CrossVocabDrafting.engine_class in repr(info.proposer))
+    messages = [{"role": "user", "content": "Name three rivers."}]
+    rendered = client.draft_prompt(SpecConfig(method=method, k=3, draft_path=smollm2), messages)
+    assert rendered.startswith("<|im_start|>") and "<|im_start|>user\nName three rivers.<|im_end|>" in rendered
+    assert client.draft_prompt(SpecConfig(method="ngram", k=3), messages) == ""

@@ -45,6 +45,33 @@ def chat_prompt(engine, messages: list[dict]) -> list[int]:
     return model.tokenize(text, add_bos=False, parse_special=True)
 
 
+def draft_conversation(draft, messages: list[dict]) -> str:
+    """The conversation as a cross-vocabulary draft reads it (`SpecConfig.draft_prompt`): in the
+    draft model's own chat template, or as plain text (the messages, a blank line apart) when
+    it has none. Stop tokens stay the target's: the draft's end of turn only ends its draft."""
+    template = draft.chat_template()
+    if not template:
+        return "".join(f"{m['content']}\n\n" for m in messages if isinstance(m.get("content"), str))
+    from specdesk.app.chat.templates import render_chat
+
+    vocab = draft.vocab
+    return render_chat(template, messages, bos_token=draft.token_text(vocab.bos) if vocab.bos is not None else "",
+                       eos_token=draft.token_text(vocab.eos) if vocab.eos is not None else "", source=str(draft.path))
+
+
+def draft_prompt(engine, spec, messages: list[dict]) -> str:
+    """The conversation for a draft model with a vocabulary of its own (the cross-vocabulary
+    method, or auto with such a draft): in the draft's template; "" for any other run."""
+    if not spec.draft_path:
+        return ""
+    if hasattr(engine, "draft_prompt"):  # an engine host holds the draft (and renders: a template can hang)
+        return engine.draft_prompt(spec, messages)
+    from specdesk.engines.speculation.proposers import cross_vocabulary_draft
+
+    draft = cross_vocabulary_draft(engine, spec)
+    return draft_conversation(draft, messages) if draft is not None else ""
+
+
 def fit_chat(engine, messages: list[dict], reserve: int) -> tuple[list[int], int]:
     """The conversation's prompt with room for `reserve` new tokens; the oldest turns are
     dropped until it fits, down to the last message. A system message the conversation

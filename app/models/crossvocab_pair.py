@@ -39,20 +39,6 @@ def refused_for_vocabulary(reasons: Sequence[str]) -> bool:
     return bool(reasons) and all(r.startswith(VOCAB_REASONS) for r in reasons)
 
 
-def draft_conversation(draft, messages: list[dict]) -> str:
-    """The conversation as a cross-vocabulary draft reads it (`SpecConfig.draft_prompt`): in the
-    draft model's own chat template, or as plain text (the messages, a blank line apart) when
-    it has none. Stop tokens stay the target's: the draft's end of turn only ends its draft."""
-    template = draft.chat_template()
-    if not template:
-        return "".join(f"{m['content']}\n\n" for m in messages if isinstance(m.get("content"), str))
-    from specdesk.app.chat.templates import render_chat
-
-    vocab = draft.vocab
-    return render_chat(template, messages, bos_token=draft.token_text(vocab.bos) if vocab.bos is not None else "",
-                       eos_token=draft.token_text(vocab.eos) if vocab.eos is not None else "", source=str(draft.path))
-
-
 def vocab_overlap(target, draft, texts: Sequence[str]) -> float:
     """The share of the target's tokens of `texts` (as they occur) the draft has as single tokens."""
     draft_pieces = vocab_of(draft).by_bytes

@@ -235,6 +235,11 @@ class EngineClient:
         """The conversation in the model's chat template, rendered in the host (a template can hang)."""
         return self.call("chat_prompt", [dict(m) for m in messages])
 
+    def draft_prompt(self, spec, messages: list[dict]) -> str:
+        """The conversation in a cross-vocabulary draft's own template, rendered in the host
+        (app/chat/prompting.draft_prompt); "" for other runs."""
+        return self.call("draft_prompt", spec, [dict(m) for m in messages])
+
     def facts(self, draft_path: Optional[str] = None, draft_kind: str = "draft",
               verdict_paths: Optional[dict[str, str]] = None) -> dict[str, Any]:
         return self.call("facts", draft_path, draft_kind, verdict_paths or {})

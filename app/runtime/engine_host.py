@@ -156,6 +156,12 @@ def chat_prompt(engine, messages: list[dict]) -> list[int]:
     return render(engine, messages)
 
 
+def draft_prompt(engine, spec, messages: list[dict]) -> str:
+    from specdesk.app.chat.prompting import draft_prompt as render
+
+    return render(engine, spec, messages)
+
+
 def token_table(engine) -> list[bytes]:
     """Every token's bytes, sent once so the client detokenizes locally (per-token calls would cost a round trip each)."""
     model = engine.target
@@ -204,6 +210,7 @@ CALLS: dict[str, Callable[..., Any]] = {
     "token_table": token_table,
     "max_token_chars": lambda engine, special=True: max_token_chars(engine.target, special),
     "chat_prompt": chat_prompt,
+    "draft_prompt": draft_prompt,
     "facts": engine_facts,
     "prepare": lambda engine, spec: _prepare(engine, spec),
 }

@@ -14,6 +14,7 @@ or app/runtime/engine_client.EngineClient), and none asks which engine it is.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import threading
@@ -24,7 +25,7 @@ from typing import Callable, Generator, Optional, Sequence
 from specdesk.app.runtime.backend import ChatOutcome, ChatSettings
 from specdesk.app.runtime.compare import CompareReport, SweepPoint, SweepResult, compare, sweep
 from specdesk.app.runtime.generation import RunResult, stream_once
-from specdesk.app.chat.prompting import chat_prompt, fit_chat, text_tokens
+from specdesk.app.chat.prompting import chat_prompt, draft_prompt, fit_chat, text_tokens
 from specdesk.app.storage.settings import DEMO, DEMO_DFLASH, DEMO_HF, DEMO_MTP
 from specdesk.engines.methods import method_info
 from specdesk.engines.types import GenerationRequest, SamplingParams, SpecConfig, SpecDeskError, StepEvent
@@ -197,7 +198,10 @@ def stream_chat(engine, messages: list[dict], settings: ChatSettings, cancel: th
     else:
         tokens, dropped = chat_prompt(engine, messages), 0
     max_tokens = settings.max_tokens if settings.max_tokens is not None else max(1, engine.n_ctx - len(tokens))
-    request = GenerationRequest(tuple(tokens), max_tokens=max_tokens, sampling=settings.sampling, spec=settings.spec)
+    kept = messages[:1] + messages[1 + dropped:] if dropped and messages[0].get("role") == "system" \
+        else messages[dropped:]  # what fit_chat kept
+    spec = dataclasses.replace(settings.spec, draft_prompt=draft_prompt(engine, settings.spec, kept))
+    request = GenerationRequest(tuple(tokens), max_tokens=max_tokens, sampling=settings.sampling, spec=spec)
     result = yield from stream_once(engine, request, cancel)
     return ChatOutcome(result, len(tokens), dropped)
 

@@ -112,6 +112,19 @@ def auto_spec(engine: ModelSource, spec: SpecConfig) -> SpecConfig:
     return dataclasses.replace(spec, auto_methods=tuple(dict.fromkeys(methods)))
 
 
+def cross_vocabulary_draft(engine: ModelSource, spec: SpecConfig):
+    """The draft model of a run that drafts across vocabularies (the cross-vocabulary method, or
+    auto given a draft of another vocabulary), else None: its conversation is rendered in its
+    own template (SpecConfig.draft_prompt)."""
+    if not spec.draft_path:
+        return None
+    methods = auto_spec(engine, spec).auto_methods if method_info(spec.method).role == "chooser" else (spec.method,)
+    if not any(method_info(m).takes == "draft_model" and method_info(m).proposer is not None
+               and not getattr(proposer_class(engine.name, m), "same_vocabulary", True) for m in methods):
+        return None
+    return engine.load_draft(spec.draft_path, same_vocabulary=False).model
+
+
 def _auto_members(engine: ModelSource, spec: SpecConfig, plan: AutoPlan, sampling: SamplingParams,
                   rng: np.random.Generator) -> dict[str, Proposer]:
     """The proposer of each method auto chooses among, as that method alone would get it."""
