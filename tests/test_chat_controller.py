@@ -264,3 +264,20 @@ def test_a_served_reply_says_which_server_and_a_dropped_one_is_kept_or_rolled_ba
         with pytest.raises(SpecDeskError, match="after 0 characters"):
             chat.send("hello again")
     assert history.messages(chat.chat_id)[-1] == partial and chat.messages[-1].text == partial.content
+
+
+def test_an_auto_reply_footer_says_what_auto_did_over_the_reply(session, history):
+    """Not the last step's passing choice ("auto (last: ngram, k = 1: re-probing …)"): the
+    verdict when no draft could pay, else its choices by share of the reply's steps."""
+    from specdesk.app.runtime.chat_controller import auto_footer
+
+    assert auto_footer({"verdict": "checking 2 tokens costs 2.1x one here, so no draft can pay",
+                        "steps_by_choice": {"none": 1.0}}) == (
+        "auto: speculation off (checking 2 tokens costs 2.1x one here, so no draft can pay)")
+    assert auto_footer({"verdict": None, "steps_by_choice": {"ngram-pool k=2": 0.62, "none": 0.38}}) == (
+        "auto: ngram-pool k = 2 62%, none 38% of steps")
+    assert auto_footer({"verdict": None, "steps_by_choice": {"none": 1.0}}) == "auto: no speculation paid in this reply"
+    chat, _, _ = make_chat(session, history, spec=SpecConfig(method="auto", k=3))
+    turn = chat.send("def parse_args(argv):")
+    report = turn.outcome.result.auto_report
+    assert report and turn.reply.footer.split(" · ")[1] == auto_footer(report) and "(last:" not in turn.reply.footer

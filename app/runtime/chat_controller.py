@@ -216,12 +216,28 @@ def reply_record(turn: Turn, outcome: ChatOutcome) -> tuple[str, dict]:
     run, spec, backend = outcome.result, turn.request.spec, turn.request.backend
     stats = run.stats
     served = outcome.numbers != "engine"  # where a server's numbers came from
+    answered = auto_footer(run.auto_report) if run.auto_report else backend.answered_by(spec, turn.last_reason)
     parts = [FINISH_WORDS.get(run.finish_reason, run.finish_reason or "done"),
-             backend.answered_by(spec, turn.last_reason), format_status(stats, drafted_per_step(turn, stats))]
+             answered, format_status(stats, drafted_per_step(turn, stats))]
     parts += ([f"numbers: {outcome.numbers}"] if served else []) + ([outcome.note] if outcome.note else [])
     return " · ".join(parts), {"finish_reason": run.finish_reason, "tokens": stats.tokens, "tok_per_s": round(stats.tok_per_s, 3),
                     "acceptance": round(stats.acceptance_rate, 4), "tok_per_pass": round(stats.mean_accepted_length, 4),
                     **({"numbers_from": outcome.numbers} if served else {})}
+
+
+def auto_footer(report: dict) -> str:
+    """What method auto did over a whole reply, for its footer (not the last step's passing
+    choice): "auto: speculation off (checking 2 tokens costs 2.1x one here, so no draft can
+    pay)", or its choices by share of steps, "auto: ngram-pool k=2 62%, none 38% of steps"."""
+    if report.get("verdict"):
+        return f"auto: speculation off ({report['verdict']})"
+    shares = list((report.get("steps_by_choice") or {}).items())
+    if not shares:
+        return "auto"
+    if [label for label, _ in shares] == ["none"]:
+        return "auto: no speculation paid in this reply"
+    named = ", ".join(f"{label.replace(' k=', ' k = ')} {share:.0%}" for label, share in shares[:3])
+    return f"auto: {named}" + (", …" if len(shares) > 3 else "") + " of steps"
 
 
 def drafted_per_step(turn: Turn, stats: RunStats) -> int:
