@@ -596,6 +596,11 @@ def test_auto_says_what_drafts_and_why(qtbot, open_window):
     qtbot.waitUntil(lambda: window.status_label.text().startswith("auto · "), timeout=2_000)
     status = window.status_label.text()
     assert "expected" in status or "no method" in status or "speculation" in status, status
+    # once the reply ends, the line's details hold the costs auto decided with
+    qtbot.waitUntil(lambda: window.chat.turn is None, timeout=60_000)
+    details = window.status_label.toolTip()
+    assert "auto's measurements on this machine:" in details and "a pass over 1, 2" in details, details
+    assert details.splitlines()[-1].startswith("auto") and window.chat.messages[-1].footer.split(" · ")[1] in details
 
 
 def legend_labels(charts) -> list[str]:

@@ -22,7 +22,7 @@ from PySide6.QtCore import QCoreApplication, Qt, QTimer
 from PySide6.QtWidgets import QMainWindow, QMessageBox, QProgressBar, QSplitter, QTabWidget, QVBoxLayout, QWidget
 
 from specdesk.app.runtime.backend import ChatBackend
-from specdesk.app.runtime.chat_controller import ChatController, Turn, TurnRequest, drafted_per_step
+from specdesk.app.runtime.chat_controller import ChatController, Turn, TurnRequest, auto_details, drafted_per_step
 from specdesk.app.storage.history import History
 from specdesk.app.runtime.session import ModelInfo, file_label
 from specdesk.app.storage.settings import DEMO, DEMO_HF, DEMO_MTP, Settings, read_settings, save_settings
@@ -444,6 +444,8 @@ class MainWindow(ModelChoosing, WindowMenus, QMainWindow):
             if self.chat_view.showing(turn.reply):  # else the charts show another chat by now
                 self.charts.k = drafted_per_step(turn, stats)
                 self.charts.finish_run(stats)
+            if result.value.result.auto_report:  # the status line's details: the costs auto decided with
+                self.status_label.setToolTip(auto_details(result.value.result.auto_report))
             self.chat.finish(result.job_id, result.value)  # the reply saved, or the turn rolled back
             self._tick()  # the reply's final numbers are drawn at once
         self._update_actions()

@@ -240,6 +240,27 @@ def auto_footer(report: dict) -> str:
     return f"auto: {named}" + (", …" if len(shares) > 3 else "") + " of steps"
 
 
+def auto_details(report: dict) -> str:
+    """Auto's measurements behind a reply, a few lines for the status line's details: what a
+    pass over 1..K+1 tokens costs here (and against one), each method's drafting per token, the
+    draft tails it cut, its steps and its verdict."""
+    costs = report.get("costs") or {}
+    lines = ["auto's measurements on this machine:"]
+    pass_ms = costs.get("pass_ms") or []
+    if pass_ms:
+        sizes = ", ".join(str(n) for n in range(1, len(pass_ms) + 1))
+        ratios = ", ".join(f"{t / pass_ms[0]:.1f}x" for t in pass_ms)
+        lines.append(f"a pass over {sizes} tokens: {', '.join(f'{t:.1f}' for t in pass_ms)} ms ({ratios} one)")
+    drafting = costs.get("draft_token_ms") or {}
+    if drafting:
+        lines.append("drafting per token: " + ", ".join(f"{m} {t:.2f} ms" for m, t in drafting.items()))
+    tails = report.get("draft_p_min") or {}
+    if tails:
+        lines.append("draft tails cut below: " + ", ".join(f"{m} p = {p:.2f}" for m, p in tails.items()))
+    lines.append(auto_footer(report))
+    return "\n".join(lines)
+
+
 def drafted_per_step(turn: Turn, stats: RunStats) -> int:
     """The k a turn's charts and footer read: a server's per-position numbers come with the
     reply's end, a local run's from its spec."""
