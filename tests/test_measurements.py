@@ -47,7 +47,7 @@ def test_pairing_ranks_by_measured_numbers_and_labels_assumptions(demo_family, t
     report = pair(target, entries, memory=PLENTY, records=measurements.read(path))
     ranked = [(v.path, v.score, v.k, v.basis) for v in report.compatible]
     assert ranked[:2] == [(str(other), 1.21, 3, "measured"), (draft, 0.9, 4, "measured")]
-    assert report.compatible[0].reasons[0].startswith("measured on this machine: 1.21x at k = 3, acceptance 69%")
+    assert report.compatible[0].reasons[0].startswith("measured on this machine: 1.21x (1 run) at k = 3, acceptance 69%")
     assert json.loads(json.dumps(report.to_json()))["compatible"][0]["basis"] == "measured"
 
 
@@ -164,4 +164,5 @@ def test_pairing_takes_the_median_of_every_run_and_says_how_many(tmp_path):
     measured = measurements.measured_for("t.gguf", "d.gguf", "draft", measurements.read(path))
     assert (measured.k, measured.runs) == (3, 4)
     assert measured.speedup == pytest.approx(1.55)  # the one wild run does not carry the mean away
-    assert measured.measure.describe() == "1.55x ± 4.40, 4 runs"
+    # said as the runs' range, which a wild run cannot make read larger than the figure itself
+    assert measured.measure.ranged() == "1.55x (1.40–10.20 over 4 runs)"

@@ -271,8 +271,8 @@ def score_draft(target: ModelEntry, draft: ModelEntry, records: Optional[list] =
 
     measured = measured_for(target.path, draft.path, "draft", records)
     if measured is not None:
-        note = (f"measured on this machine: {measured.measure.figure()} at k = {measured.k}, acceptance "
-                f"{measured.acceptance:.0%} ({measured.runs} run{'s' if measured.runs != 1 else ''})")
+        note = (f"measured on this machine: {measured.measure.ranged()} at k = {measured.k}, acceptance "
+                f"{measured.acceptance:.0%}")
         return DraftVerdict(draft.path, draft.name, True, round(measured.speedup, 2), measured.k, (note,), "measured")
     family = same_family(target, draft)
     acceptance = ACCEPTANCE_SAME_FAMILY if family else ACCEPTANCE_OTHER

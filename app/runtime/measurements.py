@@ -207,10 +207,11 @@ class Measured:
     acceptance: float
     runs: int
     spread: float = 0.0  # half the range of the runs' speedups
+    values: tuple[float, ...] = ()  # each run's speedup
 
     @property
     def measure(self) -> Measure:
-        return Measure(self.speedup, self.spread, self.runs)
+        return Measure(self.speedup, self.spread, self.runs, self.values)
 
 
 def run_speedups(item: dict) -> list[float]:
@@ -239,7 +240,7 @@ def measured_for(target: str, draft: Optional[str], method: str = "draft",
         runs = [v for item in items for v in run_speedups(item)][-MAX_POOLED_RUNS:]
         summaries.append(Measured(k, statistics.median(runs),
                                   sum(float(i.get("acceptance", 0.0)) for i in items) / len(items), len(runs),
-                                  (max(runs) - min(runs)) / 2))
+                                  (max(runs) - min(runs)) / 2, tuple(runs)))
     return max(summaries, key=lambda m: (m.speedup, -m.k))
 
 
