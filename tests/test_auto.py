@@ -100,10 +100,11 @@ def test_a_method_unused_for_a_while_is_probed_again():
     losing = Counting()
     auto = AutoProposer({"draft": losing}, Costs((1.0, 1.05, 1.1), {"draft": 0.05}), 2)
     auto.begin([1, 2, 3])
-    methods = []
+    methods, reasons = [], []
     for _ in range(100):
         auto.propose([1, 2, 3], 2)
         methods.append(auto.choice.method)
+        reasons.append(auto.choice.reason)
         auto.accept(0, [5])
     # The prior (0.6) makes it worth trying; once its drafts keep failing it stops, and from
     # then on drafts once after REPROBE_EVERY steps, then after twice as many, and so on.
@@ -112,6 +113,9 @@ def test_a_method_unused_for_a_while_is_probed_again():
     gaps = [b - a for a, b in zip(used, used[1:])]
     assert gaps[-3:] == [REPROBE_EVERY, REPROBE_EVERY * 2, REPROBE_EVERY * 4]
     assert losing.proposed == len(used)
+    # the re-probes are counted for the details view (app/runtime/chat_controller.auto_details)
+    reprobed = sum(1 for i in used if i > 0 and "re-probing" in reasons[i])
+    assert auto.report()["reprobe_steps"] == reprobed > 0
 
 
 def test_where_no_draft_can_pay_auto_drafts_nothing_and_says_why_in_a_line():

@@ -257,6 +257,9 @@ def auto_details(report: dict) -> str:
     tails = report.get("draft_p_min") or {}
     if tails:
         lines.append("draft tails cut below: " + ", ".join(f"{m} p = {p:.2f}" for m, p in tails.items()))
+    if report.get("reprobe_steps"):
+        lines.append(f"re-probes: {report['reprobe_steps']} of {report.get('steps', 0)} steps drafted with a method "
+                     "expected to be slower, to see whether the text changed (fewer the longer it keeps losing)")
     lines.append(auto_footer(report))
     return "\n".join(lines)
 

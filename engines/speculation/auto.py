@@ -92,6 +92,7 @@ class AutoProposer:
         self._looked: tuple[str, ...] = ()
         self.last_chosen = {m: 0 for m in self.proposers}  # the step `choose` last picked each (not a re-probe)
         self.reprobes = {m: 0 for m in self.proposers}  # re-probes since `choose` last picked each
+        self.reprobe_steps = 0  # steps of this run a method expected to be slower drafted (bounded re-probes)
         self._verdict: tuple[Optional[Costs], int, Optional[str]] = (None, 0, None)
         self.counters = ProposerCounters()
         # `learned`: estimates kept from earlier runs on the same models (updated in place), so
@@ -149,6 +150,7 @@ class AutoProposer:
         self.last_used = {m: 0 for m in self.proposers}
         self.last_chosen = {m: 0 for m in self.proposers}
         self.reprobes = {m: 0 for m in self.proposers}
+        self.reprobe_steps = 0
         self._previous_drafter = None  # a new prompt: every method catches up first
 
     def decide(self, k_budget: int, found: Optional[Mapping[str, int]] = None) -> Choice:
@@ -181,6 +183,7 @@ class AutoProposer:
             speedup = max(by_k)
             k = by_k.index(speedup) + 1
             self.reprobes[method] += 1
+            self.reprobe_steps += 1
             choice = Choice(method, k, speedup, f"{method}, k = {k}: re-probing (expected {speedup:.2f}x)")
         return choice
 
@@ -299,7 +302,8 @@ class AutoProposer:
                                     sorted(self.usage.items(), key=lambda item: -item[1])},
                 "steps": sum(self.usage.values()), "costs": self.cost_model.describe(),
                 "economics": economics(self.costs), "verdict": self.verdict(),
-                "draft_p_min": {m: round(p, 3) for m, p in self.p_min_used.items()}}
+                "draft_p_min": {m: round(p, 3) for m, p in self.p_min_used.items()},
+                "reprobe_steps": self.reprobe_steps}
 
 
 # engine -> (cost key, greedy) -> method -> its acceptance estimate, carried from one run to the next
