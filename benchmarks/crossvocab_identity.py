@@ -8,7 +8,7 @@ pair and engine: prompts whose output equals plain decoding token for token, dra
 draft tokens. The suite checks fewer prompts per pair (tests/test_crossvocab.py); this is the
 full bar.
 
-    python -m benchmarks.crossvocab_identity [--engines llama,torch] [--max-tokens 24]
+    python -m benchmarks.crossvocab_identity [--engines llama,torch] [--max-tokens 24] [--skip llama:phi-3<-qwen2,...]
 """
 
 from __future__ import annotations
@@ -71,11 +71,14 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--engines", default="llama")
     parser.add_argument("--max-tokens", type=int, default=24)
+    parser.add_argument("--skip", default="", help="comma-separated engine:pair labels already measured")
     args = parser.parse_args(argv)
     prompts = load_prompts(HELDOUT / "code.jsonl") + load_prompts(HELDOUT / "mixed.jsonl")
     failed = 0
     for engine_name in args.engines.split(","):
         for label, target, draft in pairs(engine_name):
+            if f"{engine_name}:{label}" in args.skip.split(","):
+                continue
             started = time.perf_counter()
             engine = open_engine(engine_name, target)
             identical, drafted, accepted, first_difference = 0, 0, 0, None
