@@ -385,9 +385,11 @@ def test_a_vocabulary_that_ends_llama_cpp_costs_only_its_own_verdict(demo_family
     monkeypatch.setenv("TMPDIR", str(scratch))
     monkeypatch.setattr(tempfile, "tempdir", str(scratch))
     drafts = []
-    for i in range(40):
+    # Enough files that the child is still reading when the signal lands, however late a loaded
+    # machine runs this thread after it saw the third vocabulary (40 were all read first once).
+    for i in range(240):
         path = tmp_path / f"draft-{i}.gguf"
-        os.link(demo_family["draft_gguf"], path)  # 40 names, one file
+        os.link(demo_family["draft_gguf"], path)  # 240 names, one file
         drafts.append(str(path))
     before = set(glob.glob(os.path.join(tempfile.gettempdir(), "specdesk-vocab-*.log")))
     verdicts: dict = {}
