@@ -38,6 +38,8 @@ def pairs(engine: str) -> list[tuple[str, str, str]]:
     names = sorted(paths)
     found = [(f"{n}<-{names[(i + 1) % len(names)]}", paths[n][f"target_{key}"],
               paths[names[(i + 1) % len(names)]][f"draft_{key}"]) for i, n in enumerate(names)]
+    # the small zoo writes Hugging Face folders for some families only (config.json present)
+    found = [pair for pair in found if engine == "llama" or all((Path(p) / "config.json").is_file() for p in pair[1:])]
     if engine == "llama":
         from specdesk.app.demo.install import build_family
         from specdesk.app.models.known import fetch
