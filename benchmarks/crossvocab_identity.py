@@ -16,11 +16,11 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import threading
 import time
 from pathlib import Path
 
 from specdesk.app.runtime.compare import load_prompts
+from specdesk.app.runtime.generation import run_once
 from specdesk.engines.methods import METHODS
 from specdesk.engines.speculation.crossvocab import CrossVocabDrafting
 from specdesk.engines.types import GenerationRequest, SamplingParams, SpecConfig
@@ -61,12 +61,8 @@ def open_engine(engine: str, target: str):
 
 
 def run(engine, tokens: list[int], spec: SpecConfig, max_tokens: int) -> tuple[list[int], dict]:
-    request = GenerationRequest(tuple(tokens), max_tokens=max_tokens, sampling=SamplingParams(), spec=spec)
-    out, drafted, accepted = [], 0, 0
-    for event in engine.generate(request, threading.Event()):
-        out.extend(event.tokens)
-        drafted, accepted = drafted + event.drafted, accepted + event.accepted
-    return out, {"drafted": drafted, "accepted": accepted}
+    result = run_once(engine, GenerationRequest(tuple(tokens), max_tokens=max_tokens, sampling=SamplingParams(), spec=spec))
+    return list(result.tokens), {"drafted": result.stats.drafted, "accepted": result.stats.accepted}
 
 
 def main(argv=None) -> int:
