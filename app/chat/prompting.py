@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Optional
 
 from specdesk.engines.speculation.loop import check_prompt_text, is_prompt_too_long
+from specdesk.engines.speculation.proposers import cross_vocabulary_draft
 from specdesk.engines.types import SpecDeskError
 
 
@@ -66,8 +67,6 @@ def draft_prompt(engine, spec, messages: list[dict]) -> str:
         return ""
     if hasattr(engine, "draft_prompt"):  # an engine host holds the draft (and renders: a template can hang)
         return engine.draft_prompt(spec, messages)
-    from specdesk.engines.speculation.proposers import cross_vocabulary_draft
-
     draft = cross_vocabulary_draft(engine, spec)
     return draft_conversation(draft, messages) if draft is not None else ""
 
