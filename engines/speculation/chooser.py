@@ -21,6 +21,14 @@ DECAY = 0.97  # older steps count less, so a change of text shows within a few d
 # A hidden-state drafter (MTP) is fed only if it could win at the acceptance it has shown, or
 # before it has shown any, at this one (worth_feeding).
 OPTIMISTIC_ACCEPTANCE = 0.8
+# A step drafts only if it also pays at the acceptance the method has surely shown: each
+# position's estimate less CAUTION_Z standard errors, the prior counting as CAUTION_WEIGHT
+# steps (AcceptanceEstimate.cautious). Where a pass over n tokens costs little more than one
+# (a GPU, F16 weights) a draft pays at any plausible acceptance and this changes nothing; where
+# it costs nearly n (Q4_1 on a CPU) a rejected draft costs a whole pass more and only a lookup
+# that has been right step after step may draft.
+CAUTION_Z = 1.0
+CAUTION_WEIGHT = 8.0
 
 
 @dataclass(frozen=True)
@@ -120,6 +128,15 @@ class AcceptanceEstimate:
         prior = PRIOR_ACCEPTANCE
         for i in range(self.max_k):
             prior = out[i] = (self.accepted[i] + PRIOR_WEIGHT * prior) / (self.reached[i] + PRIOR_WEIGHT)
+        return out
+
+    def cautious(self) -> list[float]:
+        """per_position() less CAUTION_Z standard errors of each position's estimate: what the
+        method has surely shown, so that a few lucky steps do not make a dear draft look safe."""
+        out = []
+        for mean, reached in zip(self.summary()[0], self.reached):
+            spread = CAUTION_Z * (mean * (1.0 - mean) / (float(reached) + CAUTION_WEIGHT)) ** 0.5
+            out.append(max(0.0, mean - spread))
         return out
 
     def draft_share(self) -> float:
@@ -226,6 +243,7 @@ def choose(costs: Costs, estimates: Mapping[str, AcceptanceEstimate], max_k: int
             if method not in alone or tokens / seconds > alone[method][0] / alone[method][1]:
                 alone[method] = (tokens, seconds, k)
     best: Optional[tuple[float, str, int, Optional[tuple[str, int]]]] = None
+    valued: dict[str, tuple[float, tuple[float, float]]] = {}  # method -> (hit, what a miss gives)
     for method, estimate in estimates.items():
         if method not in outcomes:
             continue
@@ -234,6 +252,7 @@ def choose(costs: Costs, estimates: Mapping[str, AcceptanceEstimate], max_k: int
         fallback = None if method in found else max(others, key=lambda o: o[0] / o[1], default=None)
         missed = (fallback[0], fallback[1]) if fallback else plain
         missed = (missed[0], missed[1] + costs.draft_token_s.get(method, 0.0))
+        valued[method] = (hit, missed)
         for k, outcome in enumerate(outcomes[method], start=1):
             tokens, seconds = _mix(hit, outcome, missed)
             speedup = tokens * rate / seconds
@@ -245,6 +264,17 @@ def choose(costs: Costs, estimates: Mapping[str, AcceptanceEstimate], max_k: int
     plain_speedup = plain[0] * rate / plain[1]
     if speedup <= plain_speedup:
         return Choice("none", 0, plain_speedup, f"no speculation: best expected {speedup:.2f}x ({method}, k = {k})")
+    # The same step at the acceptance the method has surely shown (AcceptanceEstimate.cautious).
+    hit, missed = valued[method]
+    estimate = estimates[method]
+    share = 1.0 if method in found else estimate.summary()[1]
+    sure = _outcomes(costs, method, estimate.cautious(), share, k, extra_s + (method_s or {}).get(method, 0.0),
+                     drafting=method not in found)[k - 1]
+    tokens, seconds = _mix(hit, sure, missed)
+    if tokens * rate / seconds <= plain_speedup:
+        return Choice("none", 0, plain_speedup,
+                      f"no speculation: {method}, k = {k} would pay only at the acceptance it has not yet "
+                      f"surely shown (expected {speedup:.2f}x, {tokens * rate / seconds:.2f}x at worst)")
     return Choice(method, k, speedup, f"{method}, k = {k}: expected {speedup:.2f}x", fallback)
 
 
