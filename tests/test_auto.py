@@ -256,21 +256,25 @@ def test_a_lookup_that_found_a_draft_is_valued_at_no_drafting_cost_up_to_its_len
 
 
 def test_where_a_rejected_draft_costs_a_whole_pass_only_a_lookup_right_step_after_step_drafts():
-    """SmolLM2's Q4_1 costs on a CPU: a pass over 3 tokens costs 2.86 passes over one, so a k = 2
-    draft pays only if both tokens are nearly always right (3 tokens in 2.86 passes: 1.05x), and
-    a rejected one costs almost two passes more. A lookup whose mean acceptance says 1.02x after
-    16 right steps has not shown it surely: no speculation. After 40 more it drafts; on flat
-    costs a fresh lookup drafts at once."""
+    """SmolLM2's Q4_1 costs on a CPU: a pass over 4 tokens costs 3.37 passes over one, so a
+    k = 3 draft pays only if its tokens are nearly always right (4 tokens in 3.37 passes: 1.19x),
+    and a rejected one costs 2.4 passes more. A lookup whose mean acceptance says 1.08x after 8
+    right steps has not shown it surely: no speculation; after 12 it drafts. A k = 2 draft
+    (3 tokens in 2.86 passes) would gain less than the costs' noise however often it was right.
+    On flat costs a fresh lookup drafts at once."""
     steep = Costs((1.0, 2.1, 2.86, 3.37, 4.24), {"ngram-pool": 0.0})
     estimate = AcceptanceEstimate(4)
-    for _ in range(16):
-        estimate.record(2, 2, 2)
-    assert expected_speedup(steep, "ngram-pool", estimate.per_position(), 1.0, 2) > 1.0
-    choice = choose(steep, {"ngram-pool": estimate}, 4, found={"ngram-pool": 2})
+    for _ in range(8):
+        estimate.record(4, 4, 4)
+    assert expected_speedup(steep, "ngram-pool", estimate.per_position(), 1.0, 3) > 1.05
+    choice = choose(steep, {"ngram-pool": estimate}, 4, found={"ngram-pool": 4})
     assert choice.method == "none" and "not yet surely shown" in choice.reason, choice.reason
-    for _ in range(40):
-        estimate.record(2, 2, 2)
-    assert choose(steep, {"ngram-pool": estimate}, 4, found={"ngram-pool": 2}).method == "ngram-pool"
+    for _ in range(4):
+        estimate.record(4, 4, 4)
+    assert choose(steep, {"ngram-pool": estimate}, 4, found={"ngram-pool": 4}).method == "ngram-pool"
+    for _ in range(60):
+        estimate.record(4, 4, 4)
+    assert choose(steep, {"ngram-pool": estimate}, 4, found={"ngram-pool": 2}).method == "none"
     flat = Costs((1.0, 1.1, 1.2, 1.3, 1.4), {"ngram-pool": 0.0})
     assert choose(flat, {"ngram-pool": AcceptanceEstimate(4)}, 4, found={"ngram-pool": 3}).method == "ngram-pool"
 

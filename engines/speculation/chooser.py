@@ -29,6 +29,9 @@ OPTIMISTIC_ACCEPTANCE = 0.8
 # that has been right step after step may draft.
 CAUTION_Z = 1.0
 CAUTION_WEIGHT = 8.0
+# ... and by more than this share: the pass costs are medians of a few noisy passes, and a gain
+# smaller than their noise (a k = 1 draft where a pass over 2 tokens measured 1.98x one) is none.
+MIN_GAIN = 0.03
 
 
 @dataclass(frozen=True)
@@ -264,14 +267,15 @@ def choose(costs: Costs, estimates: Mapping[str, AcceptanceEstimate], max_k: int
     plain_speedup = plain[0] * rate / plain[1]
     if speedup <= plain_speedup:
         return Choice("none", 0, plain_speedup, f"no speculation: best expected {speedup:.2f}x ({method}, k = {k})")
-    # The same step at the acceptance the method has surely shown (AcceptanceEstimate.cautious).
+    # The same step at the acceptance the method has surely shown (AcceptanceEstimate.cautious)
+    # must still beat a plain pass by more than the costs' noise (MIN_GAIN).
     hit, missed = valued[method]
     estimate = estimates[method]
     share = 1.0 if method in found else estimate.summary()[1]
     sure = _outcomes(costs, method, estimate.cautious(), share, k, extra_s + (method_s or {}).get(method, 0.0),
                      drafting=method not in found)[k - 1]
     tokens, seconds = _mix(hit, sure, missed)
-    if tokens * rate / seconds <= plain_speedup:
+    if tokens * rate / seconds <= plain_speedup * (1.0 + MIN_GAIN):
         return Choice("none", 0, plain_speedup,
                       f"no speculation: {method}, k = {k} would pay only at the acceptance it has not yet "
                       f"surely shown (expected {speedup:.2f}x, {tokens * rate / seconds:.2f}x at worst)")
