@@ -22,13 +22,13 @@ from pathlib import Path
 from specdesk.app.runtime.compare import load_prompts
 from specdesk.app.runtime.generation import run_once
 from specdesk.engines.methods import METHODS
-from specdesk.engines.speculation.crossvocab import CrossVocabDrafting
+from specdesk.engines.speculation.proposers import crosses_vocabularies
 from specdesk.engines.types import GenerationRequest, SamplingParams, SpecConfig
 
 from . import zoo
 
 HELDOUT = Path(__file__).resolve().parent / "heldout"
-METHOD = next(name for name, info in METHODS.items() if CrossVocabDrafting.engine_class in repr(info.proposer))
+METHOD = next(name for name in METHODS if crosses_vocabularies("llama.cpp", name))
 
 
 def pairs(engine: str) -> list[tuple[str, str, str]]:
@@ -82,7 +82,7 @@ def main(argv=None) -> int:
             identical, drafted, accepted, first_difference = 0, 0, 0, None
             try:
                 spec = SpecConfig(method=METHOD, k=4, draft_path=draft)
-                for prompt in prompts:
+                for done, prompt in enumerate(prompts, start=1):
                     tokens = list(engine.tokenize(prompt))
                     plain, _ = run(engine, tokens, SpecConfig(method="none"), args.max_tokens)
                     crossed, counts = run(engine, tokens, spec, args.max_tokens)
@@ -91,7 +91,7 @@ def main(argv=None) -> int:
                         identical += 1
                     elif first_difference is None:
                         first_difference = prompt[:60]
-                    print(f"{label}: {identical} of {prompts.index(prompt) + 1} identical", file=sys.stderr, flush=True)
+                    print(f"{label}: {identical} of {done} identical", file=sys.stderr, flush=True)
             finally:
                 engine.close()
             failed += identical != len(prompts)

@@ -228,18 +228,22 @@ def choose(costs: Costs, estimates: Mapping[str, AcceptanceEstimate], max_k: int
     # Each method on its own (a miss is a plain pass after the lookup): its best (tokens, seconds, k).
     alone: dict[str, tuple[float, float, int]] = {}
     outcomes: dict[str, list[tuple[float, float]]] = {}
+    # method -> the _outcomes arguments besides its acceptance (share, k limit, extra seconds,
+    # drafting), so the cautious check below values the same step the same way
+    terms: dict[str, tuple[float, int, float, bool]] = {}
     for method, estimate in estimates.items():
         per_position, share, hit = estimate.summary()
+        extra = extra_s + (method_s or {}).get(method, 0.0)
         if method in found:
             if not found[method]:
                 continue
-            outcomes[method] = _outcomes(costs, method, per_position, 1.0, min(max_k, found[method]),
-                                         extra_s + (method_s or {}).get(method, 0.0), drafting=False)
+            terms[method] = (1.0, min(max_k, found[method]), extra, False)
+            outcomes[method] = _outcomes(costs, method, per_position, *terms[method])
             alone[method] = max(((t, sec, k) for k, (t, sec) in enumerate(outcomes[method], start=1)),
                                 key=lambda o: o[0] / o[1])
             continue
-        outcomes[method] = _outcomes(costs, method, per_position, share, max_k,
-                                     extra_s + (method_s or {}).get(method, 0.0))
+        terms[method] = (share, max_k, extra, True)
+        outcomes[method] = _outcomes(costs, method, per_position, *terms[method])
         miss = (1.0, plain[1] + costs.draft_token_s.get(method, 0.0))
         for k, outcome in enumerate(outcomes[method], start=1):
             tokens, seconds = _mix(hit, outcome, miss)
@@ -270,10 +274,8 @@ def choose(costs: Costs, estimates: Mapping[str, AcceptanceEstimate], max_k: int
     # The same step at the acceptance the method has surely shown (AcceptanceEstimate.cautious)
     # must still beat a plain pass by more than the costs' noise (MIN_GAIN).
     hit, missed = valued[method]
-    estimate = estimates[method]
-    share = 1.0 if method in found else estimate.summary()[1]
-    sure = _outcomes(costs, method, estimate.cautious(), share, k, extra_s + (method_s or {}).get(method, 0.0),
-                     drafting=method not in found)[k - 1]
+    share, _, extra, drafting = terms[method]
+    sure = _outcomes(costs, method, estimates[method].cautious(), share, k, extra, drafting)[k - 1]
     tokens, seconds = _mix(hit, sure, missed)
     if tokens * rate / seconds <= plain_speedup * (1.0 + MIN_GAIN):
         return Choice("none", 0, plain_speedup,

@@ -101,8 +101,7 @@ def auto_spec(engine: ModelSource, spec: SpecConfig) -> SpecConfig:
     candidates = spec.auto_methods or auto_methods()
     if not spec.draft_path or not any(needs_draft_model(m) for m in candidates):
         return spec
-    cross = next((m for m, row in METHOD_TABLE.items() if row.takes == "draft_model" and row.proposer
-                  and not getattr(proposer_class(engine.name, m), "same_vocabulary", True)), None)
+    cross = next((m for m in METHOD_TABLE if crosses_vocabularies(engine.name, m)), None)
     draft = engine.load_draft(spec.draft_path, same_vocabulary=False).model
     if draft not in _vocabulary_differs:  # a draft model belongs to one engine, so to one target
         _vocabulary_differs[draft] = bool(incompatibilities(engine.target, draft, max_reasons=1))
@@ -119,8 +118,7 @@ def cross_vocabulary_draft(engine: ModelSource, spec: SpecConfig):
     if not spec.draft_path:
         return None
     methods = auto_spec(engine, spec).auto_methods if method_info(spec.method).role == "chooser" else (spec.method,)
-    if not any(method_info(m).takes == "draft_model" and method_info(m).proposer is not None
-               and not getattr(proposer_class(engine.name, m), "same_vocabulary", True) for m in methods):
+    if not any(crosses_vocabularies(engine.name, m) for m in methods):
         return None
     return engine.load_draft(spec.draft_path, same_vocabulary=False).model
 
@@ -130,6 +128,14 @@ def _auto_members(engine: ModelSource, spec: SpecConfig, plan: AutoPlan, samplin
     """The proposer of each method auto chooses among, as that method alone would get it."""
     return {method: make_proposer(engine, dataclasses.replace(spec, method=method, auto_methods=()), sampling, rng)
             for method in plan.methods}
+
+
+def crosses_vocabularies(engine: str, method: str) -> bool:
+    """Whether `method` drafts with a model of another vocabulary on this engine (its proposer
+    class says `same_vocabulary = False`: engines/speculation/crossvocab.py)."""
+    info = method_info(method)
+    return (info.takes == "draft_model" and bool(info.proposer) and engine in info.proposer
+            and not getattr(proposer_class(engine, method), "same_vocabulary", True))
 
 
 def proposer_class(engine: str, method: str) -> type:
