@@ -636,7 +636,9 @@ def test_auto_reports_its_choices_and_costs_on_a_real_run(demo_family, tmp_path)
         run(engine, tokens, SpecConfig("auto", k=4, draft_path=demo_family["draft_gguf"]), 32)
         report = engine.last_proposer.report()
         assert report["steps"] > 0 and sum(report["steps_by_choice"].values()) == pytest.approx(1.0, abs=0.01)
-        assert report["costs"]["passes_recorded"] >= report["steps"]  # and the last, one-token pass
+        # every step's pass was recorded, and the last, one-token pass (the report's passes_recorded
+        # is what the windows hold, at most 16 a size, so it says less once a size ran 16 times)
+        assert engine.last_proposer.cost_model.passes_seen >= report["steps"]
         assert len(report["costs"]["pass_ms"]) == 5
     finally:
         cost_cache._models.clear()
