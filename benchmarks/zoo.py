@@ -28,7 +28,6 @@ prints {"family", "vocab_size", "target_gguf", "draft_gguf", "draft_low_gguf", "
 from __future__ import annotations
 
 import argparse
-import functools
 import hashlib
 import json
 import os
@@ -41,6 +40,9 @@ from typing import Iterator, Optional
 
 import numpy as np
 
+from specdesk.app.demo.export_gguf import permute_rope_rows
+from specdesk.app.models import gguf_tokenizer
+from specdesk.app.models.gguf_tokenizer import eog_ids, read_vocab, vocab_values
 from specdesk.app.storage.paths import building, cache_dir
 
 ZOO_VERSION = 1
@@ -196,26 +198,7 @@ def _gemma_layers(shape: Shape, n_layers: int, seed: int, embed_std: float) -> I
         yield p + "post_feedforward_layernorm.weight", np.full(d, s * gain, np.float32)
 
 
-@functools.lru_cache(maxsize=4)
-def read_vocab(vocab_path: Path) -> dict[str, tuple]:
-    """Every tokenizer.* key of a vocab GGUF: name -> (value, GGUF type, array item type)."""
-    import gguf
-
-    out = {}
-    for name, field in gguf.GGUFReader(str(vocab_path)).fields.items():
-        if name.startswith("tokenizer."):
-            main = field.types[0]
-            out[name] = (field.contents(), main, field.types[-1] if main == gguf.GGUFValueType.ARRAY else None)
-    return out
-
-
 # --- GGUF --------------------------------------------------------------------------------
-def _permute_rope_rows(weights: np.ndarray, n_head: int) -> np.ndarray:
-    """HF's rotate_half row order -> llama.cpp's interleaved pairs, for the llama architecture."""
-    return (weights.reshape(n_head, 2, weights.shape[0] // n_head // 2, *weights.shape[1:])
-            .swapaxes(1, 2).reshape(weights.shape))
-
-
 def _gguf_tensors(family: Family, shape: Shape, tensors: Iterator[tuple[str, np.ndarray]]) -> Iterator[tuple[str, np.ndarray]]:
     names = {"model.embed_tokens.weight": "token_embd.weight", "lm_head.weight": "output.weight",
              "model.norm.weight": "output_norm.weight", "input_layernorm.weight": "attn_norm.weight",
@@ -234,7 +217,7 @@ def _gguf_tensors(family: Family, shape: Shape, tensors: Iterator[tuple[str, np.
             if rest.startswith("self_attn.") and rest[10] in "qkv" and rest[11:17] == "_proj.":
                 proj, kind = rest[10], rest.rsplit(".", 1)[1]
                 if family.arch == "llama" and proj in "qk":
-                    data = _permute_rope_rows(data, shape.heads if proj == "q" else shape.kv_heads)
+                    data = permute_rope_rows(data, shape.heads if proj == "q" else shape.kv_heads)
                 yield f"blk.{index}.attn_{proj}.{kind}", data
                 continue
             if family.arch == "phi3" and rest == "mlp.gate_proj.weight":
@@ -300,86 +283,10 @@ def quantize(src: Path, dst: Path, quant: str) -> Path:
 
 
 # --- Hugging Face folders ----------------------------------------------------------------
-def _eog_ids(tokens: list[str], types: list[int], eos: Optional[int], eot: Optional[int]) -> list[int]:
-    """End-of-generation ids as llama.cpp finds them: EOS, EOT and control tokens it knows by text."""
-    known = {"<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>", "<|eom_id|>", "<EOT>",
-             "<|END_OF_TURN_TOKEN|>", "<turn|>", "<|return|>", "<|call|>", "<|end_of_text|>"}
-    ids = {i for i in (eos, eot) if i is not None}
-    ids |= {i for i, (t, k) in enumerate(zip(tokens, types)) if t in known and k in (3, 4)}
-    return sorted(ids)
-
-
-def _spm_merges(tokens: list[str], scores: list[float], types: list[int]) -> list[tuple[str, str]]:
-    """BPE merges implied by a SentencePiece vocabulary with scores (transformers'
-    SentencePieceExtractor): every split of a normal token into two normal tokens, ranked by
-    the merged token's score."""
-    normal = {t: i for i, (t, k) in enumerate(zip(tokens, types)) if k == 1}
-    merges = []
-    for piece, index in normal.items():
-        for cut in range(1, len(piece)):
-            left, right = piece[:cut], piece[cut:]
-            if left in normal and right in normal:
-                merges.append((scores[index], -index, normal[left], normal[right], left, right))
-    merges.sort(key=lambda m: (-m[0], m[2], m[3]))
-    return [(m[4], m[5]) for m in merges]
-
-
-PRE_REGEX = {
-    "llama-bpe": r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+",
-    "qwen2": r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+",
-}
-
-
 def tokenizer_json(family: Family, vocab_path: Path) -> str:
-    """tokenizer.json for the GGUF vocabulary: byte-level BPE (with the family's pre-tokenizer)
-    or SentencePiece BPE with byte fallback, control and user-defined tokens as added tokens."""
-    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers
-
-    fields = {name: value for name, (value, _, _) in read_vocab(vocab_path).items()}
-    tokens = list(fields["tokenizer.ggml.tokens"])
-    types = list(fields["tokenizer.ggml.token_type"])
-    kind = fields["tokenizer.ggml.model"]
-    vocab = {t: i for i, t in enumerate(tokens)}
-    if kind == "gpt2":
-        merges = [tuple(m.split(" ", 1)) for m in fields["tokenizer.ggml.merges"]]
-        tokenizer = Tokenizer(models.BPE(vocab, merges, ignore_merges=family.name == "llama-bpe"))
-        if family.name in PRE_REGEX:
-            splits = [pre_tokenizers.Split(Regex(PRE_REGEX[family.name]), behavior="isolated")]
-        else:  # command-r: digits one by one, then GPT-2's regex
-            splits = [pre_tokenizers.Digits(individual_digits=True)]
-        tokenizer.pre_tokenizer = pre_tokenizers.Sequence(
-            splits + [pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=family.name not in PRE_REGEX)])
-        if family.name == "qwen2":
-            tokenizer.normalizer = normalizers.NFC()
-        tokenizer.decoder = decoders.ByteLevel()
-    elif kind == "gemma4":
-        # SentencePiece-style BPE over the whole text (spaces as U+2581, no space prefix), split
-        # only into runs of newlines and runs of anything else, with byte fallback (llama.cpp's
-        # LLAMA_VOCAB_PRE_TYPE_GEMMA4).
-        merges = [tuple(m.split(" ", 1)) for m in fields["tokenizer.ggml.merges"]]
-        tokenizer = Tokenizer(models.BPE(vocab, merges, unk_token="<unk>", byte_fallback=True))
-        tokenizer.normalizer = normalizers.Replace(" ", "\u2581")
-        tokenizer.pre_tokenizer = pre_tokenizers.Split(Regex(r"[^\n]+|[\n]+"), behavior="isolated")
-        tokenizer.decoder = decoders.Sequence([decoders.Replace("\u2581", " "), decoders.ByteFallback(),
-                                               decoders.Fuse()])
-    elif kind == "llama":
-        scores = list(fields["tokenizer.ggml.scores"])
-        tokenizer = Tokenizer(models.BPE(vocab, _spm_merges(tokens, scores, types), unk_token="<unk>",
-                                         byte_fallback=True, fuse_unk=True))
-        # The space prefix as in Llama 2's and Phi-3's own tokenizer.json: before every piece of
-        # text between special tokens (llama.cpp adds it before the first piece only).
-        tokenizer.normalizer = normalizers.Sequence([normalizers.Prepend("\u2581"), normalizers.Replace(" ", "\u2581")])
-        tokenizer.decoder = decoders.Sequence([decoders.Replace("\u2581", " "), decoders.ByteFallback(),
-                                               decoders.Fuse(), decoders.Strip(" ", 1, 0)])
-    else:
-        raise ValueError(f"{vocab_path}: tokenizer model {kind!r} has no tokenizer.json conversion here")
-    # Phi-3's special tokens swallow the whitespace after them, as its tokenizer.json says and
-    # llama.cpp does for models named phi-3 (all but <unk>, <s> and <|endoftext|>).
-    keep = {"<unk>", "<s>", "<|endoftext|>"}
-    added = [AddedToken(t, special=k == 3, normalized=False, rstrip=family.name == "phi-3" and t not in keep)
-             for t, k in zip(tokens, types) if k in (3, 4)]
-    tokenizer.add_tokens(added)
-    return tokenizer.to_str()
+    """tokenizer.json for the family's GGUF vocabulary (app/models/gguf_tokenizer.py, which the
+    GGUF to Hugging Face converter uses too)."""
+    return gguf_tokenizer.tokenizer_json(vocab_values(vocab_path), str(vocab_path), model_name=family.name)
 
 
 def write_hf(family: Family, shape: Shape, n_layers: int, seed: int, vocab_path: Path, template: Optional[str],
@@ -401,7 +308,7 @@ def write_hf(family: Family, shape: Shape, n_layers: int, seed: int, vocab_path:
     tok_config = {"bos_token": tokens[bos] if bos is not None else None, "eos_token": tokens[eos],
                   "add_bos_token": add_bos, "chat_template": template}
     (tmp / "tokenizer_config.json").write_text(json.dumps(tok_config, ensure_ascii=False), encoding="utf-8")
-    eog = _eog_ids(tokens, types, eos, field("tokenizer.ggml.eot_token_id"))
+    eog = eog_ids(tokens, types, eos, field("tokenizer.ggml.eot_token_id"))
     (tmp / "generation_config.json").write_text(json.dumps({"bos_token_id": bos, "eos_token_id": eog}), encoding="utf-8")
     if family.hf_arch:
         config = {"architectures": [family.hf_arch], "model_type": "qwen2" if family.hf_arch.startswith("Qwen2") else "llama",

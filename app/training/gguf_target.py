@@ -35,42 +35,15 @@ def is_gguf_target(path: Path) -> bool:
 def model_config(path: Path):
     """The target's shape as the PyTorch engine's ModelConfig, read from the GGUF header; a GGUF
     of another architecture is refused by name."""
-    from specdesk.engines.llama.binding import gguf_header, validated_header
-    from specdesk.engines.torch.config import ModelConfig
+    from specdesk.app.models.gguf_to_hf import gguf_model_config
+    from specdesk.engines.llama.binding import gguf_header
 
     arch = gguf_header(path).architecture  # the architecture first: the clearest refusal
     if arch not in ARCHITECTURES:
         raise SpecDeskError(f"{path}: a drafter cannot be trained here for a GGUF of architecture {arch!r} "
                             f"(supported: {', '.join(ARCHITECTURES)}); train it from the model's Hugging Face "
                             "folder instead")
-    header = validated_header(path)
-    infos = header.tensor_infos
-    if "token_embd.weight" not in infos or "output_norm.weight" not in infos:
-        raise SpecDeskError(f"{path}: the GGUF has no token_embd.weight or output_norm.weight tensor")
-
-    def value(key: str, default=None):
-        found = header.arch_value(key, default)
-        if found is None:
-            raise SpecDeskError(f"{path}: the GGUF header has no {arch}.{key}")
-        return found[0] if isinstance(found, (list, tuple)) else found
-
-    hidden, heads = int(value("embedding_length")), int(value("attention.head_count"))
-    return ModelConfig(
-        vocab_size=int(infos["token_embd.weight"].shape[1]),
-        hidden_size=hidden,
-        num_hidden_layers=int(value("block_count")),
-        num_attention_heads=heads,
-        num_key_value_heads=int(value("attention.head_count_kv", heads)),
-        head_dim=int(value("attention.key_length", hidden // heads)),
-        intermediate_size=int(value("feed_forward_length")),
-        rms_norm_eps=float(value("attention.layer_norm_rms_epsilon", 1e-6)),
-        rope_theta=float(value("rope.freq_base", 10000.0)),
-        max_position_embeddings=int(value("context_length", 4096)),
-        tie_word_embeddings="output.weight" not in infos,
-        attention_bias="blk.0.attn_q.bias" in infos,
-        qk_norm="blk.0.attn_q_norm.weight" in infos,
-        architecture=ARCHITECTURES[arch],
-    )
+    return gguf_model_config(Path(path), ARCHITECTURES[arch])
 
 
 def heads_network(path: Path, device: str):
