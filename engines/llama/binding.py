@@ -360,7 +360,7 @@ class GgufModel(NativeHandle):
         return buf.value.decode("utf-8", "replace") if n >= 0 else None
 
 
-QUANT_TYPES = {"F16": 1, "Q8_0": 7, "Q4_K_M": 15}  # llama_ftype values
+QUANT_TYPES = {"F16": 1, "Q4_1": 3, "Q8_0": 7, "Q4_K_M": 15}  # llama_ftype values
 
 
 def quantize_gguf(src: str | os.PathLike, dst: str | os.PathLike, quant: str, n_threads: int = 2) -> Path:
