@@ -299,6 +299,7 @@ def test_the_command_converts_and_says_what_is_wrong(demo_family, tmp_path, caps
     assert {p.name for p in out.iterdir()} == {"config.json", "model.safetensors", "tokenizer.json",
                                                "tokenizer_config.json", "generation_config.json"}
     assert [p.name for p in tmp_path.iterdir()] == ["demo-hf"]  # no temporary folder left behind
+    assert (out / "model.safetensors").stat().st_mode == (out / "config.json").stat().st_mode
 
     assert main(["models", "to-hf", demo_family["target_gguf"], "--out", str(out)]) == 2
     assert "already exists" in capsys.readouterr().err

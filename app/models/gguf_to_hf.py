@@ -365,6 +365,8 @@ def convert(gguf_path: str | os.PathLike, out_dir: str | os.PathLike, dtype: str
         for name, text in files.items():
             (tmp / name).write_text(text, encoding="utf-8")
         _write_weights(path, config, tmp, dtype, shard_bytes, total, say)
+        for weights in tmp.glob("*.safetensors"):  # safetensors leaves its files private (0600)
+            shutil.copymode(tmp / "config.json", weights)
         if os.path.lexists(out):
             if out.is_dir() and not out.is_symlink():
                 shutil.rmtree(out)
