@@ -218,8 +218,12 @@ def test_torch_engine_stops_at_every_end_of_generation_token(built, family, tmp_
 
 
 # --- greedy identity through the chat template ---------------------------------------------
-@pytest.mark.parametrize("quant", list(zoo.QUANTS))
-@pytest.mark.parametrize("family", FAMILIES)
+# Every family in the types the zoo's real-shape benchmarks use; Q4_1 (its own batched kernel,
+# packaging/llama-patches/0003) on one family, which is what that kernel needs to be held to.
+GREEDY_CASES = [(family, quant) for quant in ("F16", "Q8_0", "Q4_K_M") for family in FAMILIES] + [("phi-3", "Q4_1")]
+
+
+@pytest.mark.parametrize("family,quant", GREEDY_CASES)
 def test_llama_greedy_speculation_is_lossless_through_chat(built, family, quant):
     """Property of the shipped small family relied on: the zoo's draft (the target's own first layers,
     built by the zoo) has some token accepted."""
