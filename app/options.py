@@ -69,6 +69,14 @@ def resolve_models(args) -> tuple[str, Optional[str]]:
     if takes_drafter_file(args.method) and torch_engine and draft is None:
         raise SpecDeskError(f"method {args.method!r} needs {method_info(args.method).drafter} folder: "
                             "pass --draft DIR")
+    if draft is not None and method_info(args.method).role == "chooser":
+        from specdesk.app.runtime.session import drafter_kind
+
+        kind = drafter_kind(draft)
+        if kind != "draft":  # auto chooses among the lookups, a draft model and the target's MTP layers
+            what = method_info(kind).drafter
+            raise SpecDeskError(f"{draft} is {what[0].lower()}{what[1:]} made for one target, not a draft model: "
+                                f"method auto drafts with a draft model; use --method {kind} for this file")
     return target, draft
 
 

@@ -79,6 +79,26 @@ def test_the_cli_and_the_app_resolve_the_demo_family_alike(demo_cache):
     assert session.resolve_demo(DEMO_MTP, None, "small", quiet) == (native["mtp_gguf"], None)
 
 
+def test_auto_given_a_native_drafter_says_which_method_runs_it(demo_cache):
+    """Method auto drafts with a draft model; a drafter made for one target (an EAGLE-3 or DFlash
+    file or folder) is refused with the method that runs it, not loaded as a draft model (which
+    failed as a context that could not be created)."""
+    from specdesk.app.demo.export_native_gguf import build_native
+    from specdesk.app.options import resolve_models
+
+    def cli(engine: str, draft: str):
+        return resolve_models(argparse.Namespace(target=demo_cache["target_gguf"] if engine == "llama"
+                                                 else demo_cache["target_hf"], draft=draft, engine=engine,
+                                                 method="auto", small_demo=True))
+
+    native = build_native(demo_cache)
+    for engine, drafter in (("llama", native["dflash_gguf"]), ("torch", demo_cache["dflash_hf"])):
+        with pytest.raises(SpecDeskError, match="use --method dflash for this file") as refused:
+            cli(engine, drafter)
+        assert drafter in str(refused.value) and "a DFlash drafter" in str(refused.value)
+    assert cli("llama", demo_cache["draft_gguf"]) == (demo_cache["target_gguf"], demo_cache["draft_gguf"])
+
+
 def test_a_conversation_keeps_room_for_the_reply_up_to_half_the_context(local):
     turn = "word " * 40
     messages = [{"role": "user" if i % 2 == 0 else "assistant", "content": turn} for i in range(9)]
