@@ -53,10 +53,11 @@ def rewrite_gguf(src: str | Path, dst: str | Path, edit_tokens: Callable[[list[s
     return _finish(writer, dst)
 
 
-def copy_gguf(src: str | Path, dst: str | Path, overrides: dict[str, Any]) -> Path:
+def copy_gguf(src: str | Path, dst: str | Path, overrides: dict[str, Any],
+              extra_tensors: dict[str, np.ndarray] | None = None) -> Path:
     """A copy of a GGUF file with some metadata values replaced: "{arch}" in a key stands for the
     file's architecture, the value None drops the key, and a key the file lacks is added (a str as
-    a string, a bool, int or float as such)."""
+    a string, a bool, int or float as such); `extra_tensors` are added after the file's own."""
     from gguf import GGUFReader, GGUFValueType, GGUFWriter
 
     reader = GGUFReader(str(src))
@@ -80,6 +81,8 @@ def copy_gguf(src: str | Path, dst: str | Path, overrides: dict[str, Any]) -> Pa
     for tensor in reader.tensors:
         data = np.asarray(tensor.data)
         writer.add_tensor(tensor.name, data, raw_shape=list(data.shape), raw_dtype=tensor.tensor_type)
+    for name, data in (extra_tensors or {}).items():
+        writer.add_tensor(name, data)
     return _finish(writer, dst)
 
 

@@ -18,6 +18,8 @@ import pytest
 from specdesk.app.models.gguf_to_hf import convert
 from specdesk.engines.types import GenerationRequest, SpecConfig, SpecDeskError
 
+from llama_helpers import _finish, copy_gguf
+
 TEXTS = [
     "def parse(text):\n    return [int(x) for x in text.split(',')]  # 42\n",
     "Hello world! 1234567 3.14159 x=10**9 and 1,000,000.00$ at 99%",
@@ -245,33 +247,7 @@ def tiny_gguf(path: Path, arch: str) -> Path:
     writer.add_block_count(1)
     writer.add_embedding_length(8)
     writer.add_tensor("token_embd.weight", np.zeros((4, 8), np.float32))
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    return path
-
-
-def with_extra_tensor(src: str, dst: Path, name: str) -> Path:
-    """A copy of a GGUF with one more tensor."""
-    from gguf import GGUFReader, GGUFValueType, GGUFWriter
-
-    reader = GGUFReader(src)
-    writer = GGUFWriter(str(dst), reader.fields["general.architecture"].contents())
-    for key, field in reader.fields.items():
-        if key.startswith("GGUF.") or key == "general.architecture":
-            continue
-        main = field.types[0]
-        writer.add_key_value(key, field.contents(), main, sub_type=field.types[-1] if main == GGUFValueType.ARRAY else None)
-    for tensor in reader.tensors:
-        data = np.array(tensor.data)
-        writer.add_tensor(tensor.name, data, raw_shape=list(data.shape), raw_dtype=tensor.tensor_type)
-    writer.add_tensor(name, np.ones(8, np.float32))
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    return dst
+    return _finish(writer, path)
 
 
 def test_another_architecture_is_refused_naming_the_file_and_it(tmp_path):
@@ -282,7 +258,8 @@ def test_another_architecture_is_refused_naming_the_file_and_it(tmp_path):
 
 
 def test_a_tensor_with_no_place_in_llama_is_refused_by_name(demo_family, tmp_path):
-    path = with_extra_tensor(demo_family["target_gguf"], tmp_path / "extra.gguf", "blk.0.attn_sinks.weight")
+    path = copy_gguf(demo_family["target_gguf"], tmp_path / "extra.gguf", {},
+                     extra_tensors={"blk.0.attn_sinks.weight": np.ones(8, np.float32)})
     with pytest.raises(SpecDeskError, match="tensor blk.0.attn_sinks.weight has no place in LlamaForCausalLM") as caught:
         convert(path, tmp_path / "out")
     assert str(path) in str(caught.value) and list(tmp_path.iterdir()) == [path]
