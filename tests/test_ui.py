@@ -160,6 +160,21 @@ def test_window_opens_loads_and_quits(open_window):
     assert not running_threads()
 
 
+def test_closing_the_window_as_its_load_ends_starts_no_new_job(qtbot, demo_family, user_dirs, dialogs):
+    """The user closes the window while the model finishes loading: the load's result, delivered
+    as the window closes, starts nothing (method auto would measure its costs) on the ended worker."""
+    window = MainWindow(Settings(target_path=demo_family["target_gguf"], draft_path=demo_family["draft_gguf"],
+                                 method="auto", threads=1, max_tokens=8), autoload=False)
+    qtbot.addWidget(window)
+    window.show()
+    closed = []
+    window.worker.loaded.connect(lambda info: closed.append(window.close()))
+    window.load_models()
+    qtbot.waitUntil(lambda: bool(closed), timeout=LOAD_TIMEOUT_MS)
+    assert window.info is not None
+    assert not running_threads()
+
+
 def test_first_launch_without_demo_models_offers_to_build(qtbot, user_dirs, dialogs, monkeypatch, tmp_path):
     """`specdesk` with default settings: no shipped demo family here -> a message, an offer, a working window."""
     monkeypatch.setenv("SPECDESK_ASSETS_DIR", str(tmp_path / "no-assets"))

@@ -262,8 +262,8 @@ class MainWindow(ModelChoosing, WindowMenus, QMainWindow):
     def _prepare_auto(self) -> bool:
         """With method auto on the local models, its costs on this machine are measured now (once
         per model and placement, then cached), while the user types, instead of in the first reply."""
-        if not self.backend.local or self.info is None or self.controls.method() != "auto":
-            return False
+        if self._closed or not self.backend.local or self.info is None or self.controls.method() != "auto":
+            return False  # closing: a load that ended as the window closed starts nothing
         self.status_label.setText("auto: measuring what each method costs on this machine (once per model)…")
         self.worker.prepare(self.controls.spec(self.info.draft_path))
         return True
