@@ -765,3 +765,81 @@ def test_auto_cuts_unlikely_draft_tails_by_what_a_row_costs_to_verify_here():
         assert drafter.p_min == pytest.approx(expected) and auto.report()["draft_p_min"]["draft"] == round(expected, 3)
         assert auto.choice.k >= 2 and drafter.p_min > 0.0  # a tail was priced, not left uncut
     assert Confident().p_min == 0.0
+
+
+class Unsure(Counting):
+    """A model drafter whose rows after the first carry these confidences in turn, and stop at
+    the first below its draft_p_min (as drafting.ModelDraftProposer does); it reports them."""
+
+    def __init__(self, confidences=(0.6, 0.25)):
+        super().__init__()
+        self.p_min = 0.0
+        self.confidences = confidences
+        self.row_confidence = None
+
+    def propose(self, context, k):
+        from specdesk.engines.types import Draft
+
+        self.proposed += 1
+        rows = [self.confidences[i % len(self.confidences)] for i in range(k - 1)]
+        kept = next((i for i, c in enumerate(rows) if c < self.p_min), len(rows))
+        self.row_confidence = rows[:kept]
+        return Draft((1,) * (1 + kept))
+
+
+def test_tail_calibration_fits_the_rows_the_target_reached():
+    from specdesk.engines.speculation.chooser import TailCalibration
+
+    calibration = TailCalibration()
+    assert calibration.shift() == 0.0 and calibration.confidence_for(0.4) == pytest.approx(0.4)  # at its word
+    calibration.record([0.5, 0.5, 0.5], 2)  # rows 1, 2 reached (row 1 accepted, row 2 rejected); row 3 not
+    assert len(calibration.rows) == 2 and calibration.shift() == pytest.approx(0.0, abs=1e-6)
+    for _ in range(50):
+        calibration.record([0.3, 0.3], 3)  # every row accepted at a confidence of 0.3
+    assert calibration.shift() > 2.0 and calibration.confidence_for(0.6) < 0.2
+    sure = TailCalibration()
+    for step in range(100):  # rows at 0.7 accepted 7 times in 10: calibrated
+        sure.record([0.7], 2 if step % 10 < 7 else 1)
+    assert abs(sure.shift()) < 0.15 and calibration.confidence_for(0.0) == 0.0
+
+
+def test_auto_learns_that_an_unsure_drafter_is_right_and_stops_cutting_its_tails():
+    """The tail cut prices a row at its drafter's confidence. A draft model that is right more
+    often than its softmax says (the demo draft) would have every tail cut, and each cut, counted
+    as a rejection, would lower the k the next step asks for: auto talked itself into drafts of
+    one or two tokens where a fixed k = 4 was 1.9x. Measured against what the target accepts,
+    the cut moves to where rows stop paying, and cut rows count neither way."""
+    costs = Costs((0.010, 0.013, 0.016, 0.019, 0.022), {"draft": 1e-4})
+    drafter = Unsure((0.5, 0.35))
+    auto = AutoProposer({"draft": drafter}, costs, 4, learn_costs=False)
+    auto.begin([1, 2, 3])
+    lengths, p_mins = [], []
+    for _ in range(60):
+        draft = auto.propose([1, 2, 3], 4)
+        lengths.append(len(draft.tokens))
+        p_mins.append(drafter.p_min)
+        auto.accept(len(draft.tokens), [1] * (len(draft.tokens) + 1))  # the target accepts every row
+    cut = next(i for i, p in enumerate(p_mins) if p > 0.35)
+    assert lengths[cut] == 2  # its 0.35 rows are cut at first
+    assert p_mins[-1] < 0.35 and lengths[-1] == 4  # then they are drafted, and pay
+    assert auto.report()["tail_calibration"]["draft"] > 1.0
+    assert min(auto.estimates["draft"].per_position()) > 0.9  # the cuts were never counted as rejections
+
+
+def test_a_drafter_as_sure_as_it_says_keeps_its_tails_cut():
+    costs = Costs((0.010, 0.013, 0.016, 0.019, 0.022), {"draft": 1e-4})
+    drafter = Unsure((0.6, 0.25))
+    auto = AutoProposer({"draft": drafter}, costs, 4, learn_costs=False)
+    auto.begin([1, 2, 3])
+    for step in range(80):
+        draft = auto.propose([1, 2, 3], 4)
+        # its rows are accepted as often as their confidence says: 0.6 rows 3 times in 5, 0.25 rows 1 in 4
+        accepted = 1
+        for row, confidence in enumerate(drafter.row_confidence, start=1):
+            if (step % 20) / 20 >= confidence:
+                break
+            accepted = row + 1
+        accepted = min(accepted, len(draft.tokens))
+        auto.accept(accepted, [1] * (accepted + 1))
+    assert abs(auto.report()["tail_calibration"]["draft"]) < 0.5
+    assert drafter.p_min > 0.25  # the unlikely tails stay cut

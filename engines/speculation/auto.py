@@ -21,8 +21,8 @@ from typing import Mapping, Optional, Sequence
 
 from ..methods import auto_methods, method_info, needs_draft_model
 from ..types import Draft, SpecConfig, SpecDeskError
-from .chooser import (AcceptanceEstimate, Choice, Costs, cannot_pay, choose, could_pay, economics, speedups,
-                      tail_p_min, worth_feeding)
+from .chooser import (MAX_TAIL_P_MIN, AcceptanceEstimate, Choice, Costs, TailCalibration, cannot_pay, choose, could_pay, economics,
+                      speedups, tail_p_min, worth_feeding)
 from .costs import CostModel, cost_key, measured
 from .stats import ProposerCounters
 
@@ -99,6 +99,10 @@ class AutoProposer:
         # a reply starts from what the replies before it measured rather than from the prior.
         learned = {} if learned is None else learned
         self.estimates = {m: learned.setdefault(m, AcceptanceEstimate(max_k)) for m in self.proposers}
+        # model drafter -> how its confidence in a row compares with the target's acceptance, kept
+        # across runs like the estimates (under "method:tails" in the same table)
+        self.calibration: dict[str, TailCalibration] = {
+            m: learned.setdefault(f"{m}:tails", TailCalibration()) for m in self.proposers}
         self.last_used = {m: 0 for m in self.proposers}
         self.steps = 0
         self.last_plain = 0  # the step that last ran a plain pass (nothing drafted)
@@ -246,7 +250,8 @@ class AutoProposer:
         if not hasattr(proposer, "p_min"):
             return
         floor = self._p_floor.setdefault(method, proposer.p_min)
-        proposer.p_min = max(floor, tail_p_min(self.costs, method, k, self.choice.expected_speedup))
+        needed = tail_p_min(self.costs, method, k, self.choice.expected_speedup)  # the row's acceptance
+        proposer.p_min = max(floor, min(MAX_TAIL_P_MIN, self.calibration[method].confidence_for(needed)))
         self.p_min_used[method] = proposer.p_min
 
     def accept(self, n_accepted: int, committed: Sequence[int]) -> None:
@@ -254,6 +259,15 @@ class AutoProposer:
         chosen = None
         if self._pending is not None:
             chosen, asked, drafted = self._pending
+            confidence = getattr(self.proposers[chosen], "row_confidence", None)
+            if confidence is not None:  # a model drafter that read its rows' confidence (the tail cut)
+                self.calibration[chosen].record(confidence, n_accepted)
+                if 0 < drafted < asked:
+                    # Cut by its own confidence, not by the text: the rows past the cut were
+                    # never drafted, so they count neither way in its acceptance per position
+                    # (counted as rejected, each cut would lower the estimate that sets the next
+                    # cut's k, and auto would talk itself into ever shorter drafts).
+                    asked = drafted
             self.estimates[chosen].record(asked, drafted, n_accepted)
             self.proposers[chosen].accept(n_accepted, committed)
             if chosen in self._seen:  # its context now holds the step's context and the accepted drafts
@@ -303,11 +317,13 @@ class AutoProposer:
                 "steps": sum(self.usage.values()), "costs": self.cost_model.describe(),
                 "economics": economics(self.costs), "verdict": self.verdict(),
                 "draft_p_min": {m: round(p, 3) for m, p in self.p_min_used.items()},
+                # log-odds a row is likelier to be accepted than its drafter's confidence says
+                "tail_calibration": {m: round(self.calibration[m].shift(), 3) for m in self.p_min_used},
                 "reprobe_steps": self.reprobe_steps}
 
 
 # engine -> (cost key, greedy) -> method -> its acceptance estimate, carried from one run to the next
-_learned: "weakref.WeakKeyDictionary[object, dict[tuple[str, bool], dict[str, AcceptanceEstimate]]]" = \
+_learned: "weakref.WeakKeyDictionary[object, dict[tuple[str, bool], dict[str, AcceptanceEstimate | TailCalibration]]]" = \
     weakref.WeakKeyDictionary()
 
 

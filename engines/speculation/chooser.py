@@ -10,6 +10,7 @@ that asks every step is engines/speculation/auto.AutoProposer.
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Mapping, Optional, Sequence
 
@@ -302,6 +303,75 @@ def implausible_size(pass_s: Sequence[float]) -> Optional[int]:
 
 
 MAX_TAIL_P_MIN = 0.9  # a draft row is never asked to be surer than this to be verified
+CALIBRATION_PRIOR = 4.0  # rows a drafter's confidence is taken at its word for, before it is checked
+CALIBRATION_ROWS = 256  # the most recent draft rows the calibration is fitted to
+MAX_SHIFT = 4.0  # log-odds: a row is never held more than this much likelier (or less) than its confidence
+
+
+def _logit(p: float) -> float:
+    p = min(max(p, 1e-6), 1.0 - 1e-6)
+    return float(np.log(p / (1.0 - p)))
+
+
+def _sigmoid(x: np.ndarray | float):
+    return 1.0 / (1.0 + np.exp(-x))
+
+
+class TailCalibration:
+    """How a model drafter's confidence in a row (its top-1 probability) compares with how often
+    the target accepts that row. tail_p_min prices a row at the acceptance it needs; a drafter's
+    confidence is that acceptance only if it is calibrated. A small draft model trained on its
+    target's outputs agrees with it more often than its own softmax says (the demo draft), and an
+    uncalibrated cut stops the very rows that would have paid.
+
+    Fitted as one shift in log-odds (acceptance = sigmoid(logit(confidence) + shift), the shift
+    that makes the expected acceptances of the recent rows sum to the accepted ones), over the
+    rows after each draft's first that the target reached (every earlier row accepted), older
+    steps weighing less (DECAY), and CALIBRATION_PRIOR rows of a calibrated drafter besides."""
+
+    def __init__(self) -> None:
+        self.rows: deque[tuple[int, float, bool]] = deque(maxlen=CALIBRATION_ROWS)  # (step, logit, accepted)
+        self.steps = 0
+        self._shift: Optional[float] = 0.0
+
+    def record(self, confidence: Sequence[float], n_accepted: int) -> None:
+        """`confidence`: the draft's rows 1.. (row 0 is never cut); `n_accepted`: its accepted prefix."""
+        self.steps += 1
+        for row, value in enumerate(confidence, start=1):
+            if row > n_accepted:  # not reached: an earlier row was rejected
+                break
+            self.rows.append((self.steps, _logit(value), row < n_accepted))
+            self._shift = None
+
+    def shift(self) -> float:
+        """The fitted log-odds shift (0: calibrated; above 0: right more often than it says)."""
+        if self._shift is None:
+            if not self.rows:
+                self._shift = 0.0
+                return self._shift
+            steps, logits, accepted = (np.array(column, dtype=np.float64) for column in zip(*self.rows))
+            weights = DECAY ** (self.steps - steps)
+            # the prior: rows at confidence 0.5 accepted half the time, which pull the shift to 0
+            logits = np.append(logits, 0.0)
+            accepted = np.append(accepted, 0.5)
+            weights = np.append(weights, CALIBRATION_PRIOR)
+            shift = 0.0
+            for _ in range(30):  # Newton's method on a monotone function of one variable
+                p = _sigmoid(logits + shift)
+                gap = float(np.dot(weights, p - accepted))
+                slope = float(np.dot(weights, p * (1.0 - p)))
+                step = gap / max(slope, 1e-9)
+                shift = min(MAX_SHIFT, max(-MAX_SHIFT, shift - step))
+                if abs(step) < 1e-6:
+                    break
+            self._shift = shift
+        return self._shift
+
+    def confidence_for(self, acceptance: float) -> float:
+        """The confidence at which a row is accepted with probability `acceptance` (0: no cut)."""
+        if acceptance <= 0.0:
+            return 0.0
+        return float(_sigmoid(_logit(acceptance) - self.shift()))
 
 
 def tail_p_min(costs: Costs, method: str, k: int, expected_speedup: float) -> float:
@@ -309,7 +379,8 @@ def tail_p_min(costs: Costs, method: str, k: int, expected_speedup: float) -> fl
     (its draft_p_min): the row adds its drafting and t(k+1) - t(k) to the step, and brings one
     token with about that probability, worth t(1)/speedup at the rate the step expects. Flat
     pass costs (a GPU, F16 on a fast CPU) ask little; passes that cost nearly n singles (Q4_1
-    on a CPU without a batched kernel) ask a lot, so unlikely tails are cut before the pass."""
+    on a CPU without a batched kernel) ask a lot, so unlikely tails are cut before the pass.
+    The probability is the row's acceptance: TailCalibration turns it into the drafter's confidence."""
     if k < 2 or expected_speedup <= 0 or costs.pass_s[0] <= 0:
         return 0.0
     marginal = costs.pass_cost(k + 1) - costs.pass_cost(k) + costs.draft_token_s.get(method, 0.0)

@@ -54,6 +54,9 @@ class ModelDraftProposer(ABC):
         self.rng = rng
         self.p_min = p_min
         self.counters = ProposerCounters()
+        # The last draft's top-1 probability of each row after its first, read where p_min > 0
+        # (auto's tail cut): auto compares it with what the target accepted (TailCalibration).
+        self.row_confidence: list[float] | None = None
 
     @abstractmethod
     def _next_logits(self, tokens: Sequence[int]) -> np.ndarray:
@@ -71,20 +74,28 @@ class ModelDraftProposer(ABC):
         logits = self._next_logits(context[kept:])
         tokens: list[int] = []
         probs: list[np.ndarray] = []
+        confidence: list[float] = []
         for i in range(k):
             if self.sampling.greedy:
                 token = int(np.argmax(logits))
-                if self.p_min > 0 and i > 0 and 1.0 / np.exp(logits - logits[token]).sum() < self.p_min:
-                    break
+                if self.p_min > 0 and i > 0:
+                    confidence.append(float(1.0 / np.exp(logits - logits[token]).sum()))
+                    if confidence[-1] < self.p_min:
+                        confidence.pop()
+                        break
             else:
                 q = sampling_probs(logits, self.sampling)
-                if self.p_min > 0 and i > 0 and q.max() < self.p_min:
-                    break
+                if self.p_min > 0 and i > 0:
+                    confidence.append(float(q.max()))
+                    if confidence[-1] < self.p_min:
+                        confidence.pop()
+                        break
                 token = sample(q, self.rng)
                 probs.append(q)
             tokens.append(token)
             if i + 1 < k:
                 logits = self._next_logits([token])
+        self.row_confidence = confidence if self.p_min > 0 else None
         self.counters.record_proposal(len(tokens), time.perf_counter() - started)
         return Draft(tuple(tokens), np.stack(probs) if probs else None)
 
