@@ -843,3 +843,36 @@ def test_a_drafter_as_sure_as_it_says_keeps_its_tails_cut():
         auto.accept(accepted, [1] * (accepted + 1))
     assert abs(auto.report()["tail_calibration"]["draft"]) < 0.5
     assert drafter.p_min > 0.25  # the unlikely tails stay cut
+
+
+def test_a_draft_models_catch_up_is_priced_at_what_it_took():
+    """After other methods committed tokens, a draft model first catches up on them in one
+    batch. Its price (the drafter's per-token cost scaled by the target's pass shape) was about
+    a quarter of what the demo draft took, and auto chose it after runs of lookups where the
+    lookups alone were faster: what such steps take beyond their drafting now sets the price."""
+    from specdesk.engines.speculation.auto import CatchUpScale
+
+    costs = Costs((0.010, 0.0105, 0.011, 0.0115, 0.012), {"draft": 1e-3})
+    auto = AutoProposer({"draft": Counting()}, costs, 4)
+    auto.begin([1, 2, 3])
+    context = [1, 2, 3]
+    for _ in range(4):
+        context = context + [7] * 20  # committed while another method drafted
+        behind = len(context) - auto._seen["draft"]
+        unscaled = costs.catch_up_cost("draft", behind)
+        draft = auto.propose(context, 4)
+        assert auto.choice.method == "draft" and unscaled > 0
+        drafting = costs.drafting_cost("draft", len(draft.tokens))
+        auto.record_timing(1 + len(draft.tokens), 0.012, 0.0, drafting + 4 * unscaled)  # caught up at 4x its price
+        auto.accept(len(draft.tokens), [7] * (len(draft.tokens) + 1))
+        context = context + [7] * (len(draft.tokens) + 1)
+    assert auto.catch_up["draft"].scale() == pytest.approx(4.0)
+    assert auto.report()["catch_up_scale"] == {"draft": 4.0}
+    behind = len(context) + 20 - auto._seen["draft"]
+    auto._context_len = len(context) + 20
+    assert auto.catch_up_s()["draft"] == pytest.approx(4.0 * costs.catch_up_cost("draft", behind))
+    scale = CatchUpScale()
+    assert scale.scale() == 1.0  # at its price until measured
+    for ratio in (100.0, 100.0, 100.0):
+        scale.record(ratio, 1.0)
+    assert scale.scale() == 20.0  # bounded

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import time
 import weakref
+from collections import deque
 from dataclasses import dataclass
 from typing import Mapping, Optional, Sequence
 
@@ -23,7 +24,7 @@ from ..methods import auto_methods, method_info, needs_draft_model
 from ..types import Draft, SpecConfig, SpecDeskError
 from .chooser import (MAX_TAIL_P_MIN, AcceptanceEstimate, Choice, Costs, TailCalibration, cannot_pay, choose, could_pay, economics,
                       speedups, tail_p_min, worth_feeding)
-from .costs import CostModel, cost_key, measured
+from .costs import MIN_SAMPLES, WINDOW, CostModel, cost_key, measured, median
 from .stats import ProposerCounters
 
 REPROBE_EVERY = 8  # a method unused for this many steps drafts once, so it can come back
@@ -40,6 +41,29 @@ RETIRE_AFTER = 6
 # that mixes methods grows with how rarely it drafts; learned, it made auto shun the draft
 # model (0.88-0.91x of the best fixed setting, against 0.99x with the probe's costs).
 LEARN_DRAFTING = False
+MAX_CATCH_UP_SCALE = 20.0  # a draft model's catch-up is never priced further than this from Costs.catch_up_cost
+
+
+class CatchUpScale:
+    """How a draft model's catch-up (one batch over the tokens other methods committed since it
+    last drafted) compares with the price Costs.catch_up_cost puts on it: the ratio of what such
+    steps took beyond their drafting to that price, the median of the recent ones (1 before any).
+    The price scales the drafter's per-token cost by the target's pass shape; a small draft
+    model's batch is dearer than that says (the demo draft: about 4x), and unscaled, auto chose
+    it after runs of lookups where the lookups alone were faster."""
+
+    def __init__(self) -> None:
+        self.ratios: deque[float] = deque(maxlen=WINDOW)
+        self._scale = 1.0  # read every step: kept until the next record
+
+    def record(self, seconds: float, priced: float) -> None:
+        if priced > 0.0 and seconds >= 0.0:
+            self.ratios.append(seconds / priced)
+            if len(self.ratios) >= MIN_SAMPLES:
+                self._scale = min(MAX_CATCH_UP_SCALE, max(1.0 / MAX_CATCH_UP_SCALE, median(self.ratios)))
+
+    def scale(self) -> float:
+        return self._scale
 
 
 @dataclass(frozen=True)
@@ -103,6 +127,10 @@ class AutoProposer:
         # across runs like the estimates (under "method:tails" in the same table)
         self.calibration: dict[str, TailCalibration] = {
             m: learned.setdefault(f"{m}:tails", TailCalibration()) for m in self.proposers}
+        self.catch_up: dict[str, CatchUpScale] = {
+            m: learned.setdefault(f"{m}:catch-up", CatchUpScale()) for m in self.proposers
+            if method_info(m).takes == "draft_model"}
+        self._behind: Optional[tuple[str, float]] = None  # (model drafter, its unscaled catch-up price) this step
         self.last_used = {m: 0 for m in self.proposers}
         self.steps = 0
         self.last_plain = 0  # the step that last ran a plain pass (nothing drafted)
@@ -134,6 +162,11 @@ class AutoProposer:
         model.record_pass(pass_tokens, pass_s)
         if self.observer_method is not None:
             model.record_observing(self.observer_method, observe_s)
+        if self._pending is not None and self._missed is None and self._behind is not None:
+            method, _, drafted = self._pending
+            if drafted and method == self._behind[0]:  # what it took beyond its drafting: its catch-up
+                self.catch_up[method].record(max(0.0, draft_s - self.costs.drafting_cost(method, drafted)),
+                                             self._behind[1])
         if self._pending is not None and self._missed is None:
             method, _, drafted = self._pending
             # Only a method that also drafted the step before: after a switch its drafting
@@ -212,6 +245,7 @@ class AutoProposer:
         self._looked = tuple(looked)
         self.choice = self.decide(k, {m: len(d.tokens) for m, d in looked.items()})
         method = self.choice.method
+        self._behind = None
         if method == "none" or k <= 0:
             self._pending = None
             draft = Draft(())
@@ -221,6 +255,7 @@ class AutoProposer:
                 draft = Draft(looked[method].tokens[:min(k, self.choice.k)])
             else:
                 self._cut_tails(method, min(k, self.choice.k))
+                self._note_behind(method)
                 draft = self.proposers[method].propose(context, min(k, self.choice.k))
             self._pending = (method, min(k, self.choice.k), len(draft.tokens))
             if not draft.tokens and self.choice.fallback is not None:
@@ -231,6 +266,7 @@ class AutoProposer:
                 fallback, fallback_k = self.choice.fallback
                 self.last_used[fallback] = self.last_chosen[fallback] = self.steps
                 self._cut_tails(fallback, min(k, fallback_k))
+                self._note_behind(fallback)
                 draft = self.proposers[fallback].propose(context, min(k, fallback_k))
                 self._pending = (fallback, min(k, fallback_k), len(draft.tokens))
                 self.choice = Choice(fallback, fallback_k, self.choice.expected_speedup,
@@ -242,6 +278,14 @@ class AutoProposer:
         self.usage[label] = self.usage.get(label, 0) + 1
         self.counters.record_proposal(len(draft.tokens), time.perf_counter() - started)
         return draft
+
+    def _note_behind(self, method: str) -> None:
+        """Before a draft model drafts more than one token behind: its catch-up's unscaled price,
+        which record_timing compares with what the step took (CatchUpScale)."""
+        if method in self.catch_up and method in self._seen:
+            priced = self.costs.catch_up_cost(method, self._context_len - self._seen[method])
+            if priced > 0.0:
+                self._behind = (method, priced)
 
     def _cut_tails(self, method: str, k: int) -> None:
         """A model drafter (one with a draft_p_min) stops at a row too unlikely to pay for its
@@ -291,8 +335,8 @@ class AutoProposer:
         since it last drafted (other methods drafted meanwhile), priced by Costs.catch_up_cost.
         A method that drafted the step before is one token behind, as after its own steps."""
         costs = self.costs
-        return {m: costs.catch_up_cost(m, self._context_len - seen) for m, seen in self._seen.items()
-                if m in self.proposers}
+        return {m: costs.catch_up_cost(m, self._context_len - seen) * self.catch_up[m].scale()
+                for m, seen in self._seen.items() if m in self.proposers and m in self.catch_up}
 
     def extra_s(self) -> float:
         """What feeding the hidden-state drafter adds to every step while it is fed."""
@@ -319,11 +363,13 @@ class AutoProposer:
                 "draft_p_min": {m: round(p, 3) for m, p in self.p_min_used.items()},
                 # log-odds a row is likelier to be accepted than its drafter's confidence says
                 "tail_calibration": {m: round(self.calibration[m].shift(), 3) for m in self.p_min_used},
+                # what a draft model's catch-up took against its price (CatchUpScale)
+                "catch_up_scale": {m: round(scale.scale(), 3) for m, scale in self.catch_up.items()},
                 "reprobe_steps": self.reprobe_steps}
 
 
 # engine -> (cost key, greedy) -> method -> its acceptance estimate, carried from one run to the next
-_learned: "weakref.WeakKeyDictionary[object, dict[tuple[str, bool], dict[str, AcceptanceEstimate | TailCalibration]]]" = \
+_learned: "weakref.WeakKeyDictionary[object, dict[tuple[str, bool], dict[str, AcceptanceEstimate | TailCalibration | CatchUpScale]]]" = \
     weakref.WeakKeyDictionary()
 
 

@@ -47,7 +47,7 @@ PROBE_ROUNDS = 3  # extra rounds of the pass probe when it caught a busy moment 
 REPROBE_AFTER = 24  # passes recorded since the last probe before another may be taken (about one reply)
 
 
-def _median(values) -> float:
+def median(values) -> float:
     ordered = sorted(values)
     middle = len(ordered) // 2
     return ordered[middle] if len(ordered) % 2 else 0.5 * (ordered[middle - 1] + ordered[middle])
@@ -104,10 +104,10 @@ class CostModel:
         was busy prices the sizes and the drafting that replies never run for that busy moment."""
         if self.since_probe < REPROBE_AFTER:
             return False
-        ratios = [_median(self.passes[n - 1]) / self.probe.pass_s[n - 1] for n in self.learned_sizes()]
+        ratios = [median(self.passes[n - 1]) / self.probe.pass_s[n - 1] for n in self.learned_sizes()]
         if not ratios:
             return False
-        moved = _median(ratios)
+        moved = median(ratios)
         return moved > DRIFT or moved < 1.0 / DRIFT
 
     def reseed(self, probe: Costs) -> None:
@@ -130,7 +130,7 @@ class CostModel:
 
     def _estimate(self) -> Costs:
         probe = self.probe.pass_s
-        learned = {n: _median(self.passes[n - 1]) for n in self.learned_sizes()}
+        learned = {n: median(self.passes[n - 1]) for n in self.learned_sizes()}
         sizes = sorted(learned)
         # How far each measured size moved from the probe, interpolated between measured sizes
         # (the nearest one's beyond them): under load a long pass moves less than a short one.
@@ -143,12 +143,12 @@ class CostModel:
             pass_s[i] = min(pass_s[i], pass_s[i + 1])
 
         def level(windows, prior):
-            return {m: (_median(windows[m]) if len(windows[m]) >= MIN_SAMPLES else s) for m, s in prior.items()}
+            return {m: (median(windows[m]) if len(windows[m]) >= MIN_SAMPLES else s) for m, s in prior.items()}
 
         # Drafting runs on the same machine as the passes: without measurements of its own it
         # moves as the passes moved from the probe (a probe taken while the machine was busy
         # overstates both, and the passes that follow correct both).
-        moved = _median(ratios) if ratios else 1.0
+        moved = median(ratios) if ratios else 1.0
         per_token = {m: t * moved for m, t in self.probe.draft_token_s.items()}
         per_step = {m: t * moved for m, t in self.probe.draft_step_s.items()}
         for method, window in self.drafting.items():
@@ -167,7 +167,7 @@ class CostModel:
             slope, intercept = np.polyfit(counts, seconds, 1)
             if slope >= 0 and intercept >= 0:
                 return float(slope), float(intercept)
-        per_step = _median(list(seconds - probe_per_token * counts))
+        per_step = median(list(seconds - probe_per_token * counts))
         return probe_per_token, max(0.0, per_step)
 
     def describe(self) -> dict:
