@@ -19,6 +19,10 @@ import argparse
 import json
 import sys
 import time
+from pathlib import Path
+
+if __package__ in (None, ""):  # run as a script: its own folder is on the path, the repository's root is not
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 
 def main(argv=None) -> int:
@@ -38,7 +42,7 @@ def main(argv=None) -> int:
     from specdesk.engines.llama.engine import LlamaEngine
     from specdesk.engines.types import SamplingParams, SpecConfig
 
-    from repeats import add_run, summarize
+    from benchmarks.repeats import add_run, summarize
 
     family = build_family()
     native = build_native(family)

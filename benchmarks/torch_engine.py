@@ -19,6 +19,10 @@ import argparse
 import json
 import sys
 import time
+from pathlib import Path
+
+if __package__ in (None, ""):  # run as a script: its own folder is on the path, the repository's root is not
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 METHODS = ("ngram", "ngram-pool", "draft", "mtp", "dflash", "dspark", "eagle3")
 
@@ -51,7 +55,7 @@ def main(argv=None) -> int:
     started = time.perf_counter()
     engine = TorchEngine(family["target_hf"], n_ctx=512, device=args.device, dtype=args.dtype, n_threads=args.threads)
     sampling = SamplingParams(temperature=args.temperature)
-    from repeats import add_run, summarize
+    from benchmarks.repeats import add_run, summarize
 
     drafts = {"draft": family["draft_hf"], "dflash": family.get("dflash_hf"), "eagle3": family.get("eagle3_hf"),
               "dspark": family.get("dspark_hf")}
