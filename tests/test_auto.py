@@ -876,3 +876,16 @@ def test_a_draft_models_catch_up_is_priced_at_what_it_took():
     for ratio in (100.0, 100.0, 100.0):
         scale.record(ratio, 1.0)
     assert scale.scale() == 20.0  # bounded
+
+
+def test_the_details_say_how_the_tails_were_cut_and_the_catch_up_priced():
+    from specdesk.app.runtime.chat_controller import auto_details
+
+    report = {"costs": {"pass_ms": [10.0, 11.0]}, "draft_p_min": {"draft": 0.034},
+              "tail_calibration": {"draft": 1.7}, "catch_up_scale": {"draft": 9.3}, "steps": 10,
+              "steps_by_choice": {"draft k=4": 1.0}}
+    text = auto_details(report)
+    assert "draft p = 0.03 (its rows accepted more often than its confidence says)" in text
+    assert "draft 9.3x the price its drafting speed suggests" in text
+    plain = auto_details({**report, "tail_calibration": {"draft": 0.0}, "catch_up_scale": {"draft": 1.0}})
+    assert "confidence" not in plain and "catching up" not in plain

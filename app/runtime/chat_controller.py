@@ -240,6 +240,11 @@ def auto_footer(report: dict) -> str:
     return f"auto: {named}" + (", …" if len(shares) > 3 else "") + " of steps"
 
 
+def _likelier(shift: float) -> str:
+    """A log-odds shift in words: "more often" or "less often"."""
+    return "more often" if shift > 0 else "less often"
+
+
 def auto_details(report: dict) -> str:
     """Auto's measurements behind a reply, a few lines for the status line's details: what a
     pass over 1..K+1 tokens costs here (and against one), each method's drafting per token, the
@@ -256,7 +261,15 @@ def auto_details(report: dict) -> str:
         lines.append("drafting per token: " + ", ".join(f"{m} {t:.2f} ms" for m, t in drafting.items()))
     tails = report.get("draft_p_min") or {}
     if tails:
-        lines.append("draft tails cut below: " + ", ".join(f"{m} p = {p:.2f}" for m, p in tails.items()))
+        shifts = report.get("tail_calibration") or {}
+        lines.append("draft tails cut below: " + ", ".join(
+            f"{m} p = {p:.2f}" + (f" (its rows accepted {_likelier(shifts[m])} than its confidence says)"
+                                  if abs(shifts.get(m, 0.0)) >= 0.1 else "")
+            for m, p in tails.items()))
+    catch_up = {m: scale for m, scale in (report.get("catch_up_scale") or {}).items() if scale != 1.0}
+    if catch_up:
+        lines.append("catching up after other methods drafted: " + ", ".join(
+            f"{m} {scale:.1f}x the price its drafting speed suggests" for m, scale in catch_up.items()))
     if report.get("reprobe_steps"):
         lines.append(f"re-probes: {report['reprobe_steps']} of {report.get('steps', 0)} steps drafted with a method "
                      "expected to be slower, to see whether the text changed (fewer the longer it keeps losing)")
