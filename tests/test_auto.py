@@ -848,8 +848,8 @@ def test_a_drafter_as_sure_as_it_says_keeps_its_tails_cut():
 def test_a_draft_models_catch_up_is_priced_at_what_it_took():
     """After other methods committed tokens, a draft model first catches up on them in one
     batch. Its price (the drafter's per-token cost scaled by the target's pass shape) was about
-    a quarter of what the demo draft took, and auto chose it after runs of lookups where the
-    lookups alone were faster: what such steps take beyond their drafting now sets the price."""
+    a ninth of what the demo draft took, and auto switched to it after runs of lookups as if that
+    were nearly free: what such steps take beyond their drafting now sets the price."""
     from specdesk.engines.speculation.auto import CatchUpScale
 
     costs = Costs((0.010, 0.0105, 0.011, 0.0115, 0.012), {"draft": 1e-3})
