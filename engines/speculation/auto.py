@@ -22,8 +22,8 @@ from typing import Mapping, Optional, Sequence
 
 from ..methods import auto_methods, method_info, needs_draft_model
 from ..types import Draft, SpecConfig, SpecDeskError
-from .chooser import (MAX_TAIL_P_MIN, AcceptanceEstimate, Choice, Costs, TailCalibration, cannot_pay, choose, could_pay, economics,
-                      speedups, tail_p_min, worth_feeding)
+from .chooser import (MAX_TAIL_P_MIN, AcceptanceEstimate, Choice, Costs, TailCalibration, cannot_pay, choose,
+                      could_pay, economics, speedups, tail_p_min, worth_feeding)
 from .costs import MIN_SAMPLES, WINDOW, CostModel, cost_key, measured, median
 from .stats import ProposerCounters
 
@@ -126,7 +126,8 @@ class AutoProposer:
         # model drafter -> how its confidence in a row compares with the target's acceptance, kept
         # across runs like the estimates (under "method:tails" in the same table)
         self.calibration: dict[str, TailCalibration] = {
-            m: learned.setdefault(f"{m}:tails", TailCalibration()) for m in self.proposers}
+            m: learned.setdefault(f"{m}:tails", TailCalibration()) for m, p in self.proposers.items()
+            if hasattr(p, "p_min")}
         self.catch_up: dict[str, CatchUpScale] = {
             m: learned.setdefault(f"{m}:catch-up", CatchUpScale()) for m in self.proposers
             if method_info(m).takes == "draft_model"}
@@ -162,13 +163,12 @@ class AutoProposer:
         model.record_pass(pass_tokens, pass_s)
         if self.observer_method is not None:
             model.record_observing(self.observer_method, observe_s)
-        if self._pending is not None and self._missed is None and self._behind is not None:
-            method, _, drafted = self._pending
-            if drafted and method == self._behind[0]:  # what it took beyond its drafting: its catch-up
-                self.catch_up[method].record(max(0.0, draft_s - self.costs.drafting_cost(method, drafted)),
-                                             self._behind[1])
         if self._pending is not None and self._missed is None:
             method, _, drafted = self._pending
+            if drafted and self._behind is not None and method == self._behind[0]:
+                # what it took beyond its drafting: its catch-up
+                self.catch_up[method].record(max(0.0, draft_s - self.costs.drafting_cost(method, drafted)),
+                                             self._behind[1])
             # Only a method that also drafted the step before: after a switch its drafting
             # includes catching up on what other methods committed meanwhile, a cost of
             # switching that would make a method look dearer the less it is used.
@@ -369,8 +369,8 @@ class AutoProposer:
 
 
 # engine -> (cost key, greedy) -> method -> its acceptance estimate, carried from one run to the next
-_learned: "weakref.WeakKeyDictionary[object, dict[tuple[str, bool], dict[str, AcceptanceEstimate | TailCalibration | CatchUpScale]]]" = \
-    weakref.WeakKeyDictionary()
+# (and "method:tails" -> its TailCalibration, "method:catch-up" -> its CatchUpScale)
+_learned: "weakref.WeakKeyDictionary[object, dict[tuple[str, bool], dict[str, object]]]" = weakref.WeakKeyDictionary()
 
 
 def start_auto(engine, plan: AutoPlan, members: Mapping[str, object], greedy: bool) -> AutoProposer:

@@ -332,6 +332,7 @@ class TailCalibration:
     def __init__(self) -> None:
         self.rows: deque[tuple[int, float, bool]] = deque(maxlen=CALIBRATION_ROWS)  # (step, logit, accepted)
         self.steps = 0
+        self._fitted = 0.0  # the last fit: where the next one starts
         self._shift: Optional[float] = 0.0
 
     def record(self, confidence: Sequence[float], n_accepted: int) -> None:
@@ -355,7 +356,7 @@ class TailCalibration:
             logits = np.append(logits, 0.0)
             accepted = np.append(accepted, 0.5)
             weights = np.append(weights, CALIBRATION_PRIOR)
-            shift = 0.0
+            shift = self._fitted
             for _ in range(30):  # Newton's method on a monotone function of one variable
                 p = _sigmoid(logits + shift)
                 gap = float(np.dot(weights, p - accepted))
@@ -364,7 +365,7 @@ class TailCalibration:
                 shift = min(MAX_SHIFT, max(-MAX_SHIFT, shift - step))
                 if abs(step) < 1e-6:
                     break
-            self._shift = shift
+            self._shift = self._fitted = shift
         return self._shift
 
     def confidence_for(self, acceptance: float) -> float:

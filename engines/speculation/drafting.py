@@ -76,20 +76,15 @@ class ModelDraftProposer(ABC):
         probs: list[np.ndarray] = []
         confidence: list[float] = []
         for i in range(k):
-            if self.sampling.greedy:
+            q = None if self.sampling.greedy else sampling_probs(logits, self.sampling)
+            if self.p_min > 0 and i > 0:
+                sure = float(1.0 / np.exp(logits - logits.max()).sum()) if q is None else float(q.max())
+                if sure < self.p_min:
+                    break
+                confidence.append(sure)
+            if q is None:
                 token = int(np.argmax(logits))
-                if self.p_min > 0 and i > 0:
-                    confidence.append(float(1.0 / np.exp(logits - logits[token]).sum()))
-                    if confidence[-1] < self.p_min:
-                        confidence.pop()
-                        break
             else:
-                q = sampling_probs(logits, self.sampling)
-                if self.p_min > 0 and i > 0:
-                    confidence.append(float(q.max()))
-                    if confidence[-1] < self.p_min:
-                        confidence.pop()
-                        break
                 token = sample(q, self.rng)
                 probs.append(q)
             tokens.append(token)
