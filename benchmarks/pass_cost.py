@@ -4,18 +4,23 @@ model x setting, beside the pass's roofline floor.
 For each model and each combination of settings a child process loads the model through
 SpecDesk's binding (engines/llama/binding.py), prefills a prompt and then times the pass the
 engine runs to verify a draft (GgufContext.decode over n tokens with logits for every row, as
-LlamaEngine.target_pass does) and the rollback after it, for n = 1..--max-n. Each round times every
-n once, in a shuffled order; a round's ratios t(n)/t(1) are taken within the round, and the line
-gives their median over --repeats rounds with the lowest and highest round (the spread).
+LlamaEngine.target_pass does) and the rollback after it, for n = 1..--max-n. Each round times a
+block of --block passes of every size n, the sizes in a shuffled order. llama.cpp reuses a pass's
+graph when the next pass has the same size and builds it again when the size changes, so a block's
+first pass is the price of a size change ("switch") and the others of a pass the same size as the
+one before ("steady": plain decoding, and a draft of fixed length). t(n) is the steady price; a
+round's ratios t(n)/t(1) are taken within the round, and the line gives their median over
+--repeats rounds with the lowest and highest round (the spread).
 
 The floor of a pass is the larger of
 - its weight bytes over the memory bandwidth measured here: every weight matrix the pass
   multiplies by (the output layer's whole vocabulary included, tied or not), the norms, and the
   KV cache rows it attends to; the bandwidth is the fastest of the reads of a buffer as large as
-  the weights taken between the rounds of passes, with the same threads and clock (PyTorch's sum
-  where PyTorch is installed, else numpy's, one thread), so a model that sits in the last-level
-  cache is held to that cache's speed and a machine busy with other work is held to what it
-  leaves;
+  the weights taken before and after the rounds of passes, with the same threads and clock
+  (PyTorch's sum where PyTorch is installed, else numpy's, one thread), so a model that sits in the
+  last-level cache is held to that cache's speed and a machine busy with other work is held to
+  what it leaves (not between the rounds: PyTorch's thread pool then spun beside llama.cpp's and
+  the first passes after each read paid for it);
 - its arithmetic (2 FLOP per weight element per token, and the attention's products) over the
   peak the same setting reaches on this CPU: the FLOP/s of a pass over --peak-n tokens (llama.cpp's
   batched kernel for that weight type, so the arithmetic is priced at what the kernel does here).
@@ -24,15 +29,16 @@ With one thread the passes are timed by the process's CPU time (a pass preempted
 program waits without counting), with more by the wall clock (their CPU time would count the
 thread pool's spinning).
 
-Fields: t_ms (median per n, ms; wall_ms and cpu_ms both), ratio and ratio_lo/ratio_hi (t(n)/t(1)
-within a round), floor_ms, bound ("memory" or "compute"), over_floor (t(n)/floor), weight_mb and
+Fields: t_ms (median steady pass per n, ms; wall_ms and cpu_ms both), ratio and ratio_lo/ratio_hi
+(steady t(n)/t(1) within a round), switch_ms (median pass right after a size change, timed as
+t_ms is) and switch_over_steady, floor_ms, bound ("memory" or "compute"), over_floor (t(n)/floor), weight_mb and
 weight_mb_by_type, bandwidth_gbs, peak_gflops, cpu_module (the llama.cpp CPU module that ran),
 load_before/load_after (the 1-minute load average around the line: what else ran).
 
 Usage:
   python -m benchmarks.pass_cost --models demo,/tmp/models/smol-Q8_0.gguf [--threads 1,2]
       [--ubatch 512,16] [--extra on,off] [--flash auto,on,off] [--cpu-module auto,PATH]
-      [--max-n 9] [--repeats 7] [--prompt-tokens 128]
+      [--max-n 9] [--repeats 7] [--block 4] [--prompt-tokens 128]
 """
 
 from __future__ import annotations
@@ -101,8 +107,8 @@ def pass_flops(shape: dict, n: int, n_past: int) -> float:
 
 
 class BandwidthProbe:
-    """A read of a buffer as large as the weights, with the passes' threads: timed between the
-    rounds of passes, so it sees the same machine (the same other load) as they do."""
+    """A read of a buffer as large as the weights, with the passes' threads: timed right before
+    and right after the rounds of passes, so it sees the same machine (the same other load)."""
 
     def __init__(self, n_bytes: int, threads: int):
         self.n_bytes = max(n_bytes, 16 << 20)
@@ -200,18 +206,30 @@ def measure(job: dict) -> dict:
 
     sizes = list(range(1, max_n + 1))
     rng = np.random.default_rng(0)
+    block = max(2, job.get("block", 4))
     probe = BandwidthProbe(shape["weight_bytes"], job["threads"])
+    cpu_clock = job["threads"] == 1
+    for _ in range(3):
+        probe.read(cpu_time=cpu_clock)
     for _ in range(job["warmup"]):
         for n in sizes:
             timed(n)
-    rounds = []
+
+    def block_of(n: int) -> tuple[tuple[float, float], tuple[float, float]]:
+        """The first pass of a block of size n after another size, and the median of the rest."""
+        first, *rest = [timed(n) for _ in range(block)]
+        return first, (statistics.median(x[0] for x in rest), statistics.median(x[1] for x in rest))
+
+    rounds, switched = [], []
     load_before = load_average()
     for _ in range(job["repeats"]):
         order = list(rng.permutation(sizes))
-        seconds = {int(n): timed(int(n)) for n in order}
-        rounds.append([seconds[n] for n in sizes])
-        probe.read(cpu_time=job["threads"] == 1)
-    peak_s = statistics.median(timed(peak_n)[job["threads"] == 1] for _ in range(3))
+        seconds = {int(n): block_of(int(n)) for n in order}
+        rounds.append([seconds[n][1] for n in sizes])
+        switched.append([seconds[n][0] for n in sizes])
+    peak_s = statistics.median(timed(peak_n)[cpu_clock] for _ in range(3))
+    for _ in range(3):
+        probe.read(cpu_time=cpu_clock)
     load_after = load_average()
     ctx.close()
     model.close()
@@ -220,8 +238,9 @@ def measure(job: dict) -> dict:
     cpu = [statistics.median(r[i][1] for r in rounds) for i in range(max_n)]
     # One thread: its CPU time is the pass's work, whatever else the machine runs (a preempted
     # pass waits without counting); several: wall time (CPU time would count the pool's spinning).
-    which = 1 if job["threads"] == 1 else 0
+    which = 1 if cpu_clock else 0
     t = cpu if which else wall
+    switch = [statistics.median(r[i][which] for r in switched) for i in range(max_n)]
     ratios = [[r[i][which] / r[0][which] for r in rounds] for i in range(max_n)]
     peak = pass_flops(shape, peak_n, n_past) / peak_s
     bandwidth = job.get("bandwidth") or probe.bytes_per_second()
@@ -239,7 +258,9 @@ def measure(job: dict) -> dict:
         "t1_ms": r4(t[0] * 1e3), "ratio": [r4(statistics.median(x)) for x in ratios],
         "ratio_lo": [r4(min(x)) for x in ratios], "ratio_hi": [r4(max(x)) for x in ratios],
         "t_ms": [r4(x * 1e3) for x in t], "wall_ms": [r4(x * 1e3) for x in wall],
-        "cpu_ms": [r4(x * 1e3) for x in cpu], "floor_ms": [r4(x * 1e3) for x in floors], "bound": bounds,
+        "cpu_ms": [r4(x * 1e3) for x in cpu], "switch_ms": [r4(x * 1e3) for x in switch],
+        "switch_over_steady": [r4(a / b) for a, b in zip(switch, t)], "block": block,
+        "floor_ms": [r4(x * 1e3) for x in floors], "bound": bounds,
         "over_floor": [r4(a / b) for a, b in zip(t, floors)],
         "weight_mb": round(shape["weight_bytes"] / 1e6, 1), "bandwidth_gbs": round(bandwidth / 1e9, 2),
         "bandwidth_how": probe.how if not job.get("bandwidth") else "given",
@@ -272,6 +293,8 @@ def main(argv=None) -> None:
     parser.add_argument("--peak-n", type=int, default=64, help="the pass whose FLOP/s prices the arithmetic")
     parser.add_argument("--repeats", type=int, default=9)
     parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--block", type=int, default=4,
+                        help="passes of one size in a row (the first pays for the size change)")
     parser.add_argument("--prompt-tokens", type=int, default=128)
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -287,7 +310,7 @@ def main(argv=None) -> None:
             split(args.extra), split(args.flash), split(args.cpu_module)):
         job = {"model": model, "threads": threads, "ubatch": ubatch, "extra": extra, "flash": flash,
                "cpu_module": module, "max_n": args.max_n, "peak_n": args.peak_n, "repeats": args.repeats,
-               "warmup": args.warmup, "prompt_tokens": args.prompt_tokens, "bandwidth": None}
+               "block": args.block, "warmup": args.warmup, "prompt_tokens": args.prompt_tokens, "bandwidth": None}
         env = dict(os.environ)
         done = subprocess.run([sys.executable, "-m", "benchmarks.pass_cost", "--child", json.dumps(job)],
                               capture_output=True, text=True, env=env)
