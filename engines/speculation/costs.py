@@ -275,7 +275,10 @@ def _pass_times(engine, probe: list[int], max_k: int, repeats: int) -> list[floa
     """Seconds for a verified pass over 1..K+1 tokens: the fastest of `repeats` rounds, and of
     up to PROBE_ROUNDS more when a size cost more than the physics allows (chooser.implausible_size:
     a busy moment, not the arithmetic). Still implausible after them, a size is priced at n
-    passes over one token: no draft pays there until the replies' own passes say otherwise."""
+    passes over one token: no draft pays there until the replies' own passes say otherwise.
+    Each timed pass follows an untimed one of its size: llama.cpp builds a pass's graph again
+    when the size changes (up to a quarter of a one-token pass, benchmarks/pass_cost.py), and
+    plain decoding, like a draft of steady length, runs passes of one size in a row."""
     prompt, tail = probe[:-(max_k + 1)], probe[-(max_k + 1):]
     engine.prefill(prompt, None)
     ctx = engine.context
@@ -285,11 +288,13 @@ def _pass_times(engine, probe: list[int], max_k: int, repeats: int) -> list[floa
     for _attempt in range(1 + PROBE_ROUNDS):
         for _ in range(repeats):
             for n in range(1, max_k + 2):
-                started = time.perf_counter()
-                output = engine.target_pass([prompt[-1], *tail[:n - 1]], None)
-                engine.verify_pass(Draft(tuple(tail[:n - 1])), output, SamplingParams(), rng)
-                best[n - 1] = min(best[n - 1], time.perf_counter() - started)
-                ctx.rollback(n_past)
+                for timed in (False, True):
+                    started = time.perf_counter()
+                    output = engine.target_pass([prompt[-1], *tail[:n - 1]], None)
+                    engine.verify_pass(Draft(tuple(tail[:n - 1])), output, SamplingParams(), rng)
+                    if timed:
+                        best[n - 1] = min(best[n - 1], time.perf_counter() - started)
+                    ctx.rollback(n_past)
         # A pass over more tokens never costs less: a size measured above a larger one caught a
         # slower moment (noise only adds time), so it takes the larger size's time.
         for n in range(max_k - 1, -1, -1):
