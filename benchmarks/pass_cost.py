@@ -31,9 +31,10 @@ thread pool's spinning).
 
 Fields: t_ms (median steady pass per n, ms; wall_ms and cpu_ms both), ratio and ratio_lo/ratio_hi
 (steady t(n)/t(1) within a round), switch_ms (median pass right after a size change, timed as
-t_ms is) and switch_over_steady, floor_ms, bound ("memory" or "compute"), over_floor (t(n)/floor), weight_mb and
-weight_mb_by_type, bandwidth_gbs, peak_gflops, cpu_module (the llama.cpp CPU module that ran),
-load_before/load_after (the 1-minute load average around the line: what else ran).
+t_ms is) and switch_over_steady, floor_ms, bound ("memory" or "compute"), over_floor
+(t(n)/floor), weight_mb and weight_mb_by_type, bandwidth_gbs, peak_gflops, cpu_module (the
+llama.cpp CPU module that ran), load_before/load_after (the 1-minute load average around the
+line: what else ran).
 
 Usage:
   python -m benchmarks.pass_cost --models demo,/tmp/models/smol-Q8_0.gguf [--threads 1,2]
@@ -127,12 +128,14 @@ class BandwidthProbe:
         self._reduce()
         self.seconds: list[float] = []
 
-    def read(self, cpu_time: bool) -> None:
-        """Time one read: CPU seconds for one thread (as its passes are timed), wall seconds otherwise."""
+    def read(self, cpu_time: bool, times: int = 3) -> None:
+        """Time `times` reads: CPU seconds for one thread (as its passes are timed), wall seconds
+        otherwise."""
         clock = time.process_time if cpu_time else time.perf_counter
-        started = clock()
-        self._reduce()
-        self.seconds.append(clock() - started)
+        for _ in range(times):
+            started = clock()
+            self._reduce()
+            self.seconds.append(clock() - started)
 
     def bytes_per_second(self) -> float:
         """The fastest read's: the bandwidth a pass could have had at its best moment."""
@@ -206,11 +209,10 @@ def measure(job: dict) -> dict:
 
     sizes = list(range(1, max_n + 1))
     rng = np.random.default_rng(0)
-    block = max(2, job.get("block", 4))
+    block = max(2, job["block"])  # a first pass and at least one after it
     probe = BandwidthProbe(shape["weight_bytes"], job["threads"])
     cpu_clock = job["threads"] == 1
-    for _ in range(3):
-        probe.read(cpu_time=cpu_clock)
+    probe.read(cpu_time=cpu_clock)
     for _ in range(job["warmup"]):
         for n in sizes:
             timed(n)
@@ -228,8 +230,7 @@ def measure(job: dict) -> dict:
         rounds.append([seconds[n][1] for n in sizes])
         switched.append([seconds[n][0] for n in sizes])
     peak_s = statistics.median(timed(peak_n)[cpu_clock] for _ in range(3))
-    for _ in range(3):
-        probe.read(cpu_time=cpu_clock)
+    probe.read(cpu_time=cpu_clock)
     load_after = load_average()
     ctx.close()
     model.close()
@@ -238,7 +239,7 @@ def measure(job: dict) -> dict:
     cpu = [statistics.median(r[i][1] for r in rounds) for i in range(max_n)]
     # One thread: its CPU time is the pass's work, whatever else the machine runs (a preempted
     # pass waits without counting); several: wall time (CPU time would count the pool's spinning).
-    which = 1 if cpu_clock else 0
+    which = int(cpu_clock)
     t = cpu if which else wall
     switch = [statistics.median(r[i][which] for r in switched) for i in range(max_n)]
     ratios = [[r[i][which] / r[0][which] for r in rounds] for i in range(max_n)]
