@@ -209,7 +209,7 @@ def measure(job: dict) -> dict:
 
     sizes = list(range(1, max_n + 1))
     rng = np.random.default_rng(0)
-    block = max(2, job["block"])  # a first pass and at least one after it
+    block = max(2, job.get("block", 4))  # a first pass and at least one after it
     probe = BandwidthProbe(shape["weight_bytes"], job["threads"])
     cpu_clock = job["threads"] == 1
     probe.read(cpu_time=cpu_clock)
