@@ -430,3 +430,34 @@ def test_the_vocabularies_are_read_by_llama_cpp_in_a_process_of_their_own(demo_f
     verdicts, loaded = out.stdout.strip().splitlines()
     assert verdicts == repr(sorted([(demo_family["draft_gguf"], False), (variants["bos"], True)]))
     assert loaded == "False"
+
+
+def test_a_loaded_pairs_vocabularies_are_compared_once():
+    """Every draft run asks whether its draft serves the target; the pair's token texts are read
+    the first time only (on the demo's 8k vocabulary that was 15 ms of every reply), and a draft
+    that did not fit is refused every time with the same reasons."""
+    from types import SimpleNamespace
+
+    from specdesk.engines.speculation.compat import check_compatible
+
+    class Model:
+        def __init__(self, name: str, texts: list[str]):
+            self.path, self.texts, self.reads = Path(name), texts, 0
+            self.vocab = SimpleNamespace(vocab_type=2, n_tokens=len(texts), add_bos=False, bos=1, eos=2)
+
+        def token_text(self, token: int) -> str:
+            self.reads += 1
+            return self.texts[token]
+
+    texts = [f"t{i}" for i in range(64)]
+    target, draft, other = Model("t.gguf", texts), Model("d.gguf", texts), Model("o.gguf", texts[:-1] + ["x"])
+    for _ in range(3):
+        check_compatible(target, draft)
+    assert draft.reads == len(texts) - 5  # llama.cpp's check skips the first few ids
+    second = Model("t2.gguf", texts)  # another target: read for itself
+    check_compatible(second, draft)
+    assert second.reads == len(texts) - 5
+    for _ in range(2):
+        with pytest.raises(SpecDeskError, match=r"draft o.gguf is not compatible with target t.gguf: token 63"):
+            check_compatible(target, other)
+    assert other.reads == len(texts) - 5
