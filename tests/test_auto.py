@@ -529,6 +529,29 @@ def test_learned_costs_follow_the_passes_and_keep_the_probes_shape():
     assert model.costs().pass_s[0] <= model.costs().pass_s[1] <= model.costs().pass_s[2]
 
 
+def test_a_size_priced_in_a_busy_moment_is_priced_again_once_it_has_not_run_for_a_while():
+    """Passes over 4 and 5 tokens measured while the machine was busy priced them at 10x: auto
+    shuns those sizes, so no pass of theirs would ever correct it. Once they have not run for
+    STALE_AFTER passes they follow the probe's shape again (scaled by the sizes run lately),
+    and when one runs again it starts a window of its own."""
+    from specdesk.engines.speculation.costs import MIN_SAMPLES, STALE_AFTER, CostModel
+
+    probe = Costs((1.0, 1.1, 1.2, 1.3, 1.4), {"ngram": 0.0})
+    model = CostModel(probe)
+    for _ in range(MIN_SAMPLES):
+        model.record_pass(4, 13.0)
+        model.record_pass(5, 14.0)
+    assert model.costs().pass_s[3:] == pytest.approx((13.0, 14.0))
+    for i in range(STALE_AFTER - 1):  # the machine is quiet again: the short passes at the probe's level
+        model.record_pass(1 + i % 3, probe.pass_s[i % 3])
+    assert model.costs().pass_s[4] == pytest.approx(14.0)  # not run for a while yet
+    model.record_pass(1, 1.0)
+    assert model.learned_sizes() == [1, 2, 3]
+    assert model.costs().pass_s == pytest.approx(probe.pass_s)
+    model.record_pass(5, 1.5)  # runs again: the busy passes are gone from its window
+    assert list(model.passes[4]) == [1.5] and model.costs().pass_s[4] == pytest.approx(1.4)
+
+
 def test_learned_costs_are_saved_every_so_many_passes(monkeypatch):
     saved = []
     monkeypatch.setattr(cost_cache, "SAVE_EVERY", 4)

@@ -203,7 +203,7 @@ class AutoProposer:
         if verdict is not None:  # whatever the text, no method could pay here: nothing to probe
             return Choice("none", 0, 1.0, f"no speculation: {verdict}")
         if (self.learn_costs and self.cost_model.passes_seen and self.steps - self.last_plain >= REPROBE_EVERY
-                and 1 not in self.cost_model.learned_sizes()):
+                and len(self.cost_model.passes[0]) < MIN_SAMPLES):
             return Choice("none", 0, 1.0, "no speculation: measuring a plain pass again")
         choice = choose(self.costs, self.estimates, budget, self.extra_s(), self.catch_up_s(), found)
         if choice.method in self.last_chosen:

@@ -45,6 +45,10 @@ DRIFT = 1.5
 DRAFT_REPEATS = 5
 PROBE_ROUNDS = 3  # extra rounds of the pass probe when it caught a busy moment (chooser.implausible_size)
 REPROBE_AFTER = 24  # passes recorded since the last probe before another may be taken (about one reply)
+# A size not run for this many passes is priced again from the probe's shape (its window is
+# emptied when it runs again): passes of a size measured in a busy moment priced it for that
+# moment, and auto, shunning the size, would never run it again to learn that it got cheaper.
+STALE_AFTER = 8 * WINDOW
 
 
 def median(values) -> float:
@@ -60,12 +64,14 @@ class CostModel:
     method's drafting seconds per token, and a fed hidden-state drafter's catch-up. Each is
     kept as the median of a short window, so a single slow pass (a scheduling hiccup) moves
     nothing while a lasting change of the machine (load, battery, throttling) shows within a
-    few steps. A size not run lately is the probe's cost for it, scaled by how far the sizes
-    around it that were run moved from the probe: the probe gives the shape, the passes the level."""
+    few steps. A size not run lately (STALE_AFTER) is the probe's cost for it, scaled by how far
+    the sizes around it that were run moved from the probe: the probe gives the shape, the
+    passes the level."""
 
     def __init__(self, probe: Costs, on_update=None):
         self.probe = probe
         self.passes = [deque(maxlen=WINDOW) for _ in probe.pass_s]  # size n = index + 1
+        self.last_run = [0] * len(probe.pass_s)  # passes_seen when each size was last recorded
         self.drafting = {m: deque(maxlen=WINDOW) for m in probe.draft_token_s}
         self.observing = {m: deque(maxlen=WINDOW) for m in probe.observe_s}
         self.recorded = 0
@@ -77,8 +83,11 @@ class CostModel:
 
     def record_pass(self, n_tokens: int, seconds: float) -> None:
         if 1 <= n_tokens <= len(self.passes) and seconds > 0:
+            if self._stale(n_tokens):
+                self.passes[n_tokens - 1].clear()
             self.passes[n_tokens - 1].append(seconds)
             self.passes_seen += 1
+            self.last_run[n_tokens - 1] = self.passes_seen
             self.since_probe += 1
             self._changed()
 
@@ -119,8 +128,13 @@ class CostModel:
         self.probes += 1
         self._costs = None
 
+    def _stale(self, n: int) -> bool:
+        return self.passes_seen - self.last_run[n - 1] >= STALE_AFTER
+
     def learned_sizes(self) -> list[int]:
-        return [n for n, window in enumerate(self.passes, start=1) if len(window) >= MIN_SAMPLES]
+        """The sizes priced from their own passes: run MIN_SAMPLES times, and lately."""
+        return [n for n, window in enumerate(self.passes, start=1)
+                if len(window) >= MIN_SAMPLES and not self._stale(n)]
 
     def costs(self) -> Costs:
         """The current estimate (cached until the next measurement)."""
