@@ -40,7 +40,7 @@ def incompatibilities(target, draft, max_reasons: int = 5) -> list[str]:
 
 
 # draft model -> target model -> its reasons: a model's vocabulary never changes once loaded,
-# and reading every token's text again costs a reply 15 ms on an 8k vocabulary (90 on 49k)
+# and reading every token's text again cost each reply 15 ms on the demo's 8k vocabulary
 _verdicts: "weakref.WeakKeyDictionary[object, weakref.WeakKeyDictionary[object, list[str]]]" = (
     weakref.WeakKeyDictionary())
 
