@@ -45,16 +45,21 @@ _verdicts: "weakref.WeakKeyDictionary[object, weakref.WeakKeyDictionary[object, 
     weakref.WeakKeyDictionary())
 
 
-def check_compatible(target, draft) -> None:
-    """Refuse a draft that cannot serve the target, naming every property that differed (each
-    pair of loaded models is read once)."""
+def loaded_incompatibilities(target, draft) -> list[str]:
+    """incompatibilities() of two loaded models, read once per pair."""
     try:
         by_target = _verdicts.setdefault(draft, weakref.WeakKeyDictionary())
         if target not in by_target:
             by_target[target] = incompatibilities(target, draft)
-        reasons = by_target[target]
+        return by_target[target]
     except TypeError:  # a model that cannot be referred to weakly: read each time
-        reasons = incompatibilities(target, draft)
+        return incompatibilities(target, draft)
+
+
+def check_compatible(target, draft) -> None:
+    """Refuse a draft that cannot serve the target, naming every property that differed (each
+    pair of loaded models is read once)."""
+    reasons = loaded_incompatibilities(target, draft)
     if reasons:
         raise SpecDeskError(f"draft {draft.path.name} is not compatible with target {target.path.name}: "
                             + "; ".join(reasons) + " (target vs draft)")

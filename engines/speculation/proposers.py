@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import weakref
 from typing import Optional, Protocol
 
 import numpy as np
@@ -19,7 +18,7 @@ from ..methods import METHODS as METHOD_TABLE
 from ..methods import auto_methods, method_info, needs_draft_model, resolve
 from ..types import METHODS, SamplingParams, SpecConfig, SpecDeskError
 from .auto import AutoPlan, auto_plan, start_auto
-from .compat import incompatibilities
+from .compat import loaded_incompatibilities
 from .costs import load_or_measure, measured
 from .ngram import NgramPoolProposer
 from .protocols import Proposer
@@ -91,9 +90,6 @@ def prepare(engine: ModelSource, spec: SpecConfig) -> None:
     load_or_measure(engine, members, plan.max_k, plan.draft_path, plan.observer)
 
 
-_vocabulary_differs: "weakref.WeakKeyDictionary[object, bool]" = weakref.WeakKeyDictionary()
-
-
 def auto_spec(engine: ModelSource, spec: SpecConfig) -> SpecConfig:
     """Auto's request with a draft model whose vocabulary differs from the target's: the
     cross-vocabulary method takes the draft method's place among its candidates (measured like
@@ -103,9 +99,7 @@ def auto_spec(engine: ModelSource, spec: SpecConfig) -> SpecConfig:
         return spec
     cross = next((m for m in METHOD_TABLE if crosses_vocabularies(engine.name, m)), None)
     draft = engine.load_draft(spec.draft_path, same_vocabulary=False).model
-    if draft not in _vocabulary_differs:  # a draft model belongs to one engine, so to one target
-        _vocabulary_differs[draft] = bool(incompatibilities(engine.target, draft, max_reasons=1))
-    if cross is None or not _vocabulary_differs[draft]:
+    if cross is None or not loaded_incompatibilities(engine.target, draft):
         return spec
     methods = (cross if needs_draft_model(m) else m for m in candidates)
     return dataclasses.replace(spec, auto_methods=tuple(dict.fromkeys(methods)))
