@@ -66,6 +66,33 @@ class CatchUpScale:
         return self._scale
 
 
+RATE_WINDOW = 32  # steps the run's rate is read over (StepRate)
+
+
+class StepRate:
+    """The tokens per second the run is making, as the costs price its recent steps: what each
+    committed over what its pass and drafting cost by `Costs` (not by the clock, so the choice
+    stays a function of the costs and the text). `choose` values each option against it."""
+
+    def __init__(self) -> None:
+        self.steps: deque[tuple[int, float]] = deque(maxlen=RATE_WINDOW)
+        self._tokens, self._seconds = 0, 0.0
+
+    def record(self, tokens: int, seconds: float) -> None:
+        if seconds <= 0.0:
+            return
+        if len(self.steps) == self.steps.maxlen:
+            old_tokens, old_seconds = self.steps[0]
+            self._tokens -= old_tokens
+            self._seconds -= old_seconds
+        self.steps.append((tokens, seconds))
+        self._tokens += tokens
+        self._seconds += seconds
+
+    def rate(self) -> Optional[float]:
+        return self._tokens / self._seconds if self.steps and self._seconds > 0.0 else None
+
+
 @dataclass(frozen=True)
 class AutoPlan:
     """What an auto run chooses among, read from its request and the engine's methods."""
@@ -128,6 +155,10 @@ class AutoProposer:
         self.calibration: dict[str, TailCalibration] = {
             m: learned.setdefault(f"{m}:tails", TailCalibration()) for m, p in self.proposers.items()
             if hasattr(p, "p_min")}
+        # the rate the run is making, carried from one reply to the next like the estimates
+        step_rate = learned.setdefault("run:rate", StepRate())
+        self.step_rate = step_rate if isinstance(step_rate, StepRate) else StepRate()
+        self._priced_s = 0.0  # this step's seconds by the costs (StepRate)
         self.catch_up: dict[str, CatchUpScale] = {
             m: learned.setdefault(f"{m}:catch-up", CatchUpScale()) for m in self.proposers
             if method_info(m).takes == "draft_model"}
@@ -205,13 +236,18 @@ class AutoProposer:
         if (self.learn_costs and self.cost_model.passes_seen and self.steps - self.last_plain >= REPROBE_EVERY
                 and len(self.cost_model.passes[0]) < MIN_SAMPLES):
             return Choice("none", 0, 1.0, "no speculation: measuring a plain pass again")
-        choice = choose(self.costs, self.estimates, budget, self.extra_s(), self.catch_up_s(), found)
+        run_rate = self.step_rate.rate()
+        catch_up = self.catch_up_s()
+        choice = choose(self.costs, self.estimates, budget, self.extra_s(), catch_up, found, run_rate=run_rate)
         if choice.method in self.last_chosen:
             self.last_chosen[choice.method] = self.steps
             self.reprobes[choice.method] = 0
+        # ... and only one that could beat the rate the run is making, catch-up included: a draft
+        # model re-probed between runs of long lookups costs more than it could bring
+        beat = max(1.0, (run_rate or 0.0) * self.costs.pass_s[0])
         stale = [m for m in self.proposers if m != choice.method and found.get(m, budget)
                  and self.steps - self.last_used[m] >= REPROBE_EVERY << min(self.reprobes[m], REPROBE_BACKOFF)
-                 and could_pay(self.costs, m, budget, self.extra_s())]
+                 and could_pay(self.costs, m, budget, self.extra_s() + catch_up.get(m, 0.0), beat=beat)]
         if stale:
             method = stale[0]
             per_position, share, _ = self.estimates[method].summary()
@@ -274,10 +310,23 @@ class AutoProposer:
                                      f"(expected {self.choice.expected_speedup:.2f}x with {method})")
         if not draft.tokens:
             self.last_plain = self.steps
+        self._priced_s = self._price(draft)
         label = f"{self.choice.method} k={self.choice.k}" if draft.tokens else "none"
         self.usage[label] = self.usage.get(label, 0) + 1
         self.counters.record_proposal(len(draft.tokens), time.perf_counter() - started)
         return draft
+
+    def _price(self, draft: Draft) -> float:
+        """This step's seconds by the costs: its pass over the drafted tokens, the drafting of
+        the method that drafted (a lookup's is next to nothing) with a draft model's catch-up,
+        and what feeding a hidden-state drafter adds."""
+        costs = self.costs
+        seconds = costs.pass_cost(1 + len(draft.tokens)) + self.extra_s()
+        if self._pending is not None and draft.tokens:
+            method = self._pending[0]
+            if method not in self._looked:
+                seconds += costs.drafting_cost(method, len(draft.tokens)) + self.catch_up_s().get(method, 0.0)
+        return seconds
 
     def _note_behind(self, method: str) -> None:
         """Before a draft model drafts more than one token behind: its catch-up's unscaled price,
@@ -300,6 +349,7 @@ class AutoProposer:
 
     def accept(self, n_accepted: int, committed: Sequence[int]) -> None:
         self.counters.record_accepted(n_accepted)
+        self.step_rate.record(n_accepted + 1, self._priced_s)
         chosen = None
         if self._pending is not None:
             chosen, asked, drafted = self._pending

@@ -213,7 +213,8 @@ def _mix(hit: float, drafted: tuple[float, float], missed: tuple[float, float]) 
 
 
 def choose(costs: Costs, estimates: Mapping[str, AcceptanceEstimate], max_k: int, extra_s: float = 0.0,
-           method_s: Optional[Mapping[str, float]] = None, found: Optional[Mapping[str, int]] = None) -> Choice:
+           method_s: Optional[Mapping[str, float]] = None, found: Optional[Mapping[str, int]] = None,
+           run_rate: Optional[float] = None) -> Choice:
     """The (method, k) with the highest expected tokens per second, or no speculation when
     nothing is expected to beat a plain pass (`extra_s`: a cost every step pays whatever is
     chosen; `method_s`: what drafting with a method costs this step besides, a draft model's
@@ -222,9 +223,25 @@ def choose(costs: Costs, estimates: Mapping[str, AcceptanceEstimate], max_k: int
     valued at k up to that many and at no drafting cost, and one that found nothing is not a
     candidate. Any other method that may find nothing to draft is valued with its fallback for
     those steps: the best other method on its own, or a plain pass. Ties go to no speculation,
-    then to the method listed first, then to the smaller k."""
+    then to the method listed first, then to the smaller k.
+
+    `run_rate`: the tokens per second the run is making (StepRate; a plain pass's rate at
+    least). Each option is valued as its tokens less the tokens the run would have made in its
+    seconds, `tokens - run_rate * seconds`, not by its own tokens per second: every token a
+    step does not commit is left to the steps after it, which make them at the run's rate. A
+    slow step that commits a few tokens (a draft model catching up where the lookups found
+    nothing) beats a plain pass on its own rate and still loses where the lookups go on at
+    three times that rate after it (the long-run rate is highest choosing this way:
+    Dinkelbach's rule). Where this step can do better than the run's rate, the same rule drafts
+    longer than the best rate would. Without a rate (the run's first step), by tokens per second."""
     plain = (1.0, costs.pass_s[0] + extra_s)
     rate = costs.pass_s[0]
+    if run_rate is not None:
+        run_rate = max(run_rate, 1.0 / plain[1])
+
+    def value(tokens: float, seconds: float) -> float:
+        return tokens / seconds if run_rate is None else tokens - run_rate * seconds
+
     found = found or {}
     # Each method on its own (a miss is a plain pass after the lookup): its best (tokens, seconds, k).
     alone: dict[str, tuple[float, float, int]] = {}
@@ -241,36 +258,40 @@ def choose(costs: Costs, estimates: Mapping[str, AcceptanceEstimate], max_k: int
             terms[method] = (1.0, min(max_k, found[method]), extra, False)
             outcomes[method] = _outcomes(costs, method, per_position, *terms[method])
             alone[method] = max(((t, sec, k) for k, (t, sec) in enumerate(outcomes[method], start=1)),
-                                key=lambda o: o[0] / o[1])
+                                key=lambda o: value(o[0], o[1]))
             continue
         terms[method] = (share, max_k, extra, True)
         outcomes[method] = _outcomes(costs, method, per_position, *terms[method])
         miss = (1.0, plain[1] + costs.draft_token_s.get(method, 0.0))
         for k, outcome in enumerate(outcomes[method], start=1):
             tokens, seconds = _mix(hit, outcome, miss)
-            if method not in alone or tokens / seconds > alone[method][0] / alone[method][1]:
+            if method not in alone or value(tokens, seconds) > value(*alone[method][:2]):
                 alone[method] = (tokens, seconds, k)
-    best: Optional[tuple[float, str, int, Optional[tuple[str, int]]]] = None
+    best: Optional[tuple[float, float, str, int, Optional[tuple[str, int]]]] = None  # (value, speedup, ...)
     valued: dict[str, tuple[float, tuple[float, float]]] = {}  # method -> (hit, what a miss gives)
     for method, estimate in estimates.items():
         if method not in outcomes:
             continue
         hit = 1.0 if method in found else estimate.summary()[2]
-        others = [(t, sec, m, k) for m, (t, sec, k) in alone.items() if m != method and t / sec > plain[0] / plain[1]]
-        fallback = None if method in found else max(others, key=lambda o: o[0] / o[1], default=None)
+        others = [(t, sec, m, k) for m, (t, sec, k) in alone.items() if m != method and value(t, sec) > value(*plain)]
+        fallback = None if method in found else max(others, key=lambda o: value(o[0], o[1]), default=None)
         missed = (fallback[0], fallback[1]) if fallback else plain
         missed = (missed[0], missed[1] + costs.draft_token_s.get(method, 0.0))
         valued[method] = (hit, missed)
         for k, outcome in enumerate(outcomes[method], start=1):
             tokens, seconds = _mix(hit, outcome, missed)
-            speedup = tokens * rate / seconds
-            if best is None or speedup > best[0]:
-                best = (speedup, method, k, (fallback[2], fallback[3]) if fallback else None)
+            if best is None or value(tokens, seconds) > best[0]:
+                best = (value(tokens, seconds), tokens * rate / seconds, method, k,
+                        (fallback[2], fallback[3]) if fallback else None)
     if best is None:
         return Choice("none", 0, 1.0, "no speculation: no method available")
-    speedup, method, k, fallback = best
+    best_value, speedup, method, k, fallback = best
     plain_speedup = plain[0] * rate / plain[1]
-    if speedup <= plain_speedup:
+    if best_value <= value(*plain):
+        if speedup > plain_speedup:
+            return Choice("none", 0, plain_speedup,
+                          f"no speculation: {method}, k = {k} would make {speedup:.2f}x here, below the "
+                          f"{run_rate * rate:.2f}x the steps after it make")
         return Choice("none", 0, plain_speedup, f"no speculation: best expected {speedup:.2f}x ({method}, k = {k})")
     # The same step at the acceptance the method has surely shown (AcceptanceEstimate.cautious)
     # must still beat a plain pass by more than the costs' noise (MIN_GAIN).
@@ -405,10 +426,11 @@ def economics(costs: Costs) -> str:
 
 
 def could_pay(costs: Costs, method: str, max_k: int, extra_s: float = 0.0,
-              acceptance: float = OPTIMISTIC_ACCEPTANCE) -> bool:
-    """Whether `method` could beat a plain pass at some k if every draft position were accepted
-    at `acceptance` (better than most methods reach on most text), at its measured drafting cost."""
-    return max(speedups(costs, method, [acceptance] * max_k, 1.0, max_k, extra_s)) > 1.0
+              acceptance: float = OPTIMISTIC_ACCEPTANCE, beat: float = 1.0) -> bool:
+    """Whether `method` could beat a plain pass (or the speedup `beat`: the rate the run is
+    making) at some k if every draft position were accepted at `acceptance` (better than most
+    methods reach on most text), at its measured drafting cost."""
+    return max(speedups(costs, method, [acceptance] * max_k, 1.0, max_k, extra_s)) > beat
 
 
 def cannot_pay(costs: Costs, methods, max_k: int, extra_s: Optional[Mapping[str, float]] = None) -> Optional[str]:
