@@ -66,7 +66,7 @@ class CatchUpScale:
         return self._scale
 
 
-RATE_WINDOW = 32  # steps the run's rate is read over (StepRate)
+RATE_WINDOW = 128  # steps the run's rate is read over (StepRate): several replies, not a burst of lookup hits
 
 
 class StepRate:
@@ -113,6 +113,25 @@ def auto_plan(spec: SpecConfig, availability: Mapping[str, Optional[str]]) -> Au
     observer = next((m for m in methods if method_info(m).reads_hidden), None)
     return AutoPlan(methods, spec.k, observer,
                     spec.draft_path if any(needs_draft_model(m) for m in methods) else None)
+
+
+VERDICT_TOLERANCE = 0.01
+
+
+def _near(before: Optional[Costs], now: Costs) -> bool:
+    """Whether `now` prices every pass size and drafting within VERDICT_TOLERANCE of `before`."""
+    if before is None:
+        return False
+    if before is now:
+        return True
+    pairs = list(zip(before.pass_s, now.pass_s))
+    for field_before, field_now in ((before.draft_token_s, now.draft_token_s), (before.observe_s, now.observe_s),
+                                    (before.draft_step_s, now.draft_step_s)):
+        if field_before.keys() != field_now.keys():
+            return False
+        pairs += [(field_before[m], field_now[m]) for m in field_now]
+    return len(before.pass_s) == len(now.pass_s) and all(
+        abs(b - a) <= VERDICT_TOLERANCE * max(abs(a), abs(b)) for a, b in pairs)
 
 
 def _is_lookup(method: str) -> bool:
@@ -242,12 +261,14 @@ class AutoProposer:
         if choice.method in self.last_chosen:
             self.last_chosen[choice.method] = self.steps
             self.reprobes[choice.method] = 0
-        # ... and only one that could beat the rate the run is making, catch-up included: a draft
-        # model re-probed between runs of long lookups costs more than it could bring
+        # ... and only one that could beat the rate the run is making: a draft model re-probed
+        # between runs of long lookups costs more than it could bring. (Its catch-up is left out:
+        # paid once, it lets the steps after it draft, and a model left far behind would be
+        # priced out for good.)
         beat = max(1.0, (run_rate or 0.0) * self.costs.pass_s[0])
         stale = [m for m in self.proposers if m != choice.method and found.get(m, budget)
                  and self.steps - self.last_used[m] >= REPROBE_EVERY << min(self.reprobes[m], REPROBE_BACKOFF)
-                 and could_pay(self.costs, m, budget, self.extra_s() + catch_up.get(m, 0.0), beat=beat)]
+                 and could_pay(self.costs, m, budget, self.extra_s(), beat=beat)]
         if stale:
             method = stale[0]
             per_position, share, _ = self.estimates[method].summary()
@@ -263,10 +284,11 @@ class AutoProposer:
     def verdict(self, max_k: Optional[int] = None) -> Optional[str]:
         """Why no method of this run could pay on this machine, whatever the text (chooser.cannot_pay:
         even at an acceptance few methods reach), or None where one could. Asked again only when
-        the costs changed."""
+        the costs changed by more than VERDICT_TOLERANCE (a pass's median moves a little at
+        almost every pass; the verdict is asked every step)."""
         max_k = self.max_k if max_k is None else max_k
         costs = self.costs
-        if self._verdict[0] is not costs or self._verdict[1] != max_k:
+        if self._verdict[1] != max_k or not _near(self._verdict[0], costs):
             extra = {self.observer_method: self.extra_s()} if self.observer_method else {}
             self._verdict = (costs, max_k, cannot_pay(costs, list(self.proposers), max_k, extra))
         return self._verdict[2]

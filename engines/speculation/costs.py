@@ -71,6 +71,7 @@ class CostModel:
     def __init__(self, probe: Costs, on_update=None):
         self.probe = probe
         self.passes = [deque(maxlen=WINDOW) for _ in probe.pass_s]  # size n = index + 1
+        self._medians = [0.0] * len(probe.pass_s)  # of each size's window, kept as it is recorded
         self.last_run = [0] * len(probe.pass_s)  # passes_seen when each size was last recorded
         self.drafting = {m: deque(maxlen=WINDOW) for m in probe.draft_token_s}
         self.observing = {m: deque(maxlen=WINDOW) for m in probe.observe_s}
@@ -86,6 +87,7 @@ class CostModel:
             if self._stale(n_tokens):
                 self.passes[n_tokens - 1].clear()
             self.passes[n_tokens - 1].append(seconds)
+            self._medians[n_tokens - 1] = median(self.passes[n_tokens - 1])
             self.passes_seen += 1
             self.last_run[n_tokens - 1] = self.passes_seen
             self.since_probe += 1
@@ -144,14 +146,13 @@ class CostModel:
 
     def _estimate(self) -> Costs:
         probe = self.probe.pass_s
-        learned = {n: median(self.passes[n - 1]) for n in self.learned_sizes()}
+        learned = {n: self._medians[n - 1] for n in self.learned_sizes()}
         sizes = sorted(learned)
         # How far each measured size moved from the probe, interpolated between measured sizes
         # (the nearest one's beyond them): under load a long pass moves less than a short one.
         ratios = [learned[n] / probe[n - 1] for n in sizes]
-        pass_s = [learned[n] if n in learned else
-                  probe[n - 1] * (float(np.interp(n, sizes, ratios)) if sizes else 1.0)
-                  for n in range(1, len(probe) + 1)]
+        moved_by = np.interp(np.arange(1, len(probe) + 1), sizes, ratios).tolist() if sizes else [1.0] * len(probe)
+        pass_s = [learned[n] if n in learned else probe[n - 1] * moved_by[n - 1] for n in range(1, len(probe) + 1)]
         # Larger passes never cost less: where noise says so, the smaller size takes the larger's time.
         for i in range(len(pass_s) - 2, -1, -1):
             pass_s[i] = min(pass_s[i], pass_s[i + 1])
