@@ -167,6 +167,34 @@ def test_a_method_that_could_not_beat_the_rate_the_run_is_making_is_not_probed_a
     assert model.proposed == 0 and lookup.proposed == 3 * REPROBE_EVERY
 
 
+def test_a_catch_up_is_shared_by_the_steps_of_the_stretch_it_opens():
+    """A draft model 40 tokens behind pays a catch-up of 1.17 passes before it drafts. Where it
+    has drafted one step at a time, that sinks the step (2.71 tokens in 2.97 passes); where, once
+    caught up, it has drafted about eight steps in a row, each step pays an eighth of it."""
+    from specdesk.engines.speculation.auto import Stretch
+
+    stretch = Stretch()
+    assert stretch.mean() == 1.0
+    for _ in range(3):
+        for _ in range(8):
+            stretch.step(True)
+        stretch.step(False)
+    assert stretch.current == 0 and 6.0 < stretch.mean() < 8.0
+
+    costs = Costs((1.0, 1.1, 1.2), {"draft": 0.3})
+    prompt, grown = [1, 2, 3], list(range(43))
+
+    def first_choice(learned: dict) -> str:
+        learned["draft"] = estimate([0.9, 0.9])
+        auto = AutoProposer({"draft": Counting()}, costs, 2, learned=learned)
+        auto.begin(prompt)
+        auto.propose(grown, 2)  # the lookups (or plain passes) committed 40 tokens meanwhile
+        return auto.choice.method
+
+    assert first_choice({}) == "none"
+    assert first_choice({"draft:stretch": stretch}) == "draft"
+
+
 def test_where_no_draft_can_pay_auto_drafts_nothing_and_says_why_in_a_line():
     """Passes priced as llama.cpp's Q4_1 kernels cost on a 2-core Zen 4 (SmolLM2-135M: a pass over
     2 tokens 2.1x one, over 5 tokens 4.0x): even at an acceptance few methods reach, no draft

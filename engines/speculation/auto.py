@@ -66,6 +66,33 @@ class CatchUpScale:
         return self._scale
 
 
+class Stretch:
+    """How many steps in a row a draft model drafts once it has caught up: the mean of its
+    recent stretches (older ones count less; one step before any). A catch-up is paid once
+    for the stretch it opens, so the chooser charges each step of it that share (a draft model
+    that drafts for ten steps after the lookups stop finding does not pay its catch-up ten times;
+    one that drafts a single step between lookups pays it whole)."""
+
+    DECAY = 0.9
+    PRIOR_WEIGHT = 1.0
+
+    def __init__(self) -> None:
+        self.current = 0  # steps in the stretch under way
+        self._sum = self.PRIOR_WEIGHT * 1.0
+        self._weight = self.PRIOR_WEIGHT
+
+    def step(self, drafted: bool) -> None:
+        if drafted:
+            self.current += 1
+        elif self.current:
+            self._sum = self.DECAY * self._sum + self.current
+            self._weight = self.DECAY * self._weight + 1.0
+            self.current = 0
+
+    def mean(self) -> float:
+        return max(1.0, self._sum / self._weight)
+
+
 RATE_WINDOW = 128  # steps the run's rate is read over (StepRate): several replies, not a burst of lookup hits
 
 
@@ -181,6 +208,8 @@ class AutoProposer:
         self.catch_up: dict[str, CatchUpScale] = {
             m: learned.setdefault(f"{m}:catch-up", CatchUpScale()) for m in self.proposers
             if method_info(m).takes == "draft_model"}
+        self.stretches: dict[str, Stretch] = {
+            m: learned.setdefault(f"{m}:stretch", Stretch()) for m in self.catch_up}
         self._behind: Optional[tuple[str, float]] = None  # (model drafter, its unscaled catch-up price) this step
         self.last_used = {m: 0 for m in self.proposers}
         self.steps = 0
@@ -256,7 +285,8 @@ class AutoProposer:
                 and len(self.cost_model.passes[0]) < MIN_SAMPLES):
             return Choice("none", 0, 1.0, "no speculation: measuring a plain pass again")
         run_rate = self.step_rate.rate()
-        catch_up = self.catch_up_s()
+        # each step of the stretch a catch-up opens pays its share of it (Stretch)
+        catch_up = {m: s / self.stretches[m].mean() for m, s in self.catch_up_s().items()}
         choice = choose(self.costs, self.estimates, budget, self.extra_s(), catch_up, found, run_rate=run_rate)
         if choice.method in self.last_chosen:
             self.last_chosen[choice.method] = self.steps
@@ -372,6 +402,9 @@ class AutoProposer:
     def accept(self, n_accepted: int, committed: Sequence[int]) -> None:
         self.counters.record_accepted(n_accepted)
         self.step_rate.record(n_accepted + 1, self._priced_s)
+        drafter = self._pending[0] if self._pending is not None else None
+        for method, stretch in self.stretches.items():
+            stretch.step(method == drafter)
         chosen = None
         if self._pending is not None:
             chosen, asked, drafted = self._pending
