@@ -142,7 +142,7 @@ def auto_plan(spec: SpecConfig, availability: Mapping[str, Optional[str]]) -> Au
                     spec.draft_path if any(needs_draft_model(m) for m in methods) else None)
 
 
-VERDICT_TOLERANCE = 0.01
+VERDICT_TOLERANCE = 0.05
 
 
 def _near(before: Optional[Costs], now: Costs) -> bool:
@@ -314,7 +314,7 @@ class AutoProposer:
     def verdict(self, max_k: Optional[int] = None) -> Optional[str]:
         """Why no method of this run could pay on this machine, whatever the text (chooser.cannot_pay:
         even at an acceptance few methods reach), or None where one could. Asked again only when
-        the costs changed by more than VERDICT_TOLERANCE (a pass's median moves a little at
+        the costs moved by more than VERDICT_TOLERANCE (a pass's median moves a little at
         almost every pass; the verdict is asked every step)."""
         max_k = self.max_k if max_k is None else max_k
         costs = self.costs
