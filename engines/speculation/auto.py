@@ -278,6 +278,12 @@ class AutoProposer:
         whatever those carry (a fed drafter's catch-up) and is never corrected."""
         found = found or {}
         budget = max(1, min(self.max_k, k_budget))
+        if all(m in found and not found[m] for m in self.proposers):
+            # Only lookups, and none found anything: a plain pass, whatever the costs say (the
+            # verdict, when one was reached, still says why none could pay anyway).
+            verdict = self._verdict[2]
+            return Choice("none", 0, 1.0, f"no speculation: {verdict}" if verdict is not None
+                          else "no speculation: no method available")
         verdict = self.verdict(budget)
         if verdict is not None:  # whatever the text, no method could pay here: nothing to probe
             return Choice("none", 0, 1.0, f"no speculation: {verdict}")
@@ -372,9 +378,12 @@ class AutoProposer:
         """This step's seconds by the costs: its pass over the drafted tokens, the drafting of
         the method that drafted (a lookup's is next to nothing) with a draft model's catch-up,
         and what feeding a hidden-state drafter adds."""
+        if not draft.tokens:  # (a plain step: priced without making a new estimate)
+            costs = self.cost_model.last_costs()
+            return costs.pass_s[0] + (costs.observe_s.get(self.observer_method, 0.0) if self.observer_method else 0.0)
         costs = self.costs
         seconds = costs.pass_cost(1 + len(draft.tokens)) + self.extra_s()
-        if self._pending is not None and draft.tokens:
+        if self._pending is not None:
             method = self._pending[0]
             if method not in self._looked:
                 seconds += costs.drafting_cost(method, len(draft.tokens)) + self.catch_up_s().get(method, 0.0)

@@ -80,6 +80,7 @@ class CostModel:
         self.since_probe = 0  # passes recorded since the probe (or the last one taken again)
         self.probes = 1
         self._costs: Optional[Costs] = probe
+        self._last = probe  # the estimate last made (last_costs)
         self._on_update = on_update  # called with the learned Costs every SAVE_EVERY passes
 
     def record_pass(self, n_tokens: int, seconds: float) -> None:
@@ -141,8 +142,14 @@ class CostModel:
     def costs(self) -> Costs:
         """The current estimate (cached until the next measurement)."""
         if self._costs is None:
-            self._costs = self._estimate()
+            self._costs = self._last = self._estimate()
         return self._costs
+
+    def last_costs(self) -> Costs:
+        """The estimate last made, without making a new one for the passes recorded since (a pass
+        or so behind): enough to price what a step cost, where one pass in a median of WINDOW
+        changes next to nothing, and free on a step that chose nothing."""
+        return self._last
 
     def _estimate(self) -> Costs:
         probe = self.probe.pass_s
