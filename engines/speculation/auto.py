@@ -1,4 +1,4 @@
-"""The `auto` method: each step, the method and k with the highest expected tokens per second.
+"""The `auto` method: each step, the method and k that gain the most against the run's rate.
 
 Three parts, each on its own: this machine's costs (engines/speculation/costs.py: a probe run
 as a job of its own before the first auto reply, or read from the cache, then learned from

@@ -3,8 +3,8 @@
 A pure function of two things and nothing else (no engine, no clock): `Costs`, this machine's
 seconds for a target pass over n tokens and for each method's drafting, and each method's
 `AcceptanceEstimate`, its running acceptance per draft position. `choose` returns the
-(method, k) with the highest expected tokens per second, or no speculation when nothing is
-expected to beat a plain pass. The costs come from engines/speculation/costs.py; the proposer
+(method, k) that gains the most against the rate the run is making (by tokens per second before
+there is one), or no speculation when nothing is expected to beat a plain pass. The costs come from engines/speculation/costs.py; the proposer
 that asks every step is engines/speculation/auto.AutoProposer.
 """
 
@@ -215,7 +215,7 @@ def _mix(hit: float, drafted: tuple[float, float], missed: tuple[float, float]) 
 def choose(costs: Costs, estimates: Mapping[str, AcceptanceEstimate], max_k: int, extra_s: float = 0.0,
            method_s: Optional[Mapping[str, float]] = None, found: Optional[Mapping[str, int]] = None,
            run_rate: Optional[float] = None) -> Choice:
-    """The (method, k) with the highest expected tokens per second, or no speculation when
+    """The (method, k) that gains the most against `run_rate` (below), or no speculation when
     nothing is expected to beat a plain pass (`extra_s`: a cost every step pays whatever is
     chosen; `method_s`: what drafting with a method costs this step besides, a draft model's
     catch-up on what other methods committed). `found`: methods that have drafted this step
