@@ -1,11 +1,12 @@
 """The auto chooser: which method and k a step should draft with, from costs and acceptance.
 
-A pure function of two things and nothing else (no engine, no clock): `Costs`, this machine's
-seconds for a target pass over n tokens and for each method's drafting, and each method's
-`AcceptanceEstimate`, its running acceptance per draft position. `choose` returns the
-(method, k) that gains the most against the rate the run is making (by tokens per second before
-there is one), or no speculation when nothing is expected to beat a plain pass. The costs come from engines/speculation/costs.py; the proposer
-that asks every step is engines/speculation/auto.AutoProposer.
+A pure function of what it is given (no engine, no clock): `Costs`, this machine's seconds for
+a target pass over n tokens and for each method's drafting; each method's `AcceptanceEstimate`,
+its running acceptance per draft position; and the rate the run is making, as those costs price
+its recent steps. `choose` returns the (method, k) that gains the most against that rate (by
+tokens per second before there is one), or no speculation when nothing is expected to beat a
+plain pass. The costs come from engines/speculation/costs.py; the proposer that asks every step
+is engines/speculation/auto.AutoProposer.
 """
 
 from __future__ import annotations
