@@ -205,6 +205,7 @@ class AutoProposer:
         step_rate = learned.setdefault("run:rate", StepRate())
         self.step_rate = step_rate if isinstance(step_rate, StepRate) else StepRate()
         self._priced_s = 0.0  # this step's seconds by the costs (StepRate)
+        self._catch_up: dict[str, float] = {}  # this step's catch_up_s(), as decide read it
         self.catch_up: dict[str, CatchUpScale] = {
             m: learned.setdefault(f"{m}:catch-up", CatchUpScale()) for m in self.proposers
             if method_info(m).takes == "draft_model"}
@@ -278,6 +279,7 @@ class AutoProposer:
         whatever those carry (a fed drafter's catch-up) and is never corrected."""
         found = found or {}
         budget = max(1, min(self.max_k, k_budget))
+        self._catch_up = {}
         if all(m in found and not found[m] for m in self.proposers):
             # Only lookups, and none found anything: a plain pass, whatever the costs say (the
             # verdict, when one was reached, still says why none could pay anyway).
@@ -292,7 +294,8 @@ class AutoProposer:
             return Choice("none", 0, 1.0, "no speculation: measuring a plain pass again")
         run_rate = self.step_rate.rate()
         # each step of the stretch a catch-up opens pays its share of it (Stretch)
-        catch_up = {m: s / self.stretches[m].mean() for m, s in self.catch_up_s().items()}
+        self._catch_up = self.catch_up_s()  # (priced whole in _price: the step pays it)
+        catch_up = {m: s / self.stretches[m].mean() for m, s in self._catch_up.items()}
         choice = choose(self.costs, self.estimates, budget, self.extra_s(), catch_up, found, run_rate=run_rate)
         if choice.method in self.last_chosen:
             self.last_chosen[choice.method] = self.steps
@@ -386,7 +389,7 @@ class AutoProposer:
         if self._pending is not None:
             method = self._pending[0]
             if method not in self._looked:
-                seconds += costs.drafting_cost(method, len(draft.tokens)) + self.catch_up_s().get(method, 0.0)
+                seconds += costs.drafting_cost(method, len(draft.tokens)) + self._catch_up.get(method, 0.0)
         return seconds
 
     def _note_behind(self, method: str) -> None:

@@ -116,7 +116,7 @@ class CostModel:
         was busy prices the sizes and the drafting that replies never run for that busy moment."""
         if self.since_probe < REPROBE_AFTER:
             return False
-        ratios = [median(self.passes[n - 1]) / self.probe.pass_s[n - 1] for n in self.learned_sizes()]
+        ratios = [self._medians[n - 1] / self.probe.pass_s[n - 1] for n in self.learned_sizes()]
         if not ratios:
             return False
         moved = median(ratios)
