@@ -22,8 +22,8 @@ from typing import Mapping, Optional, Sequence
 
 from ..methods import auto_methods, method_info, needs_draft_model
 from ..types import Draft, SpecConfig, SpecDeskError
-from .chooser import (MAX_TAIL_P_MIN, AcceptanceEstimate, Choice, Costs, TailCalibration, cannot_pay, choose,
-                      could_pay, economics, speedups, tail_p_min, worth_feeding)
+from .chooser import (MAX_TAIL_P_MIN, AcceptanceEstimate, Choice, Costs, TailCalibration, cannot_pay, ceiling,
+                      choose, economics, speedups, tail_p_min, worth_feeding)
 from .costs import MIN_SAMPLES, WINDOW, CostModel, cost_key, measured, median
 from .stats import ProposerCounters
 
@@ -151,14 +151,20 @@ def _near(before: Optional[Costs], now: Costs) -> bool:
         return False
     if before is now:
         return True
-    pairs = list(zip(before.pass_s, now.pass_s))
+    if len(before.pass_s) != len(now.pass_s):
+        return False
+    for a, b in zip(before.pass_s, now.pass_s):
+        if abs(b - a) > VERDICT_TOLERANCE * max(abs(a), abs(b)):
+            return False
     for field_before, field_now in ((before.draft_token_s, now.draft_token_s), (before.observe_s, now.observe_s),
                                     (before.draft_step_s, now.draft_step_s)):
         if field_before.keys() != field_now.keys():
             return False
-        pairs += [(field_before[m], field_now[m]) for m in field_now]
-    return len(before.pass_s) == len(now.pass_s) and all(
-        abs(b - a) <= VERDICT_TOLERANCE * max(abs(a), abs(b)) for a, b in pairs)
+        for m, b in field_now.items():
+            a = field_before[m]
+            if abs(b - a) > VERDICT_TOLERANCE * max(abs(a), abs(b)):
+                return False
+    return True
 
 
 def _is_lookup(method: str) -> bool:
@@ -191,6 +197,7 @@ class AutoProposer:
         self.reprobes = {m: 0 for m in self.proposers}  # re-probes since `choose` last picked each
         self.reprobe_steps = 0  # steps of this run a method expected to be slower drafted (bounded re-probes)
         self._verdict: tuple[Optional[Costs], int, Optional[str]] = (None, 0, None)
+        self._ceilings: dict[str, float] = {}  # method -> chooser.ceiling, made with the verdict
         self.counters = ProposerCounters()
         # `learned`: estimates kept from earlier runs on the same models (updated in place), so
         # a reply starts from what the replies before it measured rather than from the prior.
@@ -307,7 +314,7 @@ class AutoProposer:
         beat = max(1.0, (run_rate or 0.0) * self.costs.pass_s[0])
         stale = [m for m in self.proposers if m != choice.method and found.get(m, budget)
                  and self.steps - self.last_used[m] >= REPROBE_EVERY << min(self.reprobes[m], REPROBE_BACKOFF)
-                 and could_pay(self.costs, m, budget, self.extra_s(), beat=beat)]
+                 and self._ceilings[m] > beat]
         if stale:
             method = stale[0]
             per_position, share, _ = self.estimates[method].summary()
@@ -327,9 +334,11 @@ class AutoProposer:
         almost every pass; the verdict is asked every step)."""
         max_k = self.max_k if max_k is None else max_k
         costs = self.costs
-        if self._verdict[1] != max_k or not _near(self._verdict[0], costs):
+        if self._verdict[1] != max_k or not _near(self._verdict[0], costs) or self._ceilings.keys() != self.proposers.keys():
             extra = {self.observer_method: self.extra_s()} if self.observer_method else {}
             self._verdict = (costs, max_k, cannot_pay(costs, list(self.proposers), max_k, extra))
+            # what each could make at an acceptance few methods reach: whether a re-probe could pay
+            self._ceilings = {m: ceiling(costs, m, max_k, self.extra_s()) for m in self.proposers}
         return self._verdict[2]
 
     def propose(self, context: Sequence[int], k: int) -> Draft:

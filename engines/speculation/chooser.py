@@ -73,7 +73,7 @@ class Costs:
         last = len(self.pass_s)
         if n >= last:
             return self.pass_s[-1]
-        low = max(int(n), 1)
+        low = int(n) or 1
         fraction = n - low
         return self.pass_s[low - 1] + fraction * (self.pass_s[low] - self.pass_s[low - 1])
 
@@ -97,42 +97,46 @@ class AcceptanceEstimate:
     often it drafted at all (an n-gram lookup often finds nothing: a miss). Older steps decay."""
 
     max_k: int
-    reached: np.ndarray = field(init=False)  # (max_k,)
-    accepted: np.ndarray = field(init=False)  # (max_k,)
+    # (max_k,) each: plain lists, not arrays: recorded every step, and numpy's per-call cost on
+    # four elements was a fifth of auto's own time a step
+    reached: list[float] = field(init=False)
+    accepted: list[float] = field(init=False)
     asked: float = 0.0
     drafted: float = 0.0
     tries: float = 0.0
     misses: float = 0.0
 
     def __post_init__(self) -> None:
-        self.reached = np.zeros(self.max_k)
-        self.accepted = np.zeros(self.max_k)
+        self.reached = [0.0] * self.max_k
+        self.accepted = [0.0] * self.max_k
         self._summary: Optional[tuple[list[float], float]] = None
 
     def record(self, k: int, drafted: int, accepted: int) -> None:
         self._summary = None
-        self.reached *= DECAY
-        self.accepted *= DECAY
+        self.reached = [DECAY * x for x in self.reached]
+        self.accepted = [DECAY * x for x in self.accepted]
         self.tries, self.misses = self.tries * DECAY + 1, self.misses * DECAY + (drafted == 0)
         self.asked, self.drafted = self.asked * DECAY, self.drafted * DECAY
         if drafted == 0:
             return
         self.asked, self.drafted = self.asked + k, self.drafted + drafted
-        reached = min(k, accepted + 1)
-        self.reached[:reached] += 1
-        self.accepted[:accepted] += 1
+        for i in range(min(k, accepted + 1)):
+            self.reached[i] += 1.0
+        for i in range(accepted):
+            self.accepted[i] += 1.0
 
-    def per_position(self) -> np.ndarray:
+    def per_position(self) -> list[float]:
         """(max_k,) conditional acceptance of position i given positions < i were accepted.
 
         Each position's prior is the estimate of the position before it (the first one's,
         PRIOR_ACCEPTANCE): a method whose drafts have been cut at k never reaches position k + 1,
         and a fixed prior there would price it below what the method has shown, so auto would
         never try the longer draft that would measure it."""
-        out = np.empty(self.max_k)
+        out = []
         prior = PRIOR_ACCEPTANCE
-        for i in range(self.max_k):
-            prior = out[i] = (self.accepted[i] + PRIOR_WEIGHT * prior) / (self.reached[i] + PRIOR_WEIGHT)
+        for accepted, reached in zip(self.accepted, self.reached):
+            prior = float((accepted + PRIOR_WEIGHT * prior) / (reached + PRIOR_WEIGHT))
+            out.append(prior)
         return out
 
     def cautious(self) -> list[float]:
@@ -155,7 +159,7 @@ class AcceptanceEstimate:
     def summary(self) -> tuple[list[float], float, float]:
         """(per_position() as floats, draft_share(), hit_rate()), computed once per recorded step."""
         if self._summary is None:
-            self._summary = ([float(a) for a in self.per_position()], self.draft_share(), self.hit_rate())
+            self._summary = (self.per_position(), self.draft_share(), self.hit_rate())
         return self._summary
 
 
@@ -258,8 +262,11 @@ def choose(costs: Costs, estimates: Mapping[str, AcceptanceEstimate], max_k: int
                 continue
             terms[method] = (1.0, min(max_k, found[method]), extra, False)
             outcomes[method] = _outcomes(costs, method, per_position, *terms[method])
-            alone[method] = max(((t, sec, k) for k, (t, sec) in enumerate(outcomes[method], start=1)),
-                                key=lambda o: value(o[0], o[1]))
+            top = None
+            for k, (t, sec) in enumerate(outcomes[method], start=1):
+                if top is None or value(t, sec) > top[0]:
+                    top = (value(t, sec), t, sec, k)
+            alone[method] = top[1:]
             continue
         terms[method] = (share, max_k, extra, True)
         outcomes[method] = _outcomes(costs, method, per_position, *terms[method])
@@ -270,12 +277,21 @@ def choose(costs: Costs, estimates: Mapping[str, AcceptanceEstimate], max_k: int
                 alone[method] = (tokens, seconds, k)
     best: Optional[tuple[float, float, str, int, Optional[tuple[str, int]]]] = None  # (value, speedup, ...)
     valued: dict[str, tuple[float, tuple[float, float]]] = {}  # method -> (hit, what a miss gives)
+    plain_value = value(*plain)
+    # the methods that beat a plain pass on their own, best first (ties: the one listed first)
+    others = sorted(((value(t, sec), t, sec, m, k) for m, (t, sec, k) in alone.items() if value(t, sec) > plain_value),
+                    key=lambda o: -o[0])
     for method, estimate in estimates.items():
         if method not in outcomes:
             continue
-        hit = 1.0 if method in found else estimate.summary()[2]
-        others = [(t, sec, m, k) for m, (t, sec, k) in alone.items() if m != method and value(t, sec) > value(*plain)]
-        fallback = None if method in found else max(others, key=lambda o: value(o[0], o[1]), default=None)
+        if method in found:  # drafted already, never missing: its best k on its own
+            valued[method] = (1.0, plain)
+            tokens, seconds, k = alone[method]
+            if best is None or value(tokens, seconds) > best[0]:
+                best = (value(tokens, seconds), tokens * rate / seconds, method, k, None)
+            continue
+        hit = estimate.summary()[2]
+        fallback = next(((t, sec, m, k) for _, t, sec, m, k in others if m != method), None)
         missed = (fallback[0], fallback[1]) if fallback else plain
         missed = (missed[0], missed[1] + costs.draft_token_s.get(method, 0.0))
         valued[method] = (hit, missed)
@@ -426,12 +442,18 @@ def economics(costs: Costs) -> str:
             + "".join(f", over {n} tokens {pass_ratio(costs, n):.1f}x" for n in rest))
 
 
+def ceiling(costs: Costs, method: str, max_k: int, extra_s: float = 0.0,
+            acceptance: float = OPTIMISTIC_ACCEPTANCE) -> float:
+    """The best speedup `method` could make at some k if every draft position were accepted at
+    `acceptance` (better than most methods reach on most text), at its measured drafting cost."""
+    return max(speedups(costs, method, [acceptance] * max_k, 1.0, max_k, extra_s))
+
+
 def could_pay(costs: Costs, method: str, max_k: int, extra_s: float = 0.0,
               acceptance: float = OPTIMISTIC_ACCEPTANCE, beat: float = 1.0) -> bool:
     """Whether `method` could beat a plain pass (or the speedup `beat`: the rate the run is
-    making) at some k if every draft position were accepted at `acceptance` (better than most
-    methods reach on most text), at its measured drafting cost."""
-    return max(speedups(costs, method, [acceptance] * max_k, 1.0, max_k, extra_s)) > beat
+    making) at its `ceiling`."""
+    return ceiling(costs, method, max_k, extra_s, acceptance) > beat
 
 
 def cannot_pay(costs: Costs, methods, max_k: int, extra_s: Optional[Mapping[str, float]] = None) -> Optional[str]:

@@ -57,6 +57,27 @@ def median(values) -> float:
     return ordered[middle] if len(ordered) % 2 else 0.5 * (ordered[middle - 1] + ordered[middle])
 
 
+def _interpolate(count: int, sizes: Sequence[int], values: Sequence[float]) -> list[float]:
+    """values (at the ascending sizes) at n = 1..count: linear between sizes, the nearest one's
+    beyond them, 1 where there are none (numpy.interp's rule, in plain floats: the estimate is
+    remade at almost every pass, and numpy's per-call cost there was most of it)."""
+    if not sizes:
+        return [1.0] * count
+    out = []
+    j = 0
+    for n in range(1, count + 1):
+        if n <= sizes[0]:
+            out.append(values[0])
+        elif n >= sizes[-1]:
+            out.append(values[-1])
+        else:
+            while sizes[j + 1] < n:
+                j += 1
+            low, high = sizes[j], sizes[j + 1]
+            out.append(values[j] + (values[j + 1] - values[j]) * (n - low) / (high - low))
+    return out
+
+
 class CostModel:
     """Pass and drafting costs learned from the passes auto runs, seeded by a probe.
 
@@ -158,7 +179,7 @@ class CostModel:
         # How far each measured size moved from the probe, interpolated between measured sizes
         # (the nearest one's beyond them): under load a long pass moves less than a short one.
         ratios = [learned[n] / probe[n - 1] for n in sizes]
-        moved_by = np.interp(np.arange(1, len(probe) + 1), sizes, ratios).tolist() if sizes else [1.0] * len(probe)
+        moved_by = _interpolate(len(probe), sizes, ratios)
         pass_s = [learned[n] if n in learned else probe[n - 1] * moved_by[n - 1] for n in range(1, len(probe) + 1)]
         # Larger passes never cost less: where noise says so, the smaller size takes the larger's time.
         for i in range(len(pass_s) - 2, -1, -1):

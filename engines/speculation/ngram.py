@@ -174,9 +174,12 @@ class NgramPoolProposer(_Lookup):
 
     def reset(self) -> None:
         """Forget everything learned (a new chat)."""
-        self._keys = np.zeros(self.pool_size, dtype=np.int64)
-        self._followers = np.full(self.pool_size, _EMPTY, dtype=np.int32)
-        self._counts = np.zeros(self.pool_size, dtype=np.int16)
+        # Read and written one slot at a time, several times per committed token: through
+        # memoryviews, whose elements are plain ints (numpy's per-element indexing was most of a
+        # step's learning), over numpy's arrays (allocated lazily: a new chat costs nothing).
+        self._keys = memoryview(np.zeros(self.pool_size, dtype=np.int64))
+        self._followers = memoryview(np.full(self.pool_size, _EMPTY, dtype=np.int32))
+        self._counts = memoryview(np.zeros(self.pool_size, dtype=np.int16))
         self._context = []
         self._used = 0
         self._evictions = 0
@@ -234,15 +237,15 @@ class NgramPoolProposer(_Lookup):
 
     def _learn_one(self, key: int, follower: int) -> None:
         slot = key % self.pool_size
-        stored = int(self._followers[slot])
-        if stored == _EMPTY or int(self._keys[slot]) != key:
+        stored = self._followers[slot]
+        if stored == _EMPTY or self._keys[slot] != key:
             self._used += stored == _EMPTY
             self._evictions += stored != _EMPTY
             self._keys[slot] = key
             self._followers[slot] = follower
             self._counts[slot] = 1
         elif stored == follower:
-            self._counts[slot] = min(int(self._counts[slot]) + 1, _COUNT_CAP)
+            self._counts[slot] = min(self._counts[slot] + 1, _COUNT_CAP)
         else:
             self._conflicts += 1
             self._followers[slot] = follower
@@ -254,9 +257,9 @@ class NgramPoolProposer(_Lookup):
                 continue
             key = hash(tuple(window[len(window) - n:]))
             slot = key % self.pool_size
-            if self._followers[slot] == _EMPTY or int(self._keys[slot]) != key:
+            if self._followers[slot] == _EMPTY or self._keys[slot] != key:
                 continue  # unseen at this length: try a shorter one
-            return int(self._followers[slot]) if self._counts[slot] >= self.min_count else None
+            return self._followers[slot] if self._counts[slot] >= self.min_count else None
         return None
 
 
