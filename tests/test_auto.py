@@ -325,6 +325,68 @@ def test_a_lookup_that_found_a_draft_is_valued_at_no_drafting_cost_up_to_its_len
     assert auto.estimates["ngram"].drafted == len(draft.tokens) and model.accepted == []
 
 
+def test_a_lookup_not_chosen_learns_what_its_draft_would_have_had_accepted():
+    """Both lookups look every step; the draft of the one not chosen is scored against the
+    tokens the text goes on with (a draft token is accepted exactly when the target commits it
+    there), so each lookup's acceptance is measured on all the text where it found a draft, not
+    only where the other found nothing."""
+    costs = Costs((1.0, 1.05, 1.1, 1.15), {"ngram": 0.0, "ngram-pool": 0.0})
+    chosen, other = Fixed((5, 6, 7)), Fixed((5, 9, 9))
+    auto = AutoProposer({"ngram": other, "ngram-pool": chosen}, costs, 3)
+    auto.estimates["ngram-pool"].record(3, 3, 3)  # the pool has shown more: it is chosen
+    auto.begin([1, 2, 3])
+    draft = auto.propose([1, 2, 3], 3)
+    assert auto.choice.method == "ngram-pool" and draft.tokens == (5, 6, 7)
+    auto.accept(3, [5, 6, 7, 8])
+    # ngram's (5, 9, 9): its first token committed, its second not: 2 positions reached, 1 accepted
+    assert list(auto.estimates["ngram"].reached) == pytest.approx([1, 1, 0])
+    assert list(auto.estimates["ngram"].accepted) == pytest.approx([1, 0, 0])
+    assert other.accepted == [0]  # and it learned the step's tokens as before
+    # A draft longer than what its step committed is scored as the next steps commit the rest.
+    other.tokens, chosen.tokens = (1, 2, 3), (1, 4, 4)
+    context = [1, 2, 3, 5, 6, 7, 8]
+    auto.propose(context, 3)
+    assert auto.choice.method == "ngram-pool"
+    auto.accept(1, [1, 2])  # ngram's 1, 2 right so far; its 3 not yet committed
+    assert list(auto.estimates["ngram"].reached) == pytest.approx([1, 1, 0])
+    other.tokens = chosen.tokens = ()
+    auto.propose(context + [1, 2], 3)
+    auto.accept(0, [3])
+    assert list(auto.estimates["ngram"].reached) == pytest.approx([1.97, 1.97, 1])
+    assert list(auto.estimates["ngram"].accepted) == pytest.approx([1.97, 1, 1])
+    # A reply that ends first: what was committed of the draft counts, and nothing beyond.
+    other.tokens, chosen.tokens = (9, 9, 9), (1, 4, 4)
+    auto.propose(context + [1, 2, 3], 3)
+    auto.accept(0, [9])
+    auto.begin([1, 2, 3])
+    assert list(auto.estimates["ngram"].reached) == pytest.approx([0.97 * 1.97 + 1, 0.97 * 1.97, 0.97])
+    assert list(auto.estimates["ngram"].accepted) == pytest.approx([0.97 * 1.97 + 1, 0.97, 0.97])
+
+
+def test_plain_steps_teach_a_lookup_that_has_not_shown_enough_to_draft():
+    """Where a rejected draft costs much (a pass over 4 tokens costs 2.3 over one: a quantized
+    model on a CPU), a lookup drafts only once it has surely shown it is right, and at the
+    prior's acceptance no draft pays; its drafts on the plain steps before, scored against the
+    text those steps committed, are what show it."""
+    steep = Costs((1.0, 1.6, 2.0, 2.3, 2.6), {"ngram-pool": 0.0})
+    text = [1, 2, 3, 4] * 40
+    lookup = Fixed()
+    auto = AutoProposer({"ngram-pool": lookup}, steep, 4)
+    auto.begin(text[:8])
+    context, methods = text[:8], []
+    for _ in range(30):
+        lookup.tokens = tuple(text[len(context):len(context) + 4])  # right every time
+        draft = auto.propose(context, 4)
+        methods.append(auto.choice.method)
+        accepted = len(draft.tokens)
+        committed = text[len(context):len(context) + accepted + 1]
+        auto.accept(accepted, committed)
+        context = context + committed
+    assert methods[0] == "none" and "ngram-pool" in methods, methods
+    first = methods.index("ngram-pool")
+    assert methods[first:] == ["ngram-pool"] * (len(methods) - first), methods
+
+
 def test_where_a_rejected_draft_costs_a_whole_pass_only_a_lookup_right_step_after_step_drafts():
     """SmolLM2's Q4_1 costs on a CPU: a pass over 4 tokens costs 3.37 passes over one, so a
     k = 3 draft pays only if its tokens are nearly always right (4 tokens in 3.37 passes: 1.19x),

@@ -193,6 +193,7 @@ class AutoProposer:
         # Methods that look the context up (no model): each looks every step before the choice.
         self.lookups = tuple(m for m in self.proposers if _is_lookup(m))
         self._looked: tuple[str, ...] = ()
+        self._looked_drafts: dict[str, tuple[int, ...]] = {}  # lookup -> what it found this step
         self.last_chosen = {m: 0 for m in self.proposers}  # the step `choose` last picked each (not a re-probe)
         self.reprobes = {m: 0 for m in self.proposers}  # re-probes since `choose` last picked each
         self.reprobe_steps = 0  # steps of this run a method expected to be slower drafted (bounded re-probes)
@@ -225,6 +226,9 @@ class AutoProposer:
         self.choice = Choice("none", 0, 1.0, "no speculation: not started")
         self._pending: Optional[tuple[str, int, int]] = None  # (method, k asked, drafted) of this step
         self._missed: Optional[str] = None  # the method that found nothing this step, before its fallback
+        # (lookup, position, draft, tokens right so far) of drafts looked up and not chosen,
+        # scored against the text as it is committed (_score_looks)
+        self._pending_looks: list[tuple[str, int, tuple[int, ...], int]] = []
         self.usage: dict[str, int] = {}  # "method k=K" (or "none") -> steps, for reports
         # Model-drafting methods (the draft model) -> how many committed tokens their own
         # context holds: what they drafted and had accepted; the rest they must catch up on.
@@ -265,6 +269,7 @@ class AutoProposer:
         self._previous_drafter = self._pending[0] if self._pending is not None else None
 
     def begin(self, prompt: Sequence[int]) -> None:
+        self._score_unfinished_looks()
         for proposer in self.proposers.values():
             proposer.begin(prompt)
         # begin() syncs every drafter with the prompt (a draft model prefills it there)
@@ -349,6 +354,7 @@ class AutoProposer:
         # found (a longer k's lookup starts with the shorter one's draft, so one look serves all).
         looked = {m: self.proposers[m].propose(context, min(k, self.max_k)) for m in self.lookups} if k > 0 else {}
         self._looked = tuple(looked)
+        self._looked_drafts = {m: d.tokens for m, d in looked.items()}
         self.choice = self.decide(k, {m: len(d.tokens) for m, d in looked.items()})
         method = self.choice.method
         self._behind = None
@@ -447,7 +453,13 @@ class AutoProposer:
             self._missed = None
         for method in self._looked:  # looked but did not draft this step: they learn the step's tokens
             if method != chosen:
+                # one draft of each lookup scored at a time: drafts looked up at consecutive
+                # steps cover the same tokens, and counted each they would make a few right
+                # tokens look like many (the acceptance would seem surer than it is)
+                if self._looked_drafts.get(method) and all(m != method for m, *_ in self._pending_looks):
+                    self._pending_looks.append((method, self._context_len, self._looked_drafts[method], 0))
                 self.proposers[method].accept(0, committed)
+        self._score_looks(committed)
         self._looked = ()
         if self.observer is not None and self.proposers.get(chosen) is not self.observer:
             # It saw this pass too: it keeps the committed rows whoever drafted.
@@ -455,6 +467,35 @@ class AutoProposer:
         self._pending = None
         if self.observer_method and self.steps - self.last_chosen[self.observer_method] >= RETIRE_AFTER:
             self._retire(self.observer_method)
+
+    def _score_looks(self, committed: Sequence[int]) -> None:
+        """Score the drafts of lookups that looked and were not chosen against the tokens the
+        text went on with, into their acceptance estimates: a draft token is accepted exactly
+        when the target commits that token there (greedy: its argmax; sampled: a lookup's draft
+        is one-hot, and a token rejected there is never the one resampled). A draft is scored as
+        the steps after it commit its positions, up to its first wrong token. Without this each
+        lookup's estimate would come only from the steps it was chosen on: one chosen where the
+        other found nothing is measured on the hardest text alone, and one that has not shown
+        enough to draft (where a rejected draft costs nearly a whole pass) could never show it."""
+        start = self._context_len  # where this step's committed tokens begin
+        end = start + len(committed)
+        still = []
+        for method, at, draft, matched in self._pending_looks:
+            while matched < len(draft) and at + matched < end and draft[matched] == committed[at + matched - start]:
+                matched += 1
+            if matched == len(draft) or at + matched < end:  # all of it right, or wrong at `matched`
+                if method in self.estimates:
+                    self.estimates[method].record(len(draft), len(draft), matched)
+            else:
+                still.append((method, at, draft, matched))
+        self._pending_looks = still
+
+    def _score_unfinished_looks(self) -> None:
+        """A reply ended with drafts not yet scored to the end: what was committed of them."""
+        for method, _, _, matched in self._pending_looks:
+            if matched and method in self.estimates:  # known right that far, not beyond
+                self.estimates[method].record(matched, matched, matched)
+        self._pending_looks = []
 
     def catch_up_s(self) -> dict[str, float]:
         """This step's catch-up per model-drafting method: the committed tokens it has not seen

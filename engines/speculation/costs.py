@@ -102,6 +102,7 @@ class CostModel:
         self.probes = 1
         self._costs: Optional[Costs] = probe
         self._last = probe  # the estimate last made (last_costs)
+        self._estimated_from: tuple = ()  # the learned sizes' medians it was made from (_passes_key)
         self._on_update = on_update  # called with the learned Costs every SAVE_EVERY passes
 
     def record_pass(self, n_tokens: int, seconds: float) -> None:
@@ -113,7 +114,9 @@ class CostModel:
             self.passes_seen += 1
             self.last_run[n_tokens - 1] = self.passes_seen
             self.since_probe += 1
-            self._changed()
+            # The estimate reads only the learned sizes' medians: made again when they moved
+            # (in a window of WINDOW passes, often they did not), not at every pass.
+            self._changed(stale=self._passes_key() != self._estimated_from)
 
     def record_drafting(self, method: str, drafted: int, seconds: float) -> None:
         if method in self.drafting and drafted > 0 and seconds >= 0:
@@ -125,8 +128,12 @@ class CostModel:
             self.observing[method].append(seconds)
             self._changed()
 
-    def _changed(self) -> None:
-        self._costs = None
+    def _passes_key(self) -> tuple:
+        return tuple((n, self._medians[n - 1]) for n in self.learned_sizes())
+
+    def _changed(self, stale: bool = True) -> None:
+        if stale:
+            self._costs = None
         self.recorded += 1
         if self._on_update is not None and self.recorded % SAVE_EVERY == 0:
             self._on_update(self.costs())
@@ -164,6 +171,7 @@ class CostModel:
         """The current estimate (cached until the next measurement)."""
         if self._costs is None:
             self._costs = self._last = self._estimate()
+            self._estimated_from = self._passes_key()
         return self._costs
 
     def last_costs(self) -> Costs:
