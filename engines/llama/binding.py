@@ -360,18 +360,22 @@ class GgufModel(NativeHandle):
         return buf.value.decode("utf-8", "replace") if n >= 0 else None
 
 
-QUANT_TYPES = {"F16": 1, "Q4_1": 3, "Q8_0": 7, "Q4_K_M": 15}  # llama_ftype values
+QUANT_TYPES = {"F16": 1, "BF16": 32, "Q4_0": 2, "Q4_1": 3, "Q8_0": 7, "Q4_K_M": 15}  # llama_ftype values
 
 
 def quantize_gguf(src: str | os.PathLike, dst: str | os.PathLike, quant: str, n_threads: int = 2) -> Path:
-    """llama.cpp's own quantizer (llama_model_quantize) from an F16 GGUF to `quant`; the file
-    appears whole or not at all."""
+    """llama.cpp's own quantizer (llama_model_quantize) from a GGUF to `quant`; the file
+    appears whole or not at all. A quantized source is requantized (llama.cpp refuses that
+    unless asked): the weights keep the source's rounding, so SmolLM2's Q4_1 file made into
+    F16 is the Q4_1 model stored in F16, which is what the pass-cost comparisons of weight
+    types want (the same numbers, another kernel)."""
     if quant not in QUANT_TYPES:
         raise SpecDeskError(f"quantization {quant!r} is not one of {', '.join(QUANT_TYPES)}")
     lib = llama_lib()
     params = lib.llama_model_quantize_default_params()
     params.ftype = QUANT_TYPES[quant]
     params.nthread = n_threads
+    params.allow_requantize = True
     dst = Path(dst)
     tmp = dst.with_name(dst.name + f".tmp-{os.getpid()}")
     if lib.llama_model_quantize(str(src).encode(), str(tmp).encode(), params) != 0:
