@@ -60,7 +60,7 @@ def median(values) -> float:
 def _interpolate(count: int, sizes: Sequence[int], values: Sequence[float]) -> list[float]:
     """values (at the ascending sizes) at n = 1..count: linear between sizes, the nearest one's
     beyond them, 1 where there are none (numpy.interp's rule, in plain floats: the estimate is
-    remade at almost every pass, and numpy's per-call cost there was most of it)."""
+    remade whenever a pass moves a median, and numpy's per-call cost there was most of it)."""
     if not sizes:
         return [1.0] * count
     out = []
@@ -168,7 +168,8 @@ class CostModel:
                 if len(window) >= MIN_SAMPLES and not self._stale(n)]
 
     def costs(self) -> Costs:
-        """The current estimate (cached until the next measurement)."""
+        """The current estimate (cached until a measurement moves it: a learned size's median,
+        the set of learned sizes, a drafting or observing window, a new probe)."""
         if self._costs is None:
             self._costs = self._last = self._estimate()
             self._estimated_from = self._passes_key()
