@@ -177,17 +177,17 @@ def test_a_quantized_file_is_made_into_another_weight_type(demo_family, tmp_path
     """llama.cpp's quantizer requantizes a quantized file (SmolLM2 ships as Q4_1; its F16 and
     Q8_0 files for the pass-cost comparisons are made from it): the F16 file made from a Q4_1
     one holds the Q4_1 model's weights, so their logits agree but for the kernels' arithmetic."""
-    import gguf
-
+    from specdesk.app.models.library import read_model
     from specdesk.engines.llama.binding import quantize_gguf
 
     q4_1 = quantize_gguf(demo_family["draft_gguf"], tmp_path / "draft-Q4_1.gguf", "Q4_1")
     f16 = quantize_gguf(q4_1, tmp_path / "draft-F16-from-Q4_1.gguf", "F16")
-    field = gguf.GGUFReader(str(f16)).fields["general.file_type"]
-    assert int(field.parts[field.data[0]][0]) == 1  # LLAMA_FTYPE_MOSTLY_F16
+    assert read_model(f16).quantization == "F16"  # its header's general.file_type
     logits = []
     for path in (q4_1, f16):
-        model = GgufModel(str(path))
-        logits.append(GgufContext(model, 128, 2).decode(model.tokenize(PROMPTS[4]))[-1])
+        with GgufModel(str(path)) as model:
+            context = GgufContext(model, 128, 2)
+            logits.append(context.decode(model.tokenize(PROMPTS[4]))[-1])
+            context.close()
     assert np.corrcoef(logits[0], logits[1])[0, 1] > 0.99
     assert np.argmax(logits[0]) == np.argmax(logits[1])

@@ -151,20 +151,13 @@ def _near(before: Optional[Costs], now: Costs) -> bool:
         return False
     if before is now:
         return True
-    if len(before.pass_s) != len(now.pass_s):
-        return False
-    for a, b in zip(before.pass_s, now.pass_s):
-        if abs(b - a) > VERDICT_TOLERANCE * max(abs(a), abs(b)):
-            return False
-    for field_before, field_now in ((before.draft_token_s, now.draft_token_s), (before.observe_s, now.observe_s),
-                                    (before.draft_step_s, now.draft_step_s)):
-        if field_before.keys() != field_now.keys():
-            return False
-        for m, b in field_now.items():
-            a = field_before[m]
-            if abs(b - a) > VERDICT_TOLERANCE * max(abs(a), abs(b)):
-                return False
-    return True
+    def within(pairs) -> bool:
+        return all(abs(b - a) <= VERDICT_TOLERANCE * max(abs(a), abs(b)) for a, b in pairs)
+
+    return len(before.pass_s) == len(now.pass_s) and within(zip(before.pass_s, now.pass_s)) and all(
+        field_before.keys() == field_now.keys() and within((field_before[m], b) for m, b in field_now.items())
+        for field_before, field_now in ((before.draft_token_s, now.draft_token_s), (before.observe_s, now.observe_s),
+                                        (before.draft_step_s, now.draft_step_s)))
 
 
 def _is_lookup(method: str) -> bool:
@@ -192,8 +185,7 @@ class AutoProposer:
         self.observer_method = observer if self.observer is not None else None
         # Methods that look the context up (no model): each looks every step before the choice.
         self.lookups = tuple(m for m in self.proposers if _is_lookup(m))
-        self._looked: tuple[str, ...] = ()
-        self._looked_drafts: dict[str, tuple[int, ...]] = {}  # lookup -> what it found this step
+        self._looked: dict[str, tuple[int, ...]] = {}  # lookup -> what it found this step
         self.last_chosen = {m: 0 for m in self.proposers}  # the step `choose` last picked each (not a re-probe)
         self.reprobes = {m: 0 for m in self.proposers}  # re-probes since `choose` last picked each
         self.reprobe_steps = 0  # steps of this run a method expected to be slower drafted (bounded re-probes)
@@ -353,8 +345,7 @@ class AutoProposer:
         # The lookups cost next to nothing: each looks first, and the choice knows what each
         # found (a longer k's lookup starts with the shorter one's draft, so one look serves all).
         looked = {m: self.proposers[m].propose(context, min(k, self.max_k)) for m in self.lookups} if k > 0 else {}
-        self._looked = tuple(looked)
-        self._looked_drafts = {m: d.tokens for m, d in looked.items()}
+        self._looked = {m: d.tokens for m, d in looked.items()}
         self.choice = self.decide(k, {m: len(d.tokens) for m, d in looked.items()})
         method = self.choice.method
         self._behind = None
@@ -456,11 +447,11 @@ class AutoProposer:
                 # one draft of each lookup scored at a time: drafts looked up at consecutive
                 # steps cover the same tokens, and counted each they would make a few right
                 # tokens look like many (the acceptance would seem surer than it is)
-                if self._looked_drafts.get(method) and all(m != method for m, *_ in self._pending_looks):
-                    self._pending_looks.append((method, self._context_len, self._looked_drafts[method], 0))
+                if self._looked[method] and all(m != method for m, *_ in self._pending_looks):
+                    self._pending_looks.append((method, self._context_len, self._looked[method], 0))
                 self.proposers[method].accept(0, committed)
         self._score_looks(committed)
-        self._looked = ()
+        self._looked = {}
         if self.observer is not None and self.proposers.get(chosen) is not self.observer:
             # It saw this pass too: it keeps the committed rows whoever drafted.
             self.observer.accept(n_accepted, committed)
