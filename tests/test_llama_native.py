@@ -192,6 +192,41 @@ def test_the_mtp_draft_primed_in_the_catch_up_is_the_one_drafted_alone(mtp_engin
     assert len(primed_used) > 3 and all(primed_used[1:])
 
 
+def test_the_mtp_row_a_draft_started_from_is_not_computed_again(mtp_engine, native, monkeypatch):
+    """The row a draft starts from reads only the target's rows, so the catch-up after the pass
+    keeps it: every draft, token for token, is the one drafted when the catch-up writes it again,
+    with one row fewer fed to the MTP context per catch-up."""
+    from specdesk.engines.llama.ext import HiddenStateProposer, NativeContext
+    from specdesk.engines.llama.mtp import MtpDrafter
+
+    drafts: list[tuple[int, ...]] = []
+    fed: list[int] = []
+    propose, process, keep = HiddenStateProposer.propose, NativeContext.process, MtpDrafter._keep_first_row
+
+    def recorded(self, context, k):
+        result = propose(self, context, k)
+        drafts.append(result.tokens)
+        return result
+
+    def counted(self, entries, encode=False):
+        if drafts:  # rows fed after the first draft: the drafts and the catch-ups (not the prompt's)
+            fed.append(len(entries))
+        return process(self, entries, encode)
+
+    monkeypatch.setattr(HiddenStateProposer, "propose", recorded)
+    monkeypatch.setattr(NativeContext, "process", counted)
+    prompt = mtp_engine.tokenize(PROMPTS[2] + PROMPTS[0])
+    runs = []
+    for kept in (True, False):
+        monkeypatch.setattr(MtpDrafter, "_keep_first_row", keep if kept else (lambda self, start, token: 0))
+        mtp_engine.reset_chat()  # each run prefills the prompt through the MTP context
+        drafts.clear(), fed.clear()
+        tokens = generate_tokens(mtp_engine, prompt, _spec("mtp", native, 3), max_tokens=40)
+        runs.append((tokens, list(drafts), sum(fed)))
+    assert runs[0][:2] == runs[1][:2] and sum(len(d) for d in runs[0][1]) > 0
+    assert runs[1][2] - runs[0][2] == len(runs[0][1])  # a row fewer in the catch-up after each draft
+
+
 @pytest.mark.parametrize("method", METHODS)
 def test_chat_turns_and_method_switches_stay_identical(mtp_engine, dflash_engine, native, method):
     """The drafter's cache follows the target's prefix reuse, also after turns without it."""

@@ -14,6 +14,12 @@ everything it reads (x_last, the target's h before it) is known once the target 
 so the catch-up batch computes it too, with its logits and h kept for the draft that follows.
 That saves one MTP decode per step (a decode of one row costs about what a batch of three
 does on a CPU). A draft that does not follow, or starts elsewhere, drops the primed row.
+
+The row drafting starts from, (x_last, h_{last-1}), is the first row the next catch-up would
+write: its inputs are the target's, not the drafter's. So it stays in the MTP context after
+the draft (the rows after it, computed from the block's own h, go), and the catch-up starts
+one row later: a row less in every catch-up, and a catch-up of one row, when no draft token
+was accepted, has the shape of a draft decode, whose graph llama.cpp then reuses.
 """
 
 from __future__ import annotations
@@ -88,9 +94,10 @@ class MtpDrafter(CachedPositions):
         tokens[:-1] at start.. (`output.hidden`: the target's h for those positions)."""
         n = len(tokens) - 1
         h = output.hidden[:n]
-        self.rollback_to(start, "the target rows start at")
+        kept = self._keep_first_row(start, int(tokens[0])) if n > 0 else 0
+        self.rollback_to(start + kept, "the target rows start at")
         entries = []
-        for j in range(n):
+        for j in range(kept, n):
             h_prev = (self.h_hist[start - 1] if start > 0 else self.h_hist[-1]) if j == 0 else h[j - 1]
             entries.append(Entry(pos=start + j, token=int(tokens[j]), embd=np.array(h_prev, copy=True)))
         self.h_hist[start:start + n] = h
@@ -98,10 +105,21 @@ class MtpDrafter(CachedPositions):
         h_last = self.h_hist[pos0 - 1] if pos0 > 0 else self.h_hist[-1]
         entries.append(Entry(pos=pos0, token=int(tokens[n]), embd=np.array(h_last, copy=True), output=True))
         self.feed(entries)
-        self.cached.extend(int(t) for t in tokens[:n])
+        self.cached.extend(int(t) for t in tokens[kept:n])
         last = (len(entries) - 1) % self.context.n_batch  # the primed row's index in the last batch fed
         self.primed = (pos0, int(tokens[n]), self.context.logits(last, self.n_vocab).copy(),
                        rows(self.ext.llama_get_embeddings_nextn_ith(self.context.handle, last), 1, self.n_embd)[0].copy())
+
+    def _keep_first_row(self, start: int, token: int) -> int:
+        """1 when the row (token, h_{start-1}) at `start` is already in the MTP context (the row a
+        draft started from, or a primed row no draft used), else 0."""
+        if len(self.cached) > start and self.cached[start] == token:
+            return 1
+        if self.primed is not None and self.primed[:2] == (start, token) and len(self.cached) == start:
+            self.primed = None  # its row stays, now as a cached one
+            self.cached.append(token)
+            return 1
+        return 0
 
     def rollback(self, n_keep: int) -> None:
         self._drop_primed()
@@ -124,12 +142,14 @@ class MtpDrafter(CachedPositions):
         self.primed = None
         h = self.h_hist[pos0 - 1] if pos0 > 0 else self.h_hist[-1]
         out: list[int] = []
+        wrote_first = primed is not None and k > 0
         for i in range(k):
             if i == 0 and primed is not None:  # computed with the catch-up
                 logits, h_next = primed[2], primed[3]
             else:
                 self.context.process([Entry(pos=pos0 + i, token=token, embd=np.array(h, copy=True), output=True)])
                 logits, h_next = self.context.logits(0, self.n_vocab), None
+                wrote_first = True
             token = int(np.argmax(logits))
             if below_p_min(logits, p_min):
                 break
@@ -137,7 +157,11 @@ class MtpDrafter(CachedPositions):
             if i + 1 < k:
                 h = h_next if h_next is not None else \
                     rows(self.ext.llama_get_embeddings_nextn_ith(self.context.handle, 0), 1, self.n_embd)[0].copy()
-        self.context.remove_from(pos0)  # the draft region; catch-up rewrites it from the target
+        if wrote_first:  # row pos0 read the target's h: the next catch-up starts after it
+            self.context.remove_from(pos0 + 1)
+            self.cached.append(int(context[-1]))
+        else:
+            self.context.remove_from(pos0)
         return out
 
     def set_threads(self, n_threads: int) -> None:
