@@ -5,8 +5,9 @@ BF16 weights is identical to plain decoding bit for bit (before them the rows di
 0.03 in F16 and 0.24 in BF16). Q4_1 weights, which had no batched kernel on x86 (each token of a
 pass ran the one-row dot product again), have one (0003) that computes each block as that dot
 product does, so their rows stay equal bit for bit too; and F16 products take their F32
-activations as they are at every pass size (0004). Checked on the CPU module this machine picks
-and, forced, on the AVX2 (haswell) module, whatever this CPU would pick."""
+activations as they are at every pass size (0004); their threads claim runs of consecutive jobs
+(0005), which moves no result. Checked on the CPU module this machine picks and, forced, on the
+AVX2 (haswell) module, whatever this CPU would pick."""
 
 from __future__ import annotations
 
