@@ -6,7 +6,9 @@ BF16 weights is identical to plain decoding bit for bit (before them the rows di
 pass ran the one-row dot product again), have one (0003) that computes each block as that dot
 product does, so their rows stay equal bit for bit too; and F16 products take their F32
 activations as they are at every pass size (0004); their threads claim runs of consecutive jobs
-(0005), which moves no result. Checked on the CPU module this machine picks and, forced, on the
+(0005), which moves no result; and passes over up to 4 tokens read one weight row at a time
+(0006), so the 6-token pass checked here runs the 4-row tiles and the one-token passes the one-row
+tiles, whose rows must agree. Checked on the CPU module this machine picks and, forced, on the
 AVX2 (haswell) module, whatever this CPU would pick."""
 
 from __future__ import annotations
@@ -42,7 +44,7 @@ def test_each_patch_is_a_diff_inside_vendored_llama_cpp():
 
 @pytest.mark.skipif(os.uname().machine != "x86_64", reason="llamafile's x86 kernels")
 @pytest.mark.parametrize("module", [None, "haswell"])
-@pytest.mark.parametrize("weights", ["F16", "Q4_1"])
+@pytest.mark.parametrize("weights", ["F16", "BF16", "Q4_1"])
 def test_a_pass_over_several_tokens_computes_each_row_as_a_one_token_pass(demo_family, tmp_path, module, weights):
     import llama_cpp
 
