@@ -142,14 +142,12 @@ class MtpDrafter(CachedPositions):
         self.primed = None
         h = self.h_hist[pos0 - 1] if pos0 > 0 else self.h_hist[-1]
         out: list[int] = []
-        wrote_first = primed is not None and k > 0
         for i in range(k):
             if i == 0 and primed is not None:  # computed with the catch-up
                 logits, h_next = primed[2], primed[3]
             else:
                 self.context.process([Entry(pos=pos0 + i, token=token, embd=np.array(h, copy=True), output=True)])
                 logits, h_next = self.context.logits(0, self.n_vocab), None
-                wrote_first = True
             token = int(np.argmax(logits))
             if below_p_min(logits, p_min):
                 break
@@ -157,11 +155,11 @@ class MtpDrafter(CachedPositions):
             if i + 1 < k:
                 h = h_next if h_next is not None else \
                     rows(self.ext.llama_get_embeddings_nextn_ith(self.context.handle, 0), 1, self.n_embd)[0].copy()
-        if wrote_first:  # row pos0 read the target's h: the next catch-up starts after it
-            self.context.remove_from(pos0 + 1)
+        # Any draft wrote row pos0 (here or, primed, in the catch-up), and it read only the
+        # target's rows: it stays, and the next catch-up starts after it.
+        self.context.remove_from(pos0 + 1 if k > 0 else pos0)
+        if k > 0:
             self.cached.append(int(context[-1]))
-        else:
-            self.context.remove_from(pos0)
         return out
 
     def set_threads(self, n_threads: int) -> None:
