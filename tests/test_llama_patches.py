@@ -10,8 +10,9 @@ activations as they are at every pass size (0004); their threads claim runs of c
 (0006), so the 6-token pass checked here runs the 4-row tiles and the one-token passes the one-row
 tiles, whose rows must agree. With AVX512-VNNI, Q8_0 passes over up to 8 tokens read one weight row
 at a time too (0007), so a 12-token pass, which runs the 4-row kernel, is checked against one-token
-passes as well. Checked on the CPU module this machine picks and, forced, on the AVX2 (haswell)
-module, whatever this CPU would pick."""
+passes as well. Past 512 cached positions flash attention runs a lone query as it runs a query in a
+batch (0008), checked on its own below. Checked on the CPU module this machine picks and, forced,
+on the AVX2 (haswell) module, whatever this CPU would pick."""
 
 from __future__ import annotations
 
@@ -70,3 +71,29 @@ def test_a_pass_over_several_tokens_computes_each_row_as_a_one_token_pass(demo_f
     chosen, noise = json.loads(done.stdout.strip().splitlines()[-1])
     assert module is None or chosen == module
     assert noise == 0.0, f"{chosen}, {weights}: a batched pass's logits differ from one-token passes' by up to {noise}"
+
+
+LONG_PROBE = """
+import json, sys
+from specdesk.engines.llama.engine import LlamaEngine
+from specdesk.engines.speculation.noise import measure_logit_noise
+engine = LlamaEngine(sys.argv[1], n_ctx=1024, n_threads=2)
+text = "".join(f"def area_{i}(width, height):\\n    return width * height + {i}\\n\\n" for i in range(14))
+tokens = engine.tokenize(text)
+print(json.dumps([len(tokens), measure_logit_noise(engine, tokens, rows=5, spans=2)]))
+"""
+
+
+def test_past_512_cached_positions_a_batched_pass_still_computes_each_row_as_a_one_token_pass(demo_family, tmp_path):
+    """llama.cpp pads the attended cache to 256 positions; from 512 its CPU flash attention ran a
+    lone query (a one-token pass) through a split-KV path whose sums come in another order than a
+    batch's (patch 0008 takes it out), so past some 300 tokens of context a verification pass and
+    plain decoding differed (0.009 in the demo target's logits at 1000 tokens). Two threads: the
+    split path needs more than one chunk."""
+    env = {**os.environ, "SPECDESK_CACHE_DIR": str(tmp_path)}
+    done = subprocess.run([sys.executable, "-c", LONG_PROBE, demo_family["target_gguf"]], env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    n_tokens, noise = json.loads(done.stdout.strip().splitlines()[-1])
+    assert n_tokens > 300, f"the probe's text is {n_tokens} tokens: too short to reach 512 cached positions"
+    assert noise == 0.0, f"past 512 cached positions a batched pass's logits differ from one-token passes' by up to {noise}"
