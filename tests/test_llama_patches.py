@@ -12,7 +12,8 @@ tiles, whose rows must agree. With AVX512-VNNI, Q8_0 passes over up to 8 tokens 
 at a time too (0007), so a 12-token pass, which runs the 4-row kernel, is checked against one-token
 passes as well. Past 512 cached positions flash attention runs a lone query as it runs a query in a
 batch (0008), checked on its own below. Checked on the CPU module this machine picks and, forced,
-on the AVX2 (haswell) module, whatever this CPU would pick."""
+on the AVX2 (haswell) module, whatever this CPU would pick, and on the AVX512-VNNI (icelake) module
+where this CPU runs it."""
 
 from __future__ import annotations
 
@@ -45,8 +46,14 @@ def test_each_patch_is_a_diff_inside_vendored_llama_cpp():
         assert "+++ b/ggml/" in text or "+++ b/src/" in text  # paths inside vendor/llama.cpp, -p1
 
 
+# What a forced module's code needs of the CPU (/proc/cpuinfo's names): the AVX2 one, and the
+# AVX512-VNNI one whose Q0 kernel takes passes over up to 8 tokens a row at a time (0007).
+NEEDS = {"haswell": {"avx2", "fma", "f16c", "bmi2"},
+         "icelake": {"avx512f", "avx512cd", "avx512bw", "avx512dq", "avx512vl", "avx512vbmi", "avx512_vnni"}}
+
+
 @pytest.mark.skipif(os.uname().machine != "x86_64", reason="llamafile's x86 kernels")
-@pytest.mark.parametrize("module", [None, "haswell"])
+@pytest.mark.parametrize("module", [None, "haswell", "icelake"])
 @pytest.mark.parametrize("weights", ["F16", "BF16", "Q8_0", "Q4_1"])
 def test_a_pass_over_several_tokens_computes_each_row_as_a_one_token_pass(demo_family, tmp_path, module, weights):
     import llama_cpp
@@ -63,8 +70,10 @@ def test_a_pass_over_several_tokens_computes_each_row_as_a_one_token_pass(demo_f
         path = Path(llama_cpp.__file__).parent / "lib" / f"libggml-cpu-{module}.so"
         if not path.is_file():
             pytest.skip("a build with its CPU code linked in")
-        if "avx2" not in Path("/proc/cpuinfo").read_text():
-            pytest.skip("this CPU has no AVX2")
+        flags = set(next((line for line in Path("/proc/cpuinfo").read_text().splitlines()
+                          if line.startswith("flags")), "").split())
+        if not NEEDS[module] <= flags:
+            pytest.skip(f"this CPU lacks {', '.join(sorted(NEEDS[module] - flags))}")
         env["SPECDESK_LLAMA_CPU_MODULE"] = str(path)
     done = subprocess.run([sys.executable, "-c", PROBE, model], env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
