@@ -140,7 +140,8 @@ def choose() -> tuple[str, str]:
     return "cpu", "no GPU toolkit found (nvcc, hipcc, or glslc with the Vulkan headers)"
 
 
-def _cpu_flags() -> set[str]:
+def cpu_flags() -> set[str]:
+    """The CPU's flags as /proc/cpuinfo names them (avx2, avx512_vnni, ...); empty where it has none."""
     try:
         text = Path("/proc/cpuinfo").read_text()
     except OSError:

@@ -26,6 +26,18 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
+
+
+def cpu_flags() -> set[str]:
+    """This CPU's flags, read as set-up reads them (scripts/llama_backend.py, standard library only)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("llama_backend", ROOT / "scripts" / "llama_backend.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.cpu_flags()
+
+
 PROBE = """
 import json, sys
 from specdesk.engines.llama.engine import LlamaEngine
@@ -35,6 +47,14 @@ engine = LlamaEngine(sys.argv[1], n_ctx=256, n_threads=1)
 tokens = engine.tokenize("def parse_args(argv):\\n    parser = argparse.ArgumentParser()\\n    parser.add_argument(")
 print(json.dumps([llama_build()["cpu_module"], max(measure_logit_noise(engine, tokens, rows=r) for r in (6, 12))]))
 """
+
+
+def run_probe(code: str, model: str, env: dict) -> list:
+    """Run a probe script on `model` in a process of its own (a CPU module is chosen once a
+    process); what its last line prints, as JSON."""
+    done = subprocess.run([sys.executable, "-c", code, model], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 def test_each_patch_is_a_diff_inside_vendored_llama_cpp():
@@ -70,14 +90,11 @@ def test_a_pass_over_several_tokens_computes_each_row_as_a_one_token_pass(demo_f
         path = Path(llama_cpp.__file__).parent / "lib" / f"libggml-cpu-{module}.so"
         if not path.is_file():
             pytest.skip("a build with its CPU code linked in")
-        flags = set(next((line for line in Path("/proc/cpuinfo").read_text().splitlines()
-                          if line.startswith("flags")), "").split())
+        flags = cpu_flags()
         if not NEEDS[module] <= flags:
             pytest.skip(f"this CPU lacks {', '.join(sorted(NEEDS[module] - flags))}")
         env["SPECDESK_LLAMA_CPU_MODULE"] = str(path)
-    done = subprocess.run([sys.executable, "-c", PROBE, model], env=env, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-2000:]
-    chosen, noise = json.loads(done.stdout.strip().splitlines()[-1])
+    chosen, noise = run_probe(PROBE, model, env)
     assert module is None or chosen == module
     assert noise == 0.0, f"{chosen}, {weights}: a batched pass's logits differ from one-token passes' by up to {noise}"
 
@@ -96,13 +113,10 @@ print(json.dumps([len(tokens), measure_logit_noise(engine, tokens, rows=5, spans
 def test_past_512_cached_positions_a_batched_pass_still_computes_each_row_as_a_one_token_pass(demo_family, tmp_path):
     """llama.cpp pads the attended cache to 256 positions; from 512 its CPU flash attention ran a
     lone query (a one-token pass) through a split-KV path whose sums come in another order than a
-    batch's (patch 0008 takes it out), so past some 300 tokens of context a verification pass and
+    batch's (patch 0008 takes it out), so from some 257 tokens of context a verification pass and
     plain decoding differed (0.009 in the demo target's logits at 1000 tokens). Two threads: the
     split path needs more than one chunk."""
     env = {**os.environ, "SPECDESK_CACHE_DIR": str(tmp_path)}
-    done = subprocess.run([sys.executable, "-c", LONG_PROBE, demo_family["target_gguf"]], env=env,
-                          capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-2000:]
-    n_tokens, noise = json.loads(done.stdout.strip().splitlines()[-1])
+    n_tokens, noise = run_probe(LONG_PROBE, demo_family["target_gguf"], env)
     assert n_tokens > 300, f"the probe's text is {n_tokens} tokens: too short to reach 512 cached positions"
     assert noise == 0.0, f"past 512 cached positions a batched pass's logits differ from one-token passes' by up to {noise}"
