@@ -1,5 +1,5 @@
 // Does a core's arithmetic overlap its memory reads? The question behind patch 0009
-// (packaging/llama-patches/0009-cpu-sgemm-one-row-stream-prefetch.patch), asked without llama.cpp.
+// (packaging/llama-patches/0009-cpu-sgemm-narrow-tiles-stream-ahead.patch), asked without llama.cpp.
 //
 // Each thread (one per core by default) streams its own 256 MB of F16 weight rows (k = 576, the
 // SmolLM2-135M width) as tinyBLAS's one-row tile does: per 16 weights one vcvtph2ps and one FMA

@@ -6,14 +6,15 @@ BF16 weights is identical to plain decoding bit for bit (before them the rows di
 pass ran the one-row dot product again), have one (0003) that computes each block as that dot
 product does, so their rows stay equal bit for bit too; and F16 products take their F32
 activations as they are at every pass size (0004); their threads claim runs of consecutive jobs
-(0005), which moves no result; and passes over up to 5 tokens read one weight row at a time
-(0006), a cache line a step with the stream fetched ahead (0009), so the 6-token pass checked here
-runs the 4-row tiles and the one-token passes the one-row tiles, whose rows must agree. With AVX512-VNNI, Q8_0 passes over up to 8 tokens read one weight row
-at a time too (0007), so a 12-token pass, which runs the 4-row kernel, is checked against one-token
-passes as well. Past 512 cached positions flash attention runs a lone query as it runs a query in a
-batch (0008), checked on its own below. Checked on the CPU module this machine picks and, forced,
-on the AVX2 (haswell) module, whatever this CPU would pick, and on the AVX512-VNNI (icelake) module
-where this CPU runs it."""
+(0005), which moves no result; and a one-token pass reads one weight row at a time and a pass
+over 2 to 6 tokens two, each row's stream fetched ahead (0006, 0009), so the 6-token pass checked
+here runs the two-row tiles, the 12-token pass the 4-row tiles and the one-token passes the
+one-row tiles, whose rows must all agree. With AVX512-VNNI, Q8_0 passes over up to 8 tokens read
+one weight row at a time too (0007), so there the 12-token pass runs the 4-row kernel. Past 512
+cached positions flash attention runs a lone query as it runs a query in a batch (0008), checked
+on its own below. Checked on the CPU module this machine picks and, forced, on the AVX2 (haswell)
+module, whatever this CPU would pick, and on the AVX512-VNNI (icelake) module where this CPU runs
+it."""
 
 from __future__ import annotations
 
