@@ -8,8 +8,8 @@
 // the same arithmetic on 512 KB that stays in L2 (no memory reads) and the stream with no
 // arithmetic (N = 0): the time a style takes against those two says how much of one hid the other.
 //
-//     g++ -O3 -mavx512f -mavx512bw -mavx512vl -mf16c -mfma -pthread -o /tmp/stream_prefetch \
-//         benchmarks/stream_prefetch.cpp && /tmp/stream_prefetch [threads]
+//     g++ -O3 -mavx512f -mavx512bw -mavx512vl -mf16c -mfma -pthread -o /tmp/stream_prefetch benchmarks/stream_prefetch.cpp
+//     /tmp/stream_prefetch [threads]
 //
 // Styles: "next_row_step" takes 16 weights a step and fetches the next row at the same offset into
 // L1 every step (the one-row tile of 0006-0008); the others walk a cache line a step: "next_row_l1"
@@ -44,21 +44,21 @@ __attribute__((noinline)) float stream(const uint16_t *A, size_t rows, const flo
             for (int l = 0; l < K; l += 16) {
                 _mm_prefetch((const char *)(a + K + l), _MM_HINT_T0);
                 const __m512 w = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(a + l)));
-                if (N == 0) c[0] = _mm512_add_ps(c[0], w);
 #pragma GCC unroll 16
                 for (int j = 0; j < N; ++j) c[j] = _mm512_fmadd_ps(w, _mm512_loadu_ps(B + j * K + l), c[j]);
             }
-        } else
-        for (int l = 0; l < K; l += 32) {  // one 64-byte line of F16 weights a step
-            if (S == NEXT_ROW_L1) _mm_prefetch((const char *)(a + K + l), _MM_HINT_T0);
-            if (S == AHEAD_2K_L1) _mm_prefetch((const char *)(a + l) + 2048, _MM_HINT_T0);
-            if (S == AHEAD_8K_L2) _mm_prefetch((const char *)(a + l) + 8192, _MM_HINT_T1);
-            for (int h = 0; h < 32; h += 16) {
-                if (S == NEXT_ROW_L1 && h) _mm_prefetch((const char *)(a + K + l + h), _MM_HINT_T0);
-                const __m512 w = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(a + l + h)));
-                if (N == 0) c[0] = _mm512_add_ps(c[0], w);
+        } else {
+            for (int l = 0; l < K; l += 32) {  // one 64-byte line of F16 weights a step
+                if (S == NEXT_ROW_L1) _mm_prefetch((const char *)(a + K + l), _MM_HINT_T0);
+                if (S == AHEAD_2K_L1) _mm_prefetch((const char *)(a + l) + 2048, _MM_HINT_T0);
+                if (S == AHEAD_8K_L2) _mm_prefetch((const char *)(a + l) + 8192, _MM_HINT_T1);
+                for (int h = 0; h < 32; h += 16) {
+                    if (S == NEXT_ROW_L1 && h) _mm_prefetch((const char *)(a + K + l + h), _MM_HINT_T0);
+                    const __m512 w = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(a + l + h)));
+                    if (N == 0) c[0] = _mm512_add_ps(c[0], w);  // the stream alone
 #pragma GCC unroll 16
-                for (int j = 0; j < N; ++j) c[j] = _mm512_fmadd_ps(w, _mm512_loadu_ps(B + j * K + l + h), c[j]);
+                    for (int j = 0; j < N; ++j) c[j] = _mm512_fmadd_ps(w, _mm512_loadu_ps(B + j * K + l + h), c[j]);
+                }
             }
         }
         float s = 0;
