@@ -10,11 +10,12 @@ activations as they are at every pass size (0004); their threads claim runs of c
 over 2 to 6 tokens two, each row's stream fetched ahead (0006, 0009), so the 6-token pass checked
 here runs the two-row tiles, the 12-token pass the 4-row tiles and the one-token passes the
 one-row tiles, whose rows must all agree. With AVX512-VNNI, Q8_0 passes over up to 8 tokens read
-one weight row at a time too (0007), so there the 12-token pass runs the 4-row kernel. Past 512
-cached positions flash attention runs a lone query as it runs a query in a batch (0008), checked
-on its own below. Checked on the CPU module this machine picks and, forced, on the AVX2 (haswell)
-module, whatever this CPU would pick, and on the AVX512-VNNI (icelake) module where this CPU runs
-it."""
+one weight row at a time too (0007; with several tokens one multiply gives every token's products
+of scales, 0010), so there the 6-token pass runs that kernel's several-token loop, the one-token
+passes its one-token loop and the 12-token pass the 4-row kernel. Past 512 cached positions
+flash attention runs a lone query as it runs a query in a batch (0008), checked on its own below.
+Checked on the CPU module this machine picks and, forced, on the AVX2 (haswell) module, whatever
+this CPU would pick, and on the AVX512-VNNI (icelake) module where this CPU runs it."""
 
 from __future__ import annotations
 
