@@ -1,7 +1,7 @@
 """The llama.cpp engine's native drafters on the demo family: one JSON line per (method, k) with
 its speedup over plain decoding of the same file, then each method's best k.
 
-    python benchmarks/llama_native.py [--methods eagle3,mtp,dflash,dspark,draft] [--ks 2,3,4]
+    python benchmarks/llama_native.py [--methods eagle3,mtp,dflash,dspark,draft] [--ks 1,2,3,4]
                                       [--prompts benchmarks/heldout/code.jsonl] [--n-prompts 6]
                                       [--max-tokens 96] [--threads 2] [--repeats 1]
 
@@ -28,7 +28,7 @@ if __package__ in (None, ""):  # run as a script: its own folder is on the path,
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--methods", default="eagle3,mtp,dflash,dspark,draft")
-    parser.add_argument("--ks", default="2,3,4")
+    parser.add_argument("--ks", default="1,2,3,4", help="draft lengths; k = 1 is where a drafter whose later rows are rarely accepted (MTP) does best")
     parser.add_argument("--prompts", default="benchmarks/heldout/code.jsonl")
     parser.add_argument("--n-prompts", type=int, default=6)
     parser.add_argument("--max-tokens", type=int, default=96)
