@@ -144,6 +144,7 @@ def test_cli_bad_placement_values_are_one_line_and_exit_status_2(capsys, demo_fa
                             f"--gpu-layers {n_layers + 1} is more than the {n_layers} layers"),
         "dead rpc": (["--rpc", dead], f"--rpc {dead}: no RPC server answers there"),
         "malformed rpc": (["--rpc", "gpu-box"], "--rpc 'gpu-box' is not HOST:PORT"),
+        "unknown draft weights": (["--draft-weights", "q4"], "--draft-weights 'q4' is not one of q8, file"),
     }
     from specdesk.engines.llama.devices import llama_devices
 
@@ -171,13 +172,16 @@ def test_settings_keep_the_placement_and_refuse_bad_values():
     from specdesk.app.storage.settings import Settings
 
     settings, refused = Settings.checked({"device": "RPC0", "gpu_layers": "20", "draft_device": "CPU",
-                                          "draft_gpu_layers": "0", "rpc_servers": "127.0.0.1:50052"})
+                                          "draft_gpu_layers": "0", "rpc_servers": "127.0.0.1:50052",
+                                          "draft_weights": "file"})
     assert refused == []
     assert settings.placement() == {"device": "RPC0", "gpu_layers": "20", "draft_device": "CPU",
-                                    "draft_gpu_layers": "0", "rpc": ("127.0.0.1:50052",)}
-    settings, refused = Settings.checked({"gpu_layers": "-5", "draft_gpu_layers": 3, "rpc_servers": "gpu-box"})
-    assert sorted(refused) == ["draft_gpu_layers", "gpu_layers", "rpc_servers"]
+                                    "draft_gpu_layers": "0", "rpc": ("127.0.0.1:50052",), "draft_weights": "file"}
+    settings, refused = Settings.checked({"gpu_layers": "-5", "draft_gpu_layers": 3, "rpc_servers": "gpu-box",
+                                          "draft_weights": "q4"})
+    assert sorted(refused) == ["draft_gpu_layers", "draft_weights", "gpu_layers", "rpc_servers"]
     assert settings.placement()["gpu_layers"] == "auto" and settings.placement()["rpc"] == ()
+    assert settings.placement()["draft_weights"] == "q8"
 
 
 def test_the_limits_group_edits_the_placement(qtbot):

@@ -83,11 +83,12 @@ class HostSpec:
     draft_device: str = "auto"  # llama.cpp: where a draft model or drafter GGUF sits ...
     draft_gpu_layers: str = "auto"  # ... and how many of its layers
     rpc: tuple[str, ...] = ()  # llama.cpp: RPC servers (HOST:PORT) whose devices are added first
+    draft_weights: str = "q8"  # llama.cpp: a float draft model on the CPU from a Q8_0 copy ("q8") or its file
 
     def placement_options(self) -> dict:
         """The placement fields, for starting the same engine again."""
         return {"gpu_layers": self.gpu_layers, "draft_device": self.draft_device,
-                "draft_gpu_layers": self.draft_gpu_layers, "rpc": self.rpc}
+                "draft_gpu_layers": self.draft_gpu_layers, "rpc": self.rpc, "draft_weights": self.draft_weights}
 
 
 def open_engine(spec: HostSpec, progress: Optional[Callable[[float], None]] = None):
@@ -106,7 +107,7 @@ def open_engine(spec: HostSpec, progress: Optional[Callable[[float], None]] = No
                              placement=Placement.parse(spec.device, spec.gpu_layers, "--gpu-layers"),
                              draft_placement=Placement.parse(spec.draft_device, spec.draft_gpu_layers,
                                                              "--draft-gpu-layers"),
-                             rpc=spec.rpc)
+                             rpc=spec.rpc, draft_weights=spec.draft_weights)
     engine.cost_cache_dir = cache_dir() / "costs"  # method auto's measured pass and drafting costs
     return engine
 

@@ -17,11 +17,12 @@ from typing import Optional, Sequence
 
 from specdesk.engines.types import SpecDeskError
 
-PLACEMENT_OPTIONS = ("gpu_layers", "draft_device", "draft_gpu_layers", "rpc")
+PLACEMENT_OPTIONS = ("gpu_layers", "draft_device", "draft_gpu_layers", "rpc", "draft_weights")
 
 
 def add_placement_options(parser: argparse.ArgumentParser) -> None:
-    """--gpu-layers, --draft-gpu-layers, --draft-device, --rpc (--device is add_model_options')."""
+    """--gpu-layers, --draft-gpu-layers, --draft-device, --draft-weights, --rpc (--device is
+    add_model_options')."""
     parser.add_argument("--gpu-layers", default="auto", metavar="N",
                         help="GGUF target: layers on --device: auto (default: every layer that fits the device's "
                              "free memory with its KV cache), all, or a number; 0 keeps it on the CPU")
@@ -29,6 +30,9 @@ def add_placement_options(parser: argparse.ArgumentParser) -> None:
                         help="GGUF draft model or drafter: its device (auto, CPU, or a name `specdesk devices` lists)")
     parser.add_argument("--draft-gpu-layers", default="auto", metavar="N",
                         help="GGUF draft model or drafter: layers on --draft-device (auto, all, a number, 0)")
+    parser.add_argument("--draft-weights", default="q8", metavar="{q8,file}",
+                        help="GGUF draft model stored in F16/BF16/F32 and run on the CPU: from a Q8_0 copy made once in "
+                             "the cache (q8, the default: half the bytes a draft pass reads) or from its own file")
     add_rpc_option(parser)
 
 
@@ -40,15 +44,19 @@ def add_rpc_option(parser: argparse.ArgumentParser) -> None:
 
 def placement_options(args, engine_kind: str = "llama") -> dict:
     """HostSpec's placement fields from parsed options, checked: one line for a bad value."""
+    from specdesk.engines.llama.draft_copy import DRAFT_WEIGHTS
     from specdesk.engines.llama.placement import parse_gpu_layers
     from specdesk.engines.llama.rpc import parse_endpoints, probe
 
     gpu_layers = parse_gpu_layers(getattr(args, "gpu_layers", "auto"), "--gpu-layers")
     draft_gpu_layers = parse_gpu_layers(getattr(args, "draft_gpu_layers", "auto"), "--draft-gpu-layers")
     rpc = tuple(parse_endpoints(getattr(args, "rpc", "") or ""))
+    draft_weights = getattr(args, "draft_weights", "q8") or "q8"
+    if draft_weights not in DRAFT_WEIGHTS:
+        raise SpecDeskError(f"--draft-weights {draft_weights!r} is not one of {', '.join(DRAFT_WEIGHTS)}")
     if engine_kind != "llama":
         asked = [name for name, value in (("--gpu-layers", gpu_layers), ("--draft-gpu-layers", draft_gpu_layers))
-                 if value != "auto"] + (["--rpc"] if rpc else [])
+                 if value != "auto"] + (["--rpc"] if rpc else []) + (["--draft-weights"] if draft_weights != "q8" else [])
         if asked:
             raise SpecDeskError(f"{', '.join(asked)}: placement applies to GGUF models on llama.cpp; "
                                 "the PyTorch engine takes --device")
@@ -56,7 +64,7 @@ def placement_options(args, engine_kind: str = "llama") -> dict:
     for endpoint in rpc:
         probe(endpoint)
     return {"gpu_layers": str(gpu_layers), "draft_device": getattr(args, "draft_device", "auto") or "auto",
-            "draft_gpu_layers": str(draft_gpu_layers), "rpc": rpc}
+            "draft_gpu_layers": str(draft_gpu_layers), "rpc": rpc, "draft_weights": draft_weights}
 
 
 # --- the device list -------------------------------------------------------------------

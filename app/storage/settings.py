@@ -53,7 +53,8 @@ RANGES: dict[str, tuple[float, float]] = {
     "font_scale": (0.5, 3.0),  # View > Zoom: the window's font size against the system's
 }
 THEMES = ("system", "light", "dark")  # View > Theme (ui/theme.py applies them)
-CHOICES: dict[str, tuple] = {"demo_size": ("full", "small"), "method": METHODS, "theme": THEMES}
+CHOICES: dict[str, tuple] = {"demo_size": ("full", "small"), "method": METHODS, "theme": THEMES,
+                             "draft_weights": ("q8", "file")}
 MAX_PRESET_NAME = 80  # characters
 
 
@@ -125,6 +126,7 @@ class Settings:
     draft_device: str = "auto"
     draft_gpu_layers: str = "auto"
     rpc_servers: str = ""  # llama.cpp RPC servers, HOST:PORT[,HOST:PORT]: their devices can take layers
+    draft_weights: str = "q8"  # a float GGUF draft model on the CPU: from a Q8_0 copy ("q8") or its own file ("file")
     highlight_drafts: bool = True
     theme: str = "system"  # View > Theme: system, light or dark
     font_scale: float = 1.0  # View > Zoom: 1.0 is the system's font size
@@ -167,7 +169,8 @@ class Settings:
         from specdesk.engines.llama.rpc import parse_endpoints
 
         return {"device": self.device, "gpu_layers": self.gpu_layers, "draft_device": self.draft_device,
-                "draft_gpu_layers": self.draft_gpu_layers, "rpc": tuple(parse_endpoints(self.rpc_servers))}
+                "draft_gpu_layers": self.draft_gpu_layers, "rpc": tuple(parse_endpoints(self.rpc_servers)),
+                "draft_weights": self.draft_weights}
 
     def all_presets(self) -> list[Preset]:
         """The built-in presets, then the user's; a user's preset replaces a built-in one of its name."""

@@ -24,6 +24,7 @@ from ..speculation.protocols import TargetObserver
 from ..speculation.verify import VerifyResult, verify
 from ..types import Draft, GenerationRequest, SamplingParams, SpecDeskError, StepEvent
 from .binding import GgufContext, GgufModel, validated_header
+from .draft_copy import DRAFT_WEIGHTS, q8_copy, wants_copy
 from .ext import HiddenRows, keep_target_rows
 from .fit import default_context
 from .placement import CPU, Placement, ResolvedPlacement, buffer_device, device_handle, resolve
@@ -41,13 +42,18 @@ class LlamaEngine:
     def __init__(self, target_path: str | os.PathLike, n_ctx: int = 0, n_threads: Optional[int] = None,
                  n_batch: int = 512, progress: Optional[Callable[[float], None]] = None,
                  placement: Placement = Placement(), draft_placement: Placement = Placement(),
-                 rpc: Sequence[str] = ()):
+                 rpc: Sequence[str] = (), draft_weights: str = "q8"):
         """`placement` puts the target's layers on a device (engines/llama/placement.py),
         `draft_placement` a draft model's or drafter GGUF's; `rpc` adds the devices of RPC
-        servers (HOST:PORT) first, as llama.cpp's --rpc does."""
+        servers (HOST:PORT) first, as llama.cpp's --rpc does. `draft_weights`: "q8" runs a
+        draft model stored in floats from a Q8_0 copy where it sits on the CPU
+        (engines/llama/draft_copy.py), "file" from its own file."""
         self.n_threads = n_threads or default_threads()
         if self.n_threads < 1:
             raise SpecDeskError(f"threads = {self.n_threads} is out of range: use 1 or more")
+        if draft_weights not in DRAFT_WEIGHTS:
+            raise SpecDeskError(f"draft weights {draft_weights!r} is not one of {', '.join(DRAFT_WEIGHTS)}")
+        self.draft_weights = draft_weights
         from .mtp import nextn_layers
 
         header = validated_header(target_path)
@@ -92,7 +98,16 @@ class LlamaEngine:
             draft_header = validated_header(path)
             place = self._place(draft_header, self.draft_placement, "draft")
             check_context(draft_header, self.n_ctx, place.layers_on_device)  # before any weights load
-            draft = GgufModel(path, progress=progress, **self._model_options(place))
+            source = path
+            if self.draft_weights == "q8" and place.on_cpu and wants_copy(draft_header):
+                source, progress = self._q8_copy(path, progress)
+            try:
+                draft = GgufModel(source, progress=progress, **self._model_options(place))
+            except SpecDeskError as e:
+                if source == path:
+                    raise
+                self.notes.append(f"{path}: running the draft model from its own file: its Q8_0 copy did not load ({e})")
+                draft = GgufModel(path, progress=progress, **self._model_options(place))
             try:
                 if same_vocabulary:
                     check_compatible(self.target, draft)
@@ -104,6 +119,19 @@ class LlamaEngine:
         elif same_vocabulary:
             check_compatible(self.target, self._drafts[key].model)
         return self._drafts[key]
+
+    def _q8_copy(self, path, progress):
+        """(the file to load for a float draft model on the CPU, the progress of its load): its
+        Q8_0 copy, made now when missing (the first half of `progress`), or the file itself with
+        a note when the copy cannot be made."""
+        halves = (None, None) if progress is None else (lambda f: progress(0.5 * f), lambda f: progress(0.5 + 0.5 * f))
+        try:
+            copy, made = q8_copy(path, progress=halves[0], n_threads=self.n_threads)
+        except (SpecDeskError, OSError) as e:
+            self.notes.append(f"{path}: running the draft model from its own file: its Q8_0 copy could not be made "
+                              f"({getattr(e, 'strerror', None) or e})")
+            return path, progress
+        return copy, (halves[1] if made else progress)
 
     # --- placement -----------------------------------------------------------
     def _place(self, header, placement: Placement, role: str) -> ResolvedPlacement:
@@ -124,7 +152,8 @@ class LlamaEngine:
     @property
     def placement_key(self) -> str:
         """Where the target and its drafts sit, for the costs measured on them."""
-        return ";".join(f"{Path(role).name}={place.key()}" for role, place in sorted(self.placements.items()))
+        return ";".join([f"{Path(role).name}={place.key()}" for role, place in sorted(self.placements.items())]
+                        + [f"draft-weights={self.draft_weights}"])
 
     @property
     def device_description(self) -> str:
