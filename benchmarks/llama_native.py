@@ -3,7 +3,7 @@ its speedup over plain decoding of the same file, then each method's best k.
 
     python benchmarks/llama_native.py [--methods eagle3,mtp,dflash,dspark,draft] [--ks 1,2,3,4]
                                       [--prompts benchmarks/heldout/code.jsonl] [--n-prompts 6]
-                                      [--max-tokens 96] [--threads 2] [--repeats 1]
+                                      [--max-tokens 96] [--threads 2] [--repeats 1] [--draft-weights q8,file]
 
 EAGLE-3, DFlash and DSpark run on the demo target's GGUF with the family's drafter GGUFs (DSpark
 as a DFlash drafter); MTP runs on the target exported with its MTP layer (glm4moe), against
@@ -11,6 +11,8 @@ plain decoding of that same file. Each line is `specdesk compare`'s report: base
 speculative runs alternate per prompt (app/runtime/compare.py), so both see the same machine
 state. With --repeats N every setting runs N times (rounds over all settings, so a slow spell
 of the machine touches each of them) and the last line gives each one's median and spread.
+`--draft-weights q8,file` runs the draft model from its Q8_0 copy and from its own file
+(engines/llama/draft_copy.py) as two settings.
 """
 
 from __future__ import annotations
@@ -34,6 +36,10 @@ def main(argv=None) -> int:
     parser.add_argument("--max-tokens", type=int, default=96)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=1, help="runs of every setting (the median is reported)")
+    parser.add_argument("--draft-weights", default="q8",
+                        help="the draft model's weights on the CPU, one or several of q8 (a Q8_0 copy of a float "
+                             "draft, the default) and file (the file as it is); each is a setting of its own, and "
+                             "with --repeats the settings run in turn, in the opposite order every other repeat")
     args = parser.parse_args(argv)
 
     from specdesk.app.demo.export_native_gguf import build_native
@@ -55,20 +61,24 @@ def main(argv=None) -> int:
     if "dspark" in methods and not drafts["dspark"]:
         print(json.dumps({"method": "dspark", "skipped": "this family has no DSpark drafter"}), flush=True)
         methods.remove("dspark")
-    for _ in range(args.repeats):
-        for method in methods:
+    weights = args.draft_weights.split(",")
+    settings = [(m, w) for m in methods for w in (weights if m == "draft" else ["q8"])]
+    for repeat in range(args.repeats):
+        for method, draft_weights in (settings if repeat % 2 == 0 else settings[::-1]):  # neither always first
             target = native["mtp_gguf"] if method == "mtp" else family["target_gguf"]
-            engine = LlamaEngine(target, n_threads=args.threads)
+            engine = LlamaEngine(target, n_threads=args.threads, draft_weights=draft_weights)
+            name = f"{method} ({draft_weights})" if method == "draft" and len(weights) > 1 else method
             for k in [int(x) for x in args.ks.split(",")]:
                 runs_as = "dflash" if method == "dspark" else method
                 report = compare(engine, prompts, SpecConfig(method=runs_as, k=k, draft_path=drafts.get(method)),
                                  SamplingParams(temperature=0.0), args.max_tokens, engine.tokenize)
                 line = {**report.to_json(), "method": method, "threads": args.threads,
-                        "drafter_source": native.get(f"{method}_source", "trained" if method == "dspark" else None)}
+                        "drafter_source": native.get(f"{method}_source", "trained" if method == "dspark" else None),
+                        **({"draft_weights": draft_weights} if method == "draft" else {})}
                 print(json.dumps(line), flush=True)
-                add_run(runs, f"{method} k={k}", {"speedup": line["speedup"],
-                                                  "acceptance_rate": line["speculative"]["acceptance_rate"],
-                                                  "identical_outputs": line["identical_outputs"]})
+                add_run(runs, f"{name} k={k}", {"speedup": line["speedup"],
+                                                "acceptance_rate": line["speculative"]["acceptance_rate"],
+                                                "identical_outputs": line["identical_outputs"]})
             engine.close()
     summary, best = summarize(runs)
     print(json.dumps({"summary": summary, "best_k": {m: {"setting": n, **summary[n]} for m, n in best.items()},
