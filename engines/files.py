@@ -17,6 +17,15 @@ _KINDS = ((stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISSOCK, "a socket"),
           (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"))
 
 
+def cache_dir() -> Path:
+    """The folder for files derived from the user's (a draft's Q8_0 copy, the CPU modules'
+    verdicts, measured costs): SPECDESK_CACHE_DIR, else the user's cache folder."""
+    import platformdirs
+
+    override = os.environ.get("SPECDESK_CACHE_DIR")
+    return Path(override) if override else Path(platformdirs.user_cache_dir("specdesk"))
+
+
 def special_kind(mode: int) -> str:
     """What a non-regular file is, in words ('a FIFO (named pipe)', 'a folder', ...)."""
     if stat.S_ISDIR(mode):

@@ -23,8 +23,9 @@ def assets_dir() -> Path:
 
 
 def cache_dir() -> Path:
-    override = os.environ.get("SPECDESK_CACHE_DIR")
-    return Path(override) if override else Path(platformdirs.user_cache_dir(APP_NAME))
+    from specdesk.engines.files import cache_dir as engines_cache_dir  # one definition for both layers
+
+    return engines_cache_dir()
 
 
 def config_dir() -> Path:

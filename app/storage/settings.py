@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
+from specdesk.engines.llama.draft_copy import DRAFT_WEIGHTS
 from specdesk.engines.types import MAX_DRAFT_TOKENS, METHODS, SpecDeskError
 
 from .paths import config_dir
@@ -54,7 +55,7 @@ RANGES: dict[str, tuple[float, float]] = {
 }
 THEMES = ("system", "light", "dark")  # View > Theme (ui/theme.py applies them)
 CHOICES: dict[str, tuple] = {"demo_size": ("full", "small"), "method": METHODS, "theme": THEMES,
-                             "draft_weights": ("q8", "file")}
+                             "draft_weights": DRAFT_WEIGHTS}
 MAX_PRESET_NAME = 80  # characters
 
 

@@ -59,10 +59,9 @@ def _cpu_key(order: list[tuple[int, Path]]) -> str:
 
 
 def _verdicts_path() -> Path:
-    import platformdirs
+    from ..files import cache_dir
 
-    base = os.environ.get("SPECDESK_CACHE_DIR") or platformdirs.user_cache_dir("specdesk")
-    return Path(base) / "llama-cpu-modules.json"
+    return cache_dir() / "llama-cpu-modules.json"
 
 
 def _module_key(path: Path, cpu: str) -> str:

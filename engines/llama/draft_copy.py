@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 from typing import Callable, Optional
 
+from ..files import cache_dir
 from .header import GgufHeader
 
 FLOAT_TYPES = frozenset({"F32", "F16", "BF16"})
@@ -50,9 +51,7 @@ def wants_copy(header: GgufHeader) -> bool:
 
 def copies_folder() -> Path:
     """Where the copies are kept: the cache folder (SPECDESK_CACHE_DIR, else the user's)."""
-    import platformdirs
-
-    return Path(os.environ.get("SPECDESK_CACHE_DIR") or platformdirs.user_cache_dir("specdesk")) / "draft-copies"
+    return cache_dir() / "draft-copies"
 
 
 def copy_path(source: Path, folder: Path) -> Path:
