@@ -243,7 +243,8 @@ def test_a_server_that_hangs_up_mid_body_leaves_a_partial_file_to_resume(server,
     # one, and the resumed one's log may land just after the client has its last byte.
     deadline = time.monotonic() + 10
     while True:
-        resumed = [r for r in server.requests("GET", "/cdn/") if r.range is not None]
+        cdn = server.requests("GET", "/cdn/")
+        resumed = [r for r in cdn if r.range is not None]
         if resumed or time.monotonic() > deadline:
             break
         time.sleep(0.01)
