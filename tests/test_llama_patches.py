@@ -9,10 +9,12 @@ activations as they are at every pass size (0004); their threads claim runs of c
 (0005), which moves no result; and a one-token pass reads one weight row at a time and a pass
 over 2 to 6 tokens two, each row's stream fetched ahead (0006, 0009), so the 6-token pass checked
 here runs the two-row tiles, the 12-token pass the 4-row tiles and the one-token passes the
-one-row tiles, whose rows must all agree. With AVX512-VNNI, Q8_0 passes over up to 8 tokens read
-one weight row at a time too (0007; with several tokens one multiply gives every token's products
-of scales, 0010), so there the 6-token pass runs that kernel's several-token loop, the one-token
-passes its one-token loop and the 12-token pass the 4-row kernel. Past 512 cached positions
+one-row tiles, whose rows must all agree. With AVX512-VNNI, Q8_0 passes over up to 32 tokens read
+one weight row at a time too, 16 blocks a step and 8 tokens at a time (0007, 0011), so there the
+one-token passes run that kernel once a token, the 6-token pass once, the 12-token pass twice (8
+tokens, then 4) and the 17-token pass, the largest a verification takes (k = 16), three times. Each
+query of a pass smaller than flash attention's Q tile is computed alone in three vector passes
+(0012), masked positions and all. Past 512 cached positions
 flash attention runs a lone query as it runs a query in a batch (0008), checked on its own below.
 Checked on the CPU module this machine picks and, forced, on the AVX2 (haswell) module, whatever
 this CPU would pick, and on the AVX512-VNNI (icelake) module where this CPU runs it."""
@@ -47,7 +49,7 @@ from specdesk.engines.llama.devices import llama_build
 from specdesk.engines.speculation.noise import measure_logit_noise
 engine = LlamaEngine(sys.argv[1], n_ctx=256, n_threads=1)
 tokens = engine.tokenize("def parse_args(argv):\\n    parser = argparse.ArgumentParser()\\n    parser.add_argument(")
-print(json.dumps([llama_build()["cpu_module"], max(measure_logit_noise(engine, tokens, rows=r) for r in (6, 12))]))
+print(json.dumps([llama_build()["cpu_module"], max(measure_logit_noise(engine, tokens, rows=r) for r in (6, 12, 17))]))
 """
 
 
@@ -69,7 +71,7 @@ def test_each_patch_is_a_diff_inside_vendored_llama_cpp():
 
 
 # What a forced module's code needs of the CPU (/proc/cpuinfo's names): the AVX2 one, and the
-# AVX512-VNNI one whose Q0 kernel takes passes over up to 8 tokens a row at a time (0007).
+# AVX512-VNNI one whose Q0 kernel takes passes over up to 32 tokens a row at a time (0007, 0011).
 NEEDS = {"haswell": {"avx2", "fma", "f16c", "bmi2"},
          "icelake": {"avx512f", "avx512cd", "avx512bw", "avx512dq", "avx512vl", "avx512vbmi", "avx512_vnni"}}
 
