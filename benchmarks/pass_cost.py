@@ -22,8 +22,10 @@ The floor of a pass is the larger of
   what it leaves (not between the rounds: PyTorch's thread pool then spun beside llama.cpp's and
   the first passes after each read paid for it);
 - its arithmetic (2 FLOP per weight element per token, and the attention's products) over the
-  peak the same setting reaches on this CPU: the FLOP/s of a pass over --peak-n tokens (llama.cpp's
-  batched kernel for that weight type, so the arithmetic is priced at what the kernel does here).
+  peak the same setting reaches on this CPU: the best FLOP/s of passes over 16, 32 and --peak-n
+  tokens (llama.cpp's batched kernels for that weight type: a verification-sized pass may run a
+  kernel of its own, faster than the one prompts take, so the arithmetic is priced at the best
+  the kernels do here).
 
 With one thread the passes are timed by the process's CPU time (a pass preempted by another
 program waits without counting), with more by the wall clock (their CPU time would count the
@@ -229,7 +231,8 @@ def measure(job: dict) -> dict:
         seconds = {int(n): block_of(int(n)) for n in order}
         rounds.append([seconds[n][1] for n in sizes])
         switched.append([seconds[n][0] for n in sizes])
-    peak_s = statistics.median(timed(peak_n)[cpu_clock] for _ in range(3))
+    peak_sizes = sorted({n for n in (16, 32) if n < peak_n} | {peak_n})
+    peak_s = {n: statistics.median(timed(n)[cpu_clock] for _ in range(3)) for n in peak_sizes}
     probe.read(cpu_time=cpu_clock)
     load_after = load_average()
     ctx.close()
@@ -243,7 +246,7 @@ def measure(job: dict) -> dict:
     t = cpu if which else wall
     switch = [statistics.median(r[i][which] for r in switched) for i in range(max_n)]
     ratios = [[r[i][which] / r[0][which] for r in rounds] for i in range(max_n)]
-    peak = pass_flops(shape, peak_n, n_past) / peak_s
+    peak, peak_n = max((pass_flops(shape, n, n_past) / peak_s[n], n) for n in peak_sizes)
     bandwidth = job.get("bandwidth") or probe.bytes_per_second()
     floors, bounds = [], []
     for n in sizes:
@@ -291,7 +294,7 @@ def main(argv=None) -> None:
     parser.add_argument("--flash", default="auto", help="auto,on,off: flash attention")
     parser.add_argument("--cpu-module", default="auto", help="'auto' or paths of libggml-cpu-*.so modules")
     parser.add_argument("--max-n", type=int, default=9)
-    parser.add_argument("--peak-n", type=int, default=64, help="the pass whose FLOP/s prices the arithmetic")
+    parser.add_argument("--peak-n", type=int, default=64, help="the largest pass whose FLOP/s may price the arithmetic (16 and 32 are timed too; the best prices it)")
     parser.add_argument("--repeats", type=int, default=9)
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--block", type=int, default=4,
