@@ -205,6 +205,24 @@ def test_the_limits_group_edits_the_placement(qtbot):
     assert (settings.gpu_layers, settings.draft_device) == ("all", "CPU")
 
 
+def test_the_limits_group_chooses_the_draft_weights(qtbot):
+    from specdesk.app.storage.settings import Settings
+    from specdesk.engines.llama.draft_copy import DRAFT_WEIGHTS
+    from specdesk.ui.controls import DRAFT_WEIGHT_CHOICES, ControlsPanel
+
+    assert tuple(value for value, _ in DRAFT_WEIGHT_CHOICES) == DRAFT_WEIGHTS
+    settings = Settings(draft_weights="file")
+    panel = ControlsPanel(settings)
+    qtbot.addWidget(panel)
+    assert panel.draft_weights_combo.currentData() == "file"
+    panel.mark_loaded()
+    with qtbot.waitSignal(panel.models_changed, timeout=2000):  # the draft loads again from the other weights
+        panel.draft_weights_combo.setCurrentIndex(panel.draft_weights_combo.findData("q8"))
+        panel.draft_weights_combo.activated.emit(panel.draft_weights_combo.currentIndex())
+    panel.store_settings(settings)
+    assert settings.draft_weights == "q8" and settings.placement()["draft_weights"] == "q8"
+
+
 def test_pass_cost_ratio_from_a_sweep():
     from specdesk.app.runtime.placement import pass_cost_ratio
     from specdesk.engines.types import RunStats

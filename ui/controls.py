@@ -27,6 +27,8 @@ TRAIN = "\0train"  # combo item data of "Train a drafter for this model…"
 HIDDEN = "\0hidden"  # combo item data of the "N incompatible hidden" line
 DEVICE_CHOICES = ("auto", "CPU")  # or any name `specdesk devices` lists, typed in
 LAYER_CHOICES = ("auto", "all", "0")  # or a number, typed in
+# engines/llama/draft_copy.DRAFT_WEIGHTS, as the Limits group names them
+DRAFT_WEIGHT_CHOICES = (("q8", "Q8_0 copy"), ("file", "its own file"))
 
 def spin_box(parent: QWidget, key: str, step: float = 0, special: str = "") -> QSpinBox | QDoubleSpinBox:
     """A spin box over a setting's range (RANGES[key]): a QDoubleSpinBox when the range is in
@@ -141,13 +143,20 @@ class ControlsPanel(QScrollArea):
                                                    "(every layer that fits with its KV cache), all, or a number")
         self.draft_device_combo = self._choice_combo(limits, DEVICE_CHOICES, "Draft model's or drafter's device")
         self.draft_gpu_layers_combo = self._choice_combo(limits, LAYER_CHOICES, "Draft's layers on its device")
+        self.draft_weights_combo = QComboBox(limits)
+        for value, label in DRAFT_WEIGHT_CHOICES:
+            self.draft_weights_combo.addItem(label, value)
+        self.draft_weights_combo.setToolTip("A GGUF draft model stored in F16, BF16 or F32, on the CPU: run it from "
+                                            "a Q8_0 copy made once in the cache folder (every step re-reads the "
+                                            "draft's weights, so fewer bytes run faster; the target checks every "
+                                            "token, so output is unchanged), or from its own file")
         self.rpc_edit = QLineEdit(limits)
         self.rpc_edit.setPlaceholderText("HOST:PORT, …")
         self.rpc_edit.setToolTip("llama.cpp RPC servers (rpc-server on this or another machine): their devices "
                                  "can then take layers like a GPU")
         add_rows(form, ("Device", self.device_combo), ("GPU layers", self.gpu_layers_combo),
                  ("Draft device", self.draft_device_combo), ("Draft GPU layers", self.draft_gpu_layers_combo),
-                 ("RPC servers", self.rpc_edit))
+                 ("Draft weights", self.draft_weights_combo), ("RPC servers", self.rpc_edit))
         return limits
 
     def _build_chat(self, body: QWidget) -> QGroupBox:
@@ -176,6 +185,7 @@ class ControlsPanel(QScrollArea):
             combo.activated.connect(lambda index: self._maybe_reload())
             combo.lineEdit().editingFinished.connect(self._maybe_reload)
         self.rpc_edit.editingFinished.connect(self._maybe_reload)
+        self.draft_weights_combo.activated.connect(lambda index: self._maybe_reload())
         self.preset_combo.activated.connect(lambda index: self.use_preset(self.preset_combo.itemData(index)))
         self.system_prompt_edit.textChanged.connect(
             lambda: self.system_prompt_changed.emit(self.system_prompt_edit.toPlainText()))
@@ -200,6 +210,7 @@ class ControlsPanel(QScrollArea):
         for combo, value in zip(self._placement_combos(), (s.device, s.gpu_layers, s.draft_device, s.draft_gpu_layers)):
             combo.setCurrentText(value)
         self.rpc_edit.setText(s.rpc_servers)
+        self.draft_weights_combo.setCurrentIndex(max(0, self.draft_weights_combo.findData(s.draft_weights)))
         self._fill_presets(s)
         self.show_system_prompt(s.system_prompt)
         self._update_enabled()
@@ -220,6 +231,7 @@ class ControlsPanel(QScrollArea):
             s.device, s.gpu_layers, s.draft_device, s.draft_gpu_layers = (
                 c.currentText().strip() or "auto" for c in self._placement_combos())
             s.rpc_servers = self.rpc_edit.text().strip()
+        s.draft_weights = self.draft_weights_combo.currentData()
 
     # --- placement ----------------------------------------------------------------------
     @staticmethod
@@ -394,7 +406,7 @@ class ControlsPanel(QScrollArea):
     def model_key(self) -> tuple:
         return (self.target_combo.currentData(), self.draft_combo.currentData(), self.threads_spin.value(),
                 self.ctx_spin.value(), *(c.currentText().strip() for c in self._placement_combos()),
-                self.rpc_edit.text().strip())
+                self.rpc_edit.text().strip(), self.draft_weights_combo.currentData())
 
     def mark_loaded(self) -> None:
         self._loaded_key = self.model_key()

@@ -209,7 +209,7 @@ class MainWindow(ModelChoosing, WindowMenus, QMainWindow):
         focus_chain([chat.input, chat.send_button, chat.stop_button, c.target_combo, c.method_combo,
                      c.draft_combo, c.k_spin, c.temperature_spin, c.top_p_spin, c.top_k_spin, c.seed_spin,
                      c.max_tokens_spin, c.threads_spin, c.ctx_spin, c.device_combo, c.gpu_layers_combo,
-                     c.draft_device_combo, c.draft_gpu_layers_combo, c.rpc_edit])
+                     c.draft_device_combo, c.draft_gpu_layers_combo, c.draft_weights_combo, c.rpc_edit])
 
     def showEvent(self, event) -> None:
         super().showEvent(event)
